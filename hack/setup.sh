@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# One idempotent set-up for a fresh Debian 12 machine (root, python3 on PATH):
+# Debian packages, kernel headers findable by BCC, bpffs, the .venv with pinned
+# dependencies, the generated protobuf code and the kpng-py command.
+# Safe to run again: every step checks before it acts.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PYTHON="${PYTHON:-python3}"
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+
+debian_packages() {
+    local arch
+    arch="$(dpkg --print-architecture)"
+    # BCC (runtime compiler + Python bindings), headers it compiles against,
+    # inspection tools, and the real servers and clients the tests use.
+    echo python3-bpfcc libbpfcc "linux-headers-$arch" bpftool iproute2 procps kmod \
+        nginx-light dnsmasq-base socat dnsutils curl iperf3 wrk nftables iptables
+}
+
+install_debian_packages() {
+    local missing=()
+    for pkg in $(debian_packages); do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' \
+            || missing+=("$pkg")
+    done
+    if ((${#missing[@]} == 0)); then
+        return
+    fi
+    if [[ $(id -u) != 0 ]]; then
+        log "missing Debian packages: ${missing[*]}; run this script as root (or apt-get install them)"
+        exit 1
+    fi
+    log "installing Debian packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # The Debian nginx package starts a server on :80 when installed; tests run
+    # their own nginx inside namespaces, so keep the system one out of the way.
+    if command -v systemctl >/dev/null && systemctl is-active -q nginx 2>/dev/null; then
+        systemctl disable --now nginx >/dev/null 2>&1 || true
+    fi
+}
+
+# BCC looks for headers at /lib/modules/$(uname -r)/{build,source}. The running
+# kernel may have no headers package of its own; Debian's generic headers work
+# for the BPF programs we compile (see docs/kernel-headers.md).
+link_kernel_headers() {
+    local moddir="/lib/modules/$(uname -r)"
+    if [[ -e "$moddir/build/include/linux/kconfig.h" || -e "$moddir/source/include/linux/kconfig.h" ]]; then
+        return
+    fi
+    local arch build common
+    arch="$(dpkg --print-architecture)"
+    build="$(ls -d /usr/src/linux-headers-*-"$arch" 2>/dev/null | sort -V | tail -1)"
+    common="$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -1)"
+    if [[ -z "$build" || -z "$common" ]]; then
+        log "no kernel headers under /usr/src; install linux-headers-$arch"
+        exit 1
+    fi
+    log "linking $moddir/build -> $build and source -> $common for BCC"
+    mkdir -p "$moddir"
+    ln -sfn "$build" "$moddir/build"
+    ln -sfn "$common" "$moddir/source"
+}
+
+mount_bpffs() {
+    if [[ $(id -u) != 0 ]] || mountpoint -q /sys/fs/bpf; then
+        return
+    fi
+    log "mounting bpffs at /sys/fs/bpf"
+    mount -t bpf bpf /sys/fs/bpf
+}
+
+make_venv() {
+    local stamp="$VENV/.kpng-py-setup"
+    local want
+    want="$(cat "$ROOT/requirements.lock" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$VENV/bin/kpng-py" ]]; then
+        return
+    fi
+    log "creating $VENV with pinned dependencies"
+    [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/requirements.lock"
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e "$ROOT"
+    echo "$want" >"$stamp"
+}
+
+# Debian's BCC bindings are pure Python over libbcc.so; expose them to the venv's
+# interpreter without pulling in the rest of Debian's dist-packages.
+link_bcc() {
+    local site
+    site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    if [[ ! -e "$site/bcc" ]]; then
+        ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
+    fi
+}
+
+generate_proto() {
+    local out="$ROOT/kpng_py/api"
+    if [[ "$out/localv1_pb2.py" -nt "$ROOT/proto/localv1.proto" ]]; then
+        return
+    fi
+    log "generating protobuf code from proto/localv1.proto"
+    "$VENV/bin/python" -m grpc_tools.protoc -I"$ROOT/proto" \
+        --python_out="$out" --pyi_out="$out" "$ROOT/proto/localv1.proto"
+}
+
+install_debian_packages
+link_kernel_headers
+mount_bpffs
+make_venv
+link_bcc
+generate_proto

@@ -1,0 +1,206 @@
+"""localv1 bytes -> validated records.
+
+Decoding happens once per distinct value (the state store compares raw bytes
+first), so each problem is reported once per version of the object. A value
+that cannot be decoded at all returns None and the caller keeps the previous
+version in force.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Iterable
+
+from google.protobuf.message import DecodeError
+
+from kpng_py.api import localv1
+from kpng_py.model import (
+    DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+    IPAddress,
+    Protocol,
+    ServicePort,
+    ServicePortName,
+)
+from kpng_py.skips import SkipReason, Skips
+
+_PROTOCOLS = {localv1.TCP: Protocol.TCP, localv1.UDP: Protocol.UDP}
+MAX_PORT = 65535
+# Kubernetes caps sessionAffinityConfig.clientIP.timeoutSeconds at one day.
+MAX_AFFINITY_TIMEOUT_SECONDS = 86400
+
+
+@dataclass(frozen=True)
+class ServiceRecord:
+    """A decoded Service: its programmable ports (without endpoints yet)."""
+
+    namespace: str
+    name: str
+    ports: tuple[ServicePort, ...]
+    internal_traffic_local: bool
+    external_traffic_local: bool
+
+
+@dataclass(frozen=True)
+class EndpointRecord:
+    """A decoded Endpoint of one service."""
+
+    key: str
+    ips: tuple[IPAddress, ...]
+    port_overrides: tuple[tuple[str, int], ...]
+    local: bool
+    # None when the brain sent no Scopes (older brains, hand-written streams);
+    # the state model then derives them as KPNG's brain does.
+    scopes: tuple[bool, bool] | None
+
+    def override(self, name: str) -> int | None:
+        return next((port for n, port in self.port_overrides if n == name), None)
+
+
+def split_service_path(path: str) -> tuple[str, str] | None:
+    parts = path.split("/")
+    if len(parts) != 2 or not all(parts):
+        return None
+    return parts[0], parts[1]
+
+
+def split_endpoint_path(path: str) -> tuple[str, str] | None:
+    """`ns/svc/key` -> (`ns/svc`, `key`); keys are opaque and may hold '/'."""
+    parts = path.split("/", 2)
+    if len(parts) != 3 or not all(parts):
+        return None
+    return f"{parts[0]}/{parts[1]}", parts[2]
+
+
+def parse_ips(values: Iterable[str], version: int, owner: str, skips: Skips) -> list[IPAddress]:
+    """Parse the IPs of one family; bad or wrong-family ones are skipped."""
+    ips: list[IPAddress] = []
+    for value in values:
+        try:
+            ip = ipaddress.ip_address(value)
+        except ValueError:
+            skips.skip(SkipReason.BAD_IP, owner, f"{value!r} is not an IP address")
+            continue
+        if ip.version != version:
+            skips.skip(SkipReason.BAD_IP, owner, f"{value} is listed as IPv{version}")
+            continue
+        ips.append(ip)
+    return ips
+
+
+def _ipset(ipset: localv1.IPSet, owner: str, skips: Skips) -> tuple[IPAddress, ...]:
+    return tuple(parse_ips(ipset.V4, 4, owner, skips) + parse_ips(ipset.V6, 6, owner, skips))
+
+
+def _affinity_timeout(svc: localv1.Service, owner: str, skips: Skips) -> int:
+    if svc.WhichOneof("SessionAffinity") != "ClientIP":
+        return 0
+    timeout = svc.ClientIP.TimeoutSeconds
+    if timeout == 0:
+        return DEFAULT_AFFINITY_TIMEOUT_SECONDS
+    if not 0 < timeout <= MAX_AFFINITY_TIMEOUT_SECONDS:
+        skips.skip(SkipReason.BAD_AFFINITY, owner,
+                   f"affinity timeout {timeout}s is outside 1..{MAX_AFFINITY_TIMEOUT_SECONDS}; "
+                   f"using the default {DEFAULT_AFFINITY_TIMEOUT_SECONDS}s")
+        return DEFAULT_AFFINITY_TIMEOUT_SECONDS
+    return timeout
+
+
+def decode_service(path: str, data: bytes, skips: Skips) -> ServiceRecord | None:
+    names = split_service_path(path)
+    if names is None:
+        skips.skip(SkipReason.BAD_PATH, f"service {path!r}", "path is not <namespace>/<name>")
+        return None
+    namespace, name = names
+    owner = f"service {path}"
+    try:
+        svc = localv1.Service.FromString(data)
+    except DecodeError as err:
+        skips.skip(SkipReason.BAD_BYTES, owner, f"cannot decode a Service: {err}")
+        return None
+
+    record = ServiceRecord(namespace, name, (), svc.InternalTrafficToLocal,
+                           svc.ExternalTrafficToLocal)
+    if svc.Type == "ExternalName":
+        skips.skip(SkipReason.EXTERNAL_NAME, owner, "ExternalName services are resolved by DNS")
+        return record
+    if svc.IPs.Headless:
+        skips.skip(SkipReason.HEADLESS, owner, "headless services have no ClusterIP")
+        return record
+    cluster_ips = _ipset(svc.IPs.ClusterIPs, owner, skips)
+    if not cluster_ips:
+        skips.skip(SkipReason.NO_CLUSTER_IP, owner, "no usable ClusterIP")
+        return record
+
+    common = dict(
+        type=svc.Type or "ClusterIP",
+        cluster_ips=cluster_ips,
+        external_ips=_ipset(svc.IPs.ExternalIPs, owner, skips),
+        load_balancer_ips=_ipset(svc.IPs.LoadBalancerIPs, owner, skips),
+        load_balancer_source_ranges=tuple(
+            cidr for f in svc.IPFilters for cidr in f.SourceRanges),
+        health_check_node_port=svc.HealthCheckNodePort,
+        affinity_timeout_seconds=_affinity_timeout(svc, owner, skips),
+        internal_traffic_local=svc.InternalTrafficToLocal,
+        external_traffic_local=svc.ExternalTrafficToLocal,
+    )
+    ports: dict[ServicePortName, ServicePort] = {}
+    for mapping in svc.Ports:
+        port = _decode_port(namespace, name, mapping, common, skips)
+        if port is None:
+            continue
+        if port.name in ports:
+            skips.skip(SkipReason.DUPLICATE_PORT, f"service port {port.name}",
+                       f"{port.protocol.value} port {mapping.Port} repeats an earlier port's "
+                       "name and protocol")
+            continue
+        ports[port.name] = port
+    return ServiceRecord(namespace, name, tuple(ports.values()), svc.InternalTrafficToLocal,
+                         svc.ExternalTrafficToLocal)
+
+
+def _decode_port(namespace: str, name: str, mapping: localv1.PortMapping, common: dict,
+                 skips: Skips) -> ServicePort | None:
+    protocol = _PROTOCOLS.get(mapping.Protocol)
+    owner = f"service port {namespace}/{name}:{mapping.Name or mapping.Port}"
+    if protocol is None:
+        shown = localv1.Protocol.Name(mapping.Protocol) if mapping.Protocol in (
+            localv1.SCTP, localv1.UnknownProtocol) else str(mapping.Protocol)
+        skips.skip(SkipReason.UNSUPPORTED_PROTOCOL, owner,
+                   f"protocol {shown} is not supported (TCP and UDP are)")
+        return None
+    for label, value in (("port", mapping.Port), ("nodePort", mapping.NodePort),
+                         ("targetPort", mapping.TargetPort)):
+        allowed_zero = label != "port"
+        if not (0 <= value <= MAX_PORT) or (value == 0 and not allowed_zero):
+            skips.skip(SkipReason.BAD_PORT, owner,
+                       f"{label} {value} is outside {0 if allowed_zero else 1}..{MAX_PORT}")
+            return None
+    return ServicePort(
+        name=ServicePortName(namespace, name, mapping.Name, protocol),
+        port=mapping.Port,
+        target_port=mapping.TargetPort,
+        target_port_name=mapping.TargetPortName,
+        node_port=mapping.NodePort,
+        **common,
+    )
+
+
+def decode_endpoint(service_path: str, key: str, data: bytes,
+                    skips: Skips) -> EndpointRecord | None:
+    owner = f"endpoint {service_path}/{key}"
+    try:
+        ep = localv1.Endpoint.FromString(data)
+    except DecodeError as err:
+        skips.skip(SkipReason.BAD_BYTES, owner, f"cannot decode an Endpoint: {err}")
+        return None
+    overrides: list[tuple[str, int]] = []
+    for override in ep.PortOverrides:
+        if not 0 < override.Port <= MAX_PORT:
+            skips.skip(SkipReason.BAD_PORT, owner,
+                       f"port override {override.Name!r}={override.Port} is outside 1..{MAX_PORT}")
+            continue
+        overrides.append((override.Name, override.Port))
+    scopes = (ep.Scopes.Internal, ep.Scopes.External) if ep.HasField("Scopes") else None
+    return EndpointRecord(key, _ipset(ep.IPs, owner, skips), tuple(overrides), ep.Local, scopes)
+

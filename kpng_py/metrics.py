@@ -1,0 +1,71 @@
+"""Prometheus metrics of one kpng-py process.
+
+Names follow kube-proxy's where the meaning is the same, so existing dashboards
+work; the rest are prefixed ``kpng_py_``. Each process owns its registry (no
+module-level state), which the HTTP endpoint serves.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.sync_duration = Histogram(
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "Time to apply one change set to the dataplane.",
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30),
+            registry=r,
+        )
+        self.sync_last_timestamp = Gauge(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "Unix time of the last applied change set.",
+            registry=r,
+        )
+        self.endpoint_changes = Counter(
+            "kubeproxy_sync_proxy_rules_endpoint_changes",
+            "Endpoint objects changed (set or deleted) by the brain.",
+            registry=r,
+        )
+        self.service_changes = Counter(
+            "kubeproxy_sync_proxy_rules_service_changes",
+            "Service objects changed (set or deleted) by the brain.",
+            registry=r,
+        )
+        self.brain_connected = Gauge(
+            "kpng_py_brain_connected", "1 while the watch stream to the brain is up.", registry=r
+        )
+        self.brain_reconnects = Counter(
+            "kpng_py_brain_reconnects", "Watch streams re-opened after an error.", registry=r
+        )
+        self.changeset_ops = Histogram(
+            "kpng_py_changeset_ops",
+            "Ops (Set/Delete) per change set received from the brain.",
+            buckets=(0, 1, 2, 5, 10, 100, 1000, 10000, 100000, 1000000),
+            registry=r,
+        )
+        self.changeset_service_ports = Histogram(
+            "kpng_py_changeset_service_ports",
+            "Service ports added, updated or removed per applied change set.",
+            buckets=(0, 1, 2, 5, 10, 100, 1000, 10000, 100000),
+            registry=r,
+        )
+        self.skipped = Counter(
+            "kpng_py_skipped", "Objects or ops skipped, by reason.", ["reason"], registry=r
+        )
+        self.dataplane_errors = Counter(
+            "kpng_py_dataplane_errors", "Failures applying to the dataplane, by kind.", ["kind"],
+            registry=r,
+        )
+        self.map_entries = Gauge(
+            "kpng_py_map_entries", "Entries in a dataplane map or table.", ["map"], registry=r
+        )
+        self.map_capacity = Gauge(
+            "kpng_py_map_capacity", "Capacity of a dataplane map or table.", ["map"], registry=r
+        )
+        self.service_ports = Gauge(
+            "kpng_py_service_ports", "Service ports currently programmed.", registry=r
+        )

@@ -1,0 +1,162 @@
+"""The state model every backend programs: one ServicePort per (service, port,
+protocol), with its resolved endpoints.
+
+These are the Python counterparts of kube-proxy's ServicePortName and
+BaseServiceInfo (as carried by KPNG's localv1 Service): everything a ClusterIP,
+NodePort, ExternalIP or LoadBalancer dataplane needs is here, so backends that
+grow new service types need no model change. All values are frozen.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from dataclasses import dataclass
+from typing import Iterable, Union
+
+IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+
+# Kubernetes' default for sessionAffinityConfig.clientIP.timeoutSeconds.
+DEFAULT_AFFINITY_TIMEOUT_SECONDS = 10800
+
+
+class Protocol(enum.Enum):
+    """The protocols a backend can program (SCTP and unknown ones are skipped)."""
+
+    TCP = "TCP"
+    UDP = "UDP"
+
+
+class IPFamily(enum.IntEnum):
+    V4 = 4
+    V6 = 6
+
+
+def family_of(ip: IPAddress) -> IPFamily:
+    return IPFamily(ip.version)
+
+
+def format_host_port(ip: IPAddress, port: int) -> str:
+    """`10.1.2.3:80` or `[fd00::3]:80`."""
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
+@dataclass(frozen=True)
+class ServicePortName:
+    """kube-proxy's ServicePortName: `namespace/name:port` plus the protocol.
+
+    As in kube-proxy, an unnamed port (a single-port service) prints as
+    `namespace/name`.
+    """
+
+    namespace: str
+    name: str
+    port: str
+    protocol: Protocol
+
+    def __str__(self) -> str:
+        suffix = f":{self.port}" if self.port else ""
+        return f"{self.namespace}/{self.name}{suffix}"
+
+    def sort_key(self) -> tuple[str, str]:
+        """Order of listings: by printed name, then protocol."""
+        return (str(self), self.protocol.value)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One backend address for one service port, with the brain's view flags.
+
+    `internal`/`external` are KPNG's EndpointScopes: ClusterIP traffic may use
+    only endpoints with `internal`; NodePort/LoadBalancer traffic only those
+    with `external`.
+    """
+
+    ip: IPAddress
+    port: int
+    local: bool = False
+    internal: bool = True
+    external: bool = True
+
+    @property
+    def family(self) -> IPFamily:
+        return family_of(self.ip)
+
+    def sort_key(self) -> tuple[int, int, int]:
+        return (self.ip.version, int(self.ip), self.port)
+
+    def __str__(self) -> str:
+        return format_host_port(self.ip, self.port)
+
+
+@dataclass(frozen=True)
+class ServicePort:
+    """One service port as a backend programs it (kube-proxy's BaseServiceInfo
+    plus the endpoints resolved for this port)."""
+
+    name: ServicePortName
+    type: str
+    cluster_ips: tuple[IPAddress, ...]
+    port: int
+    target_port: int = 0
+    target_port_name: str = ""
+    node_port: int = 0
+    external_ips: tuple[IPAddress, ...] = ()
+    load_balancer_ips: tuple[IPAddress, ...] = ()
+    load_balancer_source_ranges: tuple[str, ...] = ()
+    health_check_node_port: int = 0
+    # 0 means no session affinity; otherwise ClientIP affinity with this timeout.
+    affinity_timeout_seconds: int = 0
+    internal_traffic_local: bool = False
+    external_traffic_local: bool = False
+    endpoints: tuple[Endpoint, ...] = ()
+
+    @property
+    def protocol(self) -> Protocol:
+        return self.name.protocol
+
+    def cluster_ip(self, family: IPFamily) -> IPAddress | None:
+        """The ClusterIP of that family (Kubernetes allows one per family)."""
+        return next((ip for ip in self.cluster_ips if family_of(ip) == family), None)
+
+    def cluster_endpoints(self, family: IPFamily | None = None) -> tuple[Endpoint, ...]:
+        """Endpoints ClusterIP traffic may use (Scopes.Internal), optionally of
+        one family, in a stable order."""
+        return tuple(
+            ep
+            for ep in self.endpoints
+            if ep.internal and (family is None or ep.family == family)
+        )
+
+
+def sorted_endpoints(endpoints: Iterable[Endpoint]) -> tuple[Endpoint, ...]:
+    """Endpoints deduplicated by (ip, port) and in a stable order."""
+    unique: dict[tuple[IPAddress, int], Endpoint] = {}
+    for ep in endpoints:
+        unique.setdefault((ep.ip, ep.port), ep)
+    return tuple(sorted(unique.values(), key=Endpoint.sort_key))
+
+
+@dataclass(frozen=True)
+class ChangeSet:
+    """What one applied Sync changed, per ServicePortName.
+
+    `added` and `updated` carry the new ServicePort, `removed` the last one the
+    backend saw. `full` is set when the backend must reconcile its whole
+    dataplane with `added` (first sync, or recovery after a failed apply):
+    anything programmed that is not in `added` must go.
+    """
+
+    added: tuple[ServicePort, ...] = ()
+    updated: tuple[tuple[ServicePort, ServicePort], ...] = ()
+    removed: tuple[ServicePort, ...] = ()
+    full: bool = False
+    service_changes: int = 0
+    endpoint_changes: int = 0
+
+    def __len__(self) -> int:
+        return len(self.added) + len(self.updated) + len(self.removed)
+
+    def current(self) -> tuple[ServicePort, ...]:
+        """The new value of every added or updated service port."""
+        return self.added + tuple(new for _, new in self.updated)

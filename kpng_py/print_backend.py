@@ -1,0 +1,67 @@
+"""`to-print`: a debug backend that shows exactly what a dataplane would program.
+
+After each applied Sync it writes one JSON line to stdout:
+``{"sync": N, "servicePorts": [...]}``, service ports sorted by name then
+protocol, each with its ClusterIPs and the endpoints ClusterIP traffic may use
+(as strings, sorted). A service port with no usable endpoints has
+``"endpoints": []`` (a dataplane rejects connections to it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import IO
+
+from kpng_py.metrics import Metrics
+from kpng_py.model import ChangeSet, ServicePort, ServicePortName
+
+HELP = "print the programmed state as one JSON line per sync (debugging, tests)"
+
+
+def service_port_json(port: ServicePort) -> dict:
+    return {
+        "name": str(port.name),
+        "protocol": port.protocol.value,
+        "clusterIPs": sorted(str(ip) for ip in port.cluster_ips),
+        "port": port.port,
+        "endpoints": sorted(str(ep) for ep in port.cluster_endpoints()),
+        "affinityTimeoutSeconds": port.affinity_timeout_seconds,
+        "internalTrafficLocal": port.internal_traffic_local,
+    }
+
+
+class PrintBackend:
+    def __init__(self, out: IO[str]) -> None:
+        self._out = out
+        self._ports: dict[ServicePortName, ServicePort] = {}
+        self._syncs = 0
+
+    def setup(self) -> None:
+        pass
+
+    def apply(self, changes: ChangeSet) -> None:
+        if changes.full:
+            self._ports.clear()
+        for port in changes.current():
+            self._ports[port.name] = port
+        for port in changes.removed:
+            self._ports.pop(port.name, None)
+        self._syncs += 1
+        ports = sorted(self._ports.values(), key=lambda p: p.name.sort_key())
+        line = {"sync": self._syncs, "servicePorts": [service_port_json(p) for p in ports]}
+        self._out.write(json.dumps(line, separators=(", ", ": ")) + "\n")
+        self._out.flush()
+
+    def close(self) -> None:
+        self._out.flush()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    del parser  # no flags of its own
+
+
+def create(args: argparse.Namespace, metrics: Metrics) -> PrintBackend:
+    del args, metrics
+    return PrintBackend(sys.stdout)

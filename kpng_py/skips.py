@@ -1,0 +1,52 @@
+"""Counted, logged skips: how bad or unsupported input is reported.
+
+Every object the state model cannot program gets exactly one log line (when it
+is first seen in that form) and one increment of ``kpng_py_skipped_total`` with
+its reason; processing carries on with everything else.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+from kpng_py.logs import fields
+from kpng_py.metrics import Metrics
+
+log = logging.getLogger("kpng_py.skips")
+
+
+class SkipReason(str, enum.Enum):
+    # Expected in a healthy cluster: nothing to program, logged at info level.
+    HEADLESS = "headless"
+    EXTERNAL_NAME = "external-name"
+    UNSUPPORTED_PROTOCOL = "unsupported-protocol"
+    NO_CLUSTER_IP = "no-cluster-ip"
+    # Bad input from the brain: logged as warnings.
+    BAD_BYTES = "bad-bytes"
+    BAD_PATH = "bad-path"
+    UNKNOWN_SET = "unknown-set"
+    UNKNOWN_DELETE = "unknown-delete"
+    BAD_IP = "bad-ip"
+    BAD_PORT = "bad-port"
+    DUPLICATE_PORT = "duplicate-port"
+    UNRESOLVED_PORT = "unresolved-port"
+    BAD_AFFINITY = "bad-affinity"
+    # The dataplane could not hold the object (e.g. a full BPF map).
+    CAPACITY = "capacity"
+
+
+_EXPECTED = {SkipReason.HEADLESS, SkipReason.EXTERNAL_NAME, SkipReason.UNSUPPORTED_PROTOCOL}
+
+
+class Skips:
+    """Reports skipped objects to the log and the skip counter."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._counter = metrics.skipped
+
+    def skip(self, reason: SkipReason, obj: str, detail: str) -> None:
+        level = logging.INFO if reason in _EXPECTED else logging.WARNING
+        log.log(level, "skipped %s: %s", obj, detail,
+                extra=fields(reason=reason.value, object=obj))
+        self._counter.labels(reason.value).inc()

@@ -1,0 +1,261 @@
+"""The node's state as received from the brain, and its change tracker.
+
+`NodeState.apply` takes one change set (the ops of a stream up to and including
+a Sync) and returns what changed per ServicePortName. Work is proportional to
+what changed: only services whose object or endpoints were touched are
+recomputed.
+
+After a reconnect the brain sends Reset and the full state again. Like KPNG's
+`filterreset`, the store then ignores Sets whose bytes did not change and, at
+the Sync, deletes what was not re-sent, so the backend sees only real
+differences, never a flush and rebuild.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Iterable
+
+from kpng_py.api import localv1
+from kpng_py.decode import (
+    EndpointRecord,
+    ServiceRecord,
+    decode_endpoint,
+    decode_service,
+    split_endpoint_path,
+)
+from kpng_py.model import ChangeSet, Endpoint, ServicePort, ServicePortName, sorted_endpoints
+from kpng_py.skips import SkipReason, Skips
+
+log = logging.getLogger(__name__)
+
+_SERVICES = localv1.ServicesSet
+_ENDPOINTS = localv1.EndpointsSet
+
+
+@dataclass
+class _ServiceEntry:
+    """Everything known about one service path (`namespace/name`)."""
+
+    raw: bytes | None = None
+    record: ServiceRecord | None = None
+    # endpoint key -> (raw bytes, decoded record or None when undecodable)
+    endpoints: dict[str, tuple[bytes, EndpointRecord | None]] = field(default_factory=dict)
+    # What the backend was last given for this service.
+    published: dict[ServicePortName, ServicePort] = field(default_factory=dict)
+    # (port name, endpoint key) pairs already reported as unresolvable.
+    unresolved_reported: set[tuple[str, str]] = field(default_factory=set)
+
+    def is_empty(self) -> bool:
+        return self.raw is None and not self.endpoints and not self.published
+
+
+@dataclass
+class _Counts:
+    service_changes: int = 0
+    endpoint_changes: int = 0
+
+
+class NodeState:
+    """The services and endpoints of one node's view, and what changed."""
+
+    def __init__(self, skips: Skips) -> None:
+        self._skips = skips
+        self._services: dict[str, _ServiceEntry] = {}
+        self._dirty: set[str] = set()
+        self._counts = _Counts()
+        # Refs (set, path) re-sent since a Reset; None outside a resync.
+        self._resync_seen: set[tuple[int, str]] | None = None
+        self._synced = False
+
+    # -- reading ---------------------------------------------------------------
+
+    def service_ports(self) -> list[ServicePort]:
+        """Every programmable service port, sorted by name then protocol."""
+        ports = [p for e in self._services.values() for p in e.published.values()]
+        return sorted(ports, key=lambda p: p.name.sort_key())
+
+    # -- applying ops ----------------------------------------------------------
+
+    def apply(self, ops: Iterable[localv1.OpItem]) -> ChangeSet | None:
+        """Apply ops; return the ChangeSet at the Sync (None if there was none)."""
+        changes = None
+        for op in ops:
+            kind = op.WhichOneof("Op")
+            if kind == "Set":
+                self._set(op.Set)
+            elif kind == "Delete":
+                self._delete(op.Delete.Set, op.Delete.Path)
+            elif kind == "Reset":
+                self._resync_seen = set()
+            elif kind == "Sync":
+                changes = self._sync()
+        return changes
+
+    def full_changeset(self) -> ChangeSet:
+        """The whole state as a full ChangeSet, for a backend that must reconcile."""
+        return ChangeSet(added=tuple(self.service_ports()), full=True)
+
+    def _set(self, value: localv1.Value) -> None:
+        ref_set, path, data = value.Ref.Set, value.Ref.Path, value.Bytes
+        if ref_set not in (_SERVICES, _ENDPOINTS):
+            self._skips.skip(SkipReason.UNKNOWN_SET, f"Set {path!r}",
+                             f"Ref.Set {_set_name(ref_set)} is not served to backends")
+            return
+        if self._resync_seen is not None:
+            self._resync_seen.add((ref_set, path))
+        if ref_set == _SERVICES:
+            self._set_service(path, data)
+        else:
+            self._set_endpoint(path, data)
+
+    def _set_service(self, path: str, data: bytes) -> None:
+        entry = self._services.get(path)
+        if entry is not None and entry.raw == data:
+            return
+        record = decode_service(path, data, self._skips)
+        if record is None:
+            return  # keep the previous version in force
+        entry = self._services.setdefault(path, _ServiceEntry())
+        entry.raw, entry.record = data, record
+        entry.unresolved_reported.clear()
+        self._touch(path, services=1)
+
+    def _set_endpoint(self, path: str, data: bytes) -> None:
+        split = split_endpoint_path(path)
+        if split is None:
+            self._skips.skip(SkipReason.BAD_PATH, f"endpoint {path!r}",
+                             "path is not <namespace>/<service>/<key>")
+            return
+        service_path, key = split
+        entry = self._services.get(service_path)
+        previous = entry.endpoints.get(key) if entry else None
+        if previous is not None and previous[0] == data:
+            return
+        record = decode_endpoint(service_path, key, data, self._skips)
+        if record is None and previous is not None:
+            return  # keep the previous version in force
+        entry = self._services.setdefault(service_path, _ServiceEntry())
+        entry.endpoints[key] = (data, record)
+        entry.unresolved_reported = {r for r in entry.unresolved_reported if r[1] != key}
+        self._touch(service_path, endpoints=1)
+
+    def _delete(self, ref_set: int, path: str) -> None:
+        if ref_set == _SERVICES:
+            entry = self._services.get(path)
+            if entry is not None and entry.raw is not None:
+                entry.raw, entry.record = None, None
+                self._touch(path, services=1)
+                return
+        elif ref_set == _ENDPOINTS:
+            split = split_endpoint_path(path)
+            entry = self._services.get(split[0]) if split else None
+            if split and entry is not None and entry.endpoints.pop(split[1], None) is not None:
+                self._touch(split[0], endpoints=1)
+                return
+        self._skips.skip(SkipReason.UNKNOWN_DELETE, f"Delete {_set_name(ref_set)} {path!r}",
+                         "nothing is known at that path")
+
+    def _touch(self, service_path: str, services: int = 0, endpoints: int = 0) -> None:
+        self._dirty.add(service_path)
+        self._counts.service_changes += services
+        self._counts.endpoint_changes += endpoints
+
+    # -- the Sync: compute what changed ----------------------------------------
+
+    def _sync(self) -> ChangeSet:
+        if self._resync_seen is not None:
+            self._drop_not_resent(self._resync_seen)
+            self._resync_seen = None
+        added: list[ServicePort] = []
+        updated: list[tuple[ServicePort, ServicePort]] = []
+        removed: list[ServicePort] = []
+        for path in self._dirty:
+            entry = self._services[path]
+            new = self._compute_ports(entry)
+            old = entry.published
+            for name, port in new.items():
+                before = old.get(name)
+                if before is None:
+                    added.append(port)
+                elif before != port:
+                    updated.append((before, port))
+            removed.extend(port for name, port in old.items() if name not in new)
+            entry.published = new
+            if entry.is_empty():
+                del self._services[path]
+        full, self._synced = not self._synced, True
+        changes = ChangeSet(tuple(added), tuple(updated), tuple(removed), full=full,
+                            service_changes=self._counts.service_changes,
+                            endpoint_changes=self._counts.endpoint_changes)
+        self._dirty.clear()
+        self._counts = _Counts()
+        return changes
+
+    def _drop_not_resent(self, seen: set[tuple[int, str]]) -> None:
+        """End of a resync: what the new stream did not re-send is gone."""
+        for path, entry in list(self._services.items()):
+            for key in [k for k in entry.endpoints if (_ENDPOINTS, f"{path}/{k}") not in seen]:
+                del entry.endpoints[key]
+                self._touch(path, endpoints=1)
+            if entry.raw is not None and (_SERVICES, path) not in seen:
+                entry.raw, entry.record = None, None
+                self._touch(path, services=1)
+
+    def _compute_ports(self, entry: _ServiceEntry) -> dict[ServicePortName, ServicePort]:
+        record = entry.record
+        if record is None:
+            return {}
+        endpoints = [ep for _, ep in entry.endpoints.values() if ep is not None]
+        return {
+            port.name: replace(port, endpoints=self._resolve(entry, record, port, endpoints))
+            for port in record.ports
+        }
+
+    def _resolve(self, entry: _ServiceEntry, record: ServiceRecord, port: ServicePort,
+                 endpoints: list[EndpointRecord]) -> tuple[Endpoint, ...]:
+        resolved: list[Endpoint] = []
+        for ep in endpoints:
+            target = resolve_endpoint_port(port, ep)
+            if target is None:
+                self._report_unresolved(entry, port, ep)
+                continue
+            internal, external = ep.scopes if ep.scopes is not None else (
+                ep.local or not record.internal_traffic_local,
+                ep.local or not record.external_traffic_local)
+            resolved.extend(Endpoint(ip, target, ep.local, internal, external) for ip in ep.ips)
+        return sorted_endpoints(resolved)
+
+    def _report_unresolved(self, entry: _ServiceEntry, port: ServicePort,
+                           ep: EndpointRecord) -> None:
+        marker = (port.name.port, ep.key)
+        if marker in entry.unresolved_reported:
+            return
+        entry.unresolved_reported.add(marker)
+        self._skips.skip(
+            SkipReason.UNRESOLVED_PORT, f"endpoint {ep.key} of {port.name}",
+            f"no port override named {port.name.port!r}"
+            + (f" or {port.target_port_name!r}" if port.target_port_name else "")
+            + " and no numeric targetPort")
+
+
+def resolve_endpoint_port(port: ServicePort, endpoint: EndpointRecord) -> int | None:
+    """The endpoint's port for a service port (docs/localv1.md, "port rule"):
+    the override named like the service port; else the override named like the
+    target port name; else the numeric target port; else none."""
+    by_name = endpoint.override(port.name.port)
+    if by_name is not None:
+        return by_name
+    if port.target_port_name:
+        by_target = endpoint.override(port.target_port_name)
+        if by_target is not None:
+            return by_target
+    return port.target_port or None
+
+
+def _set_name(ref_set: int) -> str:
+    try:
+        return localv1.Set.Name(ref_set)
+    except ValueError:
+        return str(ref_set)
