@@ -1,0 +1,1 @@
+"""Helpers for tests that need the kernel: namespaces, cgroups, servers."""
