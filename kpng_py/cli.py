@@ -92,10 +92,12 @@ def _client_config(args: argparse.Namespace) -> ClientConfig:
     if args.max_error_delay < args.error_delay:
         raise UsageError(f"--max-error-delay {args.max_error_delay} is below --error-delay "
                          f"{args.error_delay}; raise it or lower --error-delay")
+    tls = _tls(args)
+    tls.check()
     return ClientConfig(
         target=dial_target(args.api),
         node_name=args.node_name,
-        tls=_tls(args),
+        tls=tls,
         max_msg_size=args.max_msg_size,
         error_delay=args.error_delay,
         max_error_delay=args.max_error_delay,
@@ -170,8 +172,9 @@ def _run(args: argparse.Namespace) -> None:
         from kpng_py.recording import read_segments
         from kpng_py.replay import ReplaySource
 
-        source = ReplaySource(read_segments(args.input))
-        runner.serve(source, ListenAddress.parse(args.listen), _tls(args))
+        listen, tls = ListenAddress.parse(args.listen), _tls(args)
+        tls.check()
+        runner.serve(ReplaySource(read_segments(args.input)), listen, tls)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

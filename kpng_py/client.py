@@ -43,6 +43,22 @@ class ClientConfig:
     max_error_delay: float = 30.0
 
 
+class Backoff:
+    """Retry delays: `first`, then doubling up to `cap`; reset after a stream
+    that worked."""
+
+    def __init__(self, first: float, cap: float) -> None:
+        self._first, self._cap = first, max(cap, first)
+        self._next = first
+
+    def next(self) -> float:
+        delay, self._next = self._next, min(self._next * 2, self._cap)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self._first
+
+
 class WatchClient:
     def __init__(self, config: ClientConfig, sink: OpsSink, metrics: Metrics) -> None:
         self._config = config
@@ -61,7 +77,7 @@ class WatchClient:
 
     def run(self) -> None:
         """Watch until `stop()`; never raises for stream or brain errors."""
-        delay = self._config.error_delay
+        backoff = Backoff(self._config.error_delay, self._config.max_error_delay)
         streams = 0
         while not self._stopping.is_set():
             if streams:
@@ -71,9 +87,9 @@ class WatchClient:
             self._metrics.brain_connected.set(0)
             if self._stopping.is_set():
                 break
-            delay = self._config.error_delay if healthy else min(
-                delay * 2, max(self._config.max_error_delay, self._config.error_delay))
-            wait = self._config.error_delay if healthy else delay
+            if healthy:
+                backoff.reset()
+            wait = backoff.next()
             log.info("reconnecting to the brain", extra=fields(
                 target=self._config.target, retry_in_s=wait))
             self._stopping.wait(wait)

@@ -54,6 +54,7 @@ class LocalApiServer:
                  tls: TLSFiles | None = None, max_streams: int = 128) -> None:
         self._source = source
         self._listen = listen
+        self.port = 0  # the TCP port bound, once started (useful with port 0)
         self._tls = tls or TLSFiles()
         self._server = grpc.server(
             ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix="watch"),
@@ -81,6 +82,7 @@ class LocalApiServer:
                 port = self._server.add_insecure_port(address)
             if port == 0:
                 raise AddressError(f"cannot listen on {self._listen}")
+            self.port = port
             self._server.start()
         finally:
             os.umask(old_umask)

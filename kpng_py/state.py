@@ -241,9 +241,9 @@ class NodeState:
 
 
 def resolve_endpoint_port(port: ServicePort, endpoint: EndpointRecord) -> int | None:
-    """The endpoint's port for a service port (docs/localv1.md, "port rule"):
-    the override named like the service port; else the override named like the
-    target port name; else the numeric target port; else none."""
+    """The endpoint's port for a service port: the override named like the
+    service port; else the override named like the target port name; else the
+    numeric target port; else none (docs/architecture.md)."""
     by_name = endpoint.override(port.name.port)
     if by_name is not None:
         return by_name

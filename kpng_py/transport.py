@@ -70,6 +70,10 @@ class TLSFiles:
     def enabled(self) -> bool:
         return bool(self.key or self.cert or self.ca)
 
+    def check(self) -> None:
+        """Fail early, naming the flag, if the files are missing or unpaired."""
+        self._read()
+
     def _read(self) -> tuple[bytes | None, bytes | None, bytes | None]:
         if bool(self.key) != bool(self.cert):
             raise AddressError("--tls-key and --tls-crt go together: give both or neither")

@@ -1,0 +1,333 @@
+"""Builds the recorded-stream fixtures in this folder.
+
+Each scenario is the op stream a KPNG brain sends (Reset, Sets in KPNG's op
+order, Sync, ...), written in the recording format (docs/recording-format.md).
+`<name>.jsonl` is the recording; `<name>.expected.jsonl` is what `to-print`
+must print for it, one line per Sync — reviewed by hand, never regenerated
+from the code under test.
+
+    .venv/bin/python -m tests.streams.build          # rewrite the recordings
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+from typing import Callable, Iterable
+
+from kpng_py.api import localv1 as L
+from kpng_py.recording import RecordingWriter
+
+HERE = Path(__file__).resolve().parent
+
+Op = L.OpItem
+Scenario = Callable[[], Iterable[Op | str]]  # an OpItem, or a disconnect reason
+
+
+# -- building blocks ----------------------------------------------------------
+
+def reset() -> Op:
+    return Op(Reset=L.EmptyOp())
+
+
+def sync() -> Op:
+    return Op(Sync=L.EmptyOp())
+
+
+def set_raw(ref_set: int, path: str, data: bytes) -> Op:
+    return Op(Set=L.Value(Ref=L.Ref(Set=ref_set, Path=path), Bytes=data))
+
+
+def set_service(svc: L.Service) -> Op:
+    return set_raw(L.ServicesSet, f"{svc.Namespace}/{svc.Name}", svc.SerializeToString())
+
+
+def set_endpoint(ns: str, svc: str, key: str, ep: L.Endpoint) -> Op:
+    return set_raw(L.EndpointsSet, f"{ns}/{svc}/{key}", ep.SerializeToString())
+
+
+def delete(ref_set: int, path: str) -> Op:
+    return Op(Delete=L.Ref(Set=ref_set, Path=path))
+
+
+def service(name: str, v4: Iterable[str] = (), v6: Iterable[str] = (),
+            ports: Iterable[L.PortMapping] = (), ns: str = "default", **fields) -> L.Service:
+    return L.Service(Namespace=ns, Name=name, Type=fields.pop("Type", "ClusterIP"),
+                     IPs=L.ServiceIPs(ClusterIPs=L.IPSet(V4=list(v4), V6=list(v6)),
+                                      Headless=fields.pop("Headless", False)),
+                     Ports=list(ports), **fields)
+
+
+def port(name: str, number: int, protocol: int = L.TCP, target: int = 0,
+         target_name: str = "") -> L.PortMapping:
+    return L.PortMapping(Name=name, Protocol=protocol, Port=number, TargetPort=target,
+                         TargetPortName=target_name)
+
+
+def endpoint(v4: Iterable[str] = (), v6: Iterable[str] = (), local: bool = False,
+             internal: bool = True, overrides: Iterable[tuple[str, int]] = ()) -> L.Endpoint:
+    """An endpoint as KPNG's brain sends it: one override per named port."""
+    return L.Endpoint(IPs=L.IPSet(V4=list(v4), V6=list(v6)), Local=local,
+                      PortOverrides=[L.PortName(Name=n, Port=p) for n, p in overrides],
+                      Scopes=L.EndpointScopes(Internal=internal, External=True))
+
+
+# -- scenarios ----------------------------------------------------------------
+
+def initial_state():
+    yield reset()
+    yield set_service(service("web", v4=["10.96.0.10"], ports=[port("http", 80, target=8080)]))
+    yield set_service(service("api", ns="prod", v4=["10.96.0.20"],
+                              ports=[port("grpc", 9000, target=9000)]))
+    yield set_endpoint("default", "web", "web-0", endpoint(["10.244.0.5"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "web", "web-1", endpoint(["10.244.0.6"], overrides=[("http", 8080)]))
+    yield set_endpoint("prod", "api", "api-0", endpoint(["10.244.1.9"], overrides=[("grpc", 9000)]))
+    yield sync()
+
+
+def endpoints_churn():
+    web = service("web", v4=["10.96.0.10"], ports=[port("http", 80, target=8080)])
+    yield reset()
+    yield set_service(web)
+    yield set_endpoint("default", "web", "web-0", endpoint(["10.244.0.5"], overrides=[("http", 8080)]))
+    yield sync()
+    # scale up to three
+    yield set_endpoint("default", "web", "web-1", endpoint(["10.244.0.6"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "web", "web-2", endpoint(["10.244.0.7"], overrides=[("http", 8080)]))
+    yield sync()
+    # web-0 goes away, web-1 is replaced by a pod with a new IP
+    yield delete(L.EndpointsSet, "default/web/web-0")
+    yield set_endpoint("default", "web", "web-1", endpoint(["10.244.0.16"], overrides=[("http", 8080)]))
+    yield sync()
+    # scale to zero: the service port stays, with no endpoints (a reject)
+    yield delete(L.EndpointsSet, "default/web/web-1")
+    yield delete(L.EndpointsSet, "default/web/web-2")
+    yield sync()
+
+
+def named_ports():
+    # targetPort is a name: each pod resolves it to its own number.
+    svc = service("app", v4=["10.96.0.30"], ports=[
+        port("http", 80, target_name="web"),
+        port("metrics", 9090, target_name="prom"),
+    ])
+    yield reset()
+    yield set_service(svc)
+    # as from a real cluster: overrides named like the service ports
+    yield set_endpoint("default", "app", "app-a", endpoint(
+        ["10.244.0.11"], overrides=[("http", 8080), ("metrics", 9100)]))
+    yield set_endpoint("default", "app", "app-b", endpoint(
+        ["10.244.0.12"], overrides=[("http", 8081), ("metrics", 9101)]))
+    # as from a hand-written state file: overrides named like the target port
+    yield set_endpoint("default", "app", "app-c", endpoint(
+        ["10.244.0.13"], overrides=[("web", 8082), ("prom", 9102)]))
+    # no override for metrics and no numeric targetPort: left out of that port
+    yield set_endpoint("default", "app", "app-d", endpoint(
+        ["10.244.0.14"], overrides=[("http", 8083)]))
+    yield sync()
+
+
+def tcp_udp_same_port():
+    dns = service("kube-dns", ns="kube-system", v4=["10.96.0.53"], ports=[
+        port("dns", 53, L.UDP, target=5353),
+        port("dns-tcp", 53, L.TCP, target=5353),
+    ])
+    yield reset()
+    yield set_service(dns)
+    for i in (1, 2):
+        yield set_endpoint("kube-system", "kube-dns", f"coredns-{i}", endpoint(
+            [f"10.244.0.{50 + i}"], overrides=[("dns", 5353), ("dns-tcp", 5353)]))
+    yield sync()
+    # the TCP port is removed from the service; UDP stays as it was
+    del dns.Ports[1]
+    yield set_service(dns)
+    yield sync()
+
+
+def dual_stack():
+    yield reset()
+    yield set_service(service("web", v4=["10.96.0.10"], v6=["fd00:10:96::a"],
+                              ports=[port("http", 80, target=8080)]))
+    yield set_service(service("v6only", v6=["fd00:10:96::b"], ports=[port("", 443, target=8443)]))
+    yield set_endpoint("default", "web", "web-0", endpoint(
+        ["10.244.0.5"], ["fd00:10:244::5"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "web", "web-1", endpoint(
+        ["10.244.0.6"], ["fd00:10:244::6"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "v6only", "v6-0", endpoint(
+        v6=["fd00:10:244::20"], overrides=[("", 8443)]))
+    yield sync()
+
+
+def service_deleted():
+    web = service("web", v4=["10.96.0.10"], ports=[port("http", 80, target=8080)])
+    other = service("other", v4=["10.96.0.11"], ports=[port("http", 80, target=8080)])
+    shared = endpoint(["10.244.0.5"], overrides=[("http", 8080)])
+    yield reset()
+    yield set_service(web)
+    yield set_service(other)
+    yield set_endpoint("default", "web", "pod-0", shared)
+    yield set_endpoint("default", "other", "pod-0", shared)
+    yield sync()
+    # KPNG's order: a service's endpoints are deleted before it
+    yield delete(L.EndpointsSet, "default/web/pod-0")
+    yield delete(L.ServicesSet, "default/web")
+    yield sync()
+    # recreated (with a new ClusterIP, as after kubectl delete + apply)
+    web.IPs.ClusterIPs.V4[:] = ["10.96.0.12"]
+    yield set_service(web)
+    yield set_endpoint("default", "web", "pod-0", shared)
+    yield sync()
+
+
+def internal_traffic_local():
+    # The brain computed Scopes for node-a: only local endpoints are Internal.
+    svc = service("local", v4=["10.96.0.40"], ports=[port("http", 80, target=8080)],
+                  InternalTrafficToLocal=True)
+    yield reset()
+    yield set_service(svc)
+    yield set_endpoint("default", "local", "on-node", endpoint(
+        ["10.244.0.5"], local=True, internal=True, overrides=[("http", 8080)]))
+    yield set_endpoint("default", "local", "elsewhere", endpoint(
+        ["10.244.1.5"], local=False, internal=False, overrides=[("http", 8080)]))
+    yield sync()
+    # the local pod goes: endpoints exist elsewhere, none usable here -> reject
+    yield delete(L.EndpointsSet, "default/local/on-node")
+    yield sync()
+    # policy switched back to Cluster: the brain re-sends scopes
+    svc.InternalTrafficToLocal = False
+    yield set_service(svc)
+    yield set_endpoint("default", "local", "elsewhere", endpoint(
+        ["10.244.1.5"], local=False, internal=True, overrides=[("http", 8080)]))
+    yield sync()
+
+
+def session_affinity():
+    yield reset()
+    yield set_service(service("sticky", v4=["10.96.0.50"], ports=[port("http", 80, target=8080)],
+                              ClientIP=L.ClientIPAffinity(TimeoutSeconds=30)))
+    yield set_service(service("sticky-default", v4=["10.96.0.51"],
+                              ports=[port("http", 80, target=8080)],
+                              ClientIP=L.ClientIPAffinity()))
+    yield set_endpoint("default", "sticky", "s-0", endpoint(["10.244.0.5"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "sticky-default", "s-0",
+                       endpoint(["10.244.0.5"], overrides=[("http", 8080)]))
+    yield sync()
+    # affinity turned off
+    yield set_service(service("sticky", v4=["10.96.0.50"], ports=[port("http", 80, target=8080)]))
+    yield sync()
+
+
+def reconnect():
+    web = service("web", v4=["10.96.0.10"], ports=[port("http", 80, target=8080)])
+    gone = service("gone", v4=["10.96.0.11"], ports=[port("http", 80, target=8080)])
+    yield reset()
+    yield set_service(web)
+    yield set_service(gone)
+    yield set_endpoint("default", "web", "web-0", endpoint(["10.244.0.5"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "web", "web-1", endpoint(["10.244.0.6"], overrides=[("http", 8080)]))
+    yield sync()
+    # the brain dies in the middle of a change set
+    yield set_endpoint("default", "web", "web-2", endpoint(["10.244.0.7"], overrides=[("http", 8080)]))
+    yield "UNAVAILABLE: brain restarted"
+    # the new brain's full state: web-1 and the service "gone" were deleted
+    # meanwhile, web-2 exists; unchanged objects are re-sent as they were
+    yield reset()
+    yield set_service(web)
+    yield set_endpoint("default", "web", "web-0", endpoint(["10.244.0.5"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "web", "web-2", endpoint(["10.244.0.7"], overrides=[("http", 8080)]))
+    yield sync()
+
+
+def large_state():
+    """1000 services x 2 endpoints, then a one-endpoint change."""
+    yield reset()
+    for i in range(1000):
+        yield set_service(service(f"svc-{i:04d}", v4=[f"10.96.{i // 250}.{i % 250 + 1}"],
+                                  ports=[port("http", 80, target=8080)]))
+    for i in range(1000):
+        for j in range(2):
+            yield set_endpoint("default", f"svc-{i:04d}", f"pod-{i:04d}-{j}", endpoint(
+                [f"10.244.{i // 125}.{(i % 125) * 2 + j + 1}"], overrides=[("http", 8080)]))
+    yield sync()
+    yield delete(L.EndpointsSet, "default/svc-0500/pod-0500-1")
+    yield sync()
+
+
+def bad_inputs():
+    good = service("good", v4=["10.96.0.10"], ports=[port("http", 80, target=8080)])
+    yield reset()
+    yield set_service(good)
+    yield set_endpoint("default", "good", "g-0", endpoint(["10.244.0.5"], overrides=[("http", 8080)]))
+    # garbage bytes for a new service and for an endpoint: skipped
+    yield set_raw(L.ServicesSet, "default/garbage", b"\xff\xff\xff\xff\x0f")
+    yield set_raw(L.EndpointsSet, "default/good/garbage", b"\x12\x07\x0a\x05garb")
+    # bad IPs: a ClusterIP that is not an IP, an endpoint IP of the wrong family
+    yield set_service(service("badip", v4=["10.96.0.300"], ports=[port("http", 80, target=8080)]))
+    yield set_endpoint("default", "good", "g-1", endpoint(["fd00:10:244::9", "10.244.0.x"],
+                                                          overrides=[("http", 8080)]))
+    # port 0 and a port beyond 65535 (port 2 of the same service survives)
+    yield set_service(service("badport", v4=["10.96.0.12"], ports=[
+        port("zero", 0, target=8080), port("huge", 70000, target=8080),
+        port("ok", 81, target=8081)]))
+    yield set_endpoint("default", "badport", "b-0", endpoint(["10.244.0.7"], overrides=[
+        ("ok", 8081)]))
+    # SCTP and an unknown protocol: skipped, TCP port of the same service kept
+    yield set_service(service("sctp", v4=["10.96.0.13"], ports=[
+        port("sctp", 3868, L.SCTP, target=3868), port("weird", 99, 7, target=99),
+        port("tcp", 3869, target=3869)]))
+    # headless and ExternalName: nothing to program
+    yield set_service(service("headless", ports=[port("http", 80, target=8080)], Headless=True))
+    yield set_service(service("ext", ports=[port("http", 80)], Type="ExternalName"))
+    # an unknown Set, a Set of a set backends are not given, bad paths, unknown deletes
+    yield set_raw(99, "default/whatever", b"")
+    yield set_raw(L.GlobalNodeInfos, "node-a", b"")
+    yield set_raw(L.ServicesSet, "no-namespace", good.SerializeToString())
+    yield set_raw(L.EndpointsSet, "default/good", b"")
+    # endpoints of a service never sent are kept aside; a duplicate endpoint
+    # (same IP and port under another key) is programmed once
+    yield set_endpoint("default", "nosuch", "n-0", endpoint(["10.244.0.9"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "good", "g-dup", endpoint(["10.244.0.5"], overrides=[("http", 8080)]))
+    yield delete(L.ServicesSet, "default/never-seen")
+    yield delete(L.EndpointsSet, "default/good/never-seen")
+    yield sync()
+    # garbage replacing a good service keeps the good version in force
+    yield set_raw(L.ServicesSet, "default/good", b"\x0a\xff\xff")
+    yield set_endpoint("default", "good", "g-2", endpoint(["10.244.0.8"], overrides=[("http", 8080)]))
+    yield sync()
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "initial-state": initial_state,
+    "endpoints-churn": endpoints_churn,
+    "named-ports": named_ports,
+    "tcp-udp-same-port": tcp_udp_same_port,
+    "dual-stack": dual_stack,
+    "service-deleted": service_deleted,
+    "internal-traffic-local": internal_traffic_local,
+    "session-affinity": session_affinity,
+    "reconnect": reconnect,
+    "large-state": large_state,
+    "bad-inputs": bad_inputs,
+}
+
+
+def render(scenario: Scenario) -> str:
+    out = io.StringIO()
+    writer = RecordingWriter(out)
+    for item in scenario():
+        if isinstance(item, str):
+            writer.disconnect(item)
+        else:
+            writer.op(item)
+    return out.getvalue()
+
+
+def main() -> None:
+    for name, scenario in SCENARIOS.items():
+        (HERE / f"{name}.jsonl").write_text(render(scenario), encoding="utf-8")
+        print(f"wrote {name}.jsonl", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

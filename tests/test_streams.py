@@ -1,0 +1,89 @@
+"""`to-print` against `replay` of every recorded scenario in tests/streams/."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kpng_py.metrics import Metrics
+from tests.streams.build import SCENARIOS, render
+from tests.support.replay import replay_to_print
+
+STREAMS = Path(__file__).parent / "streams"
+KPNG_PY = Path(sys.executable).parent / "kpng-py"
+
+
+def expected_lines(name: str) -> list[str]:
+    return (STREAMS / f"{name}.expected.jsonl").read_text().splitlines()
+
+
+def test_at_least_ten_scenarios() -> None:
+    assert len(SCENARIOS) >= 10
+    for name in SCENARIOS:
+        assert (STREAMS / f"{name}.jsonl").is_file()
+        assert (STREAMS / f"{name}.expected.jsonl").is_file()
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_recording_matches_its_builder(name: str) -> None:
+    """The committed recording is exactly what tests/streams/build.py makes."""
+    assert (STREAMS / f"{name}.jsonl").read_text() == render(SCENARIOS[name])
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_replay_to_print(name: str, tmp_path: Path) -> None:
+    assert replay_to_print(STREAMS / f"{name}.jsonl", tmp_path) == expected_lines(name)
+
+
+def test_bad_inputs_are_counted_by_reason(tmp_path: Path) -> None:
+    metrics = Metrics()
+    replay_to_print(STREAMS / "bad-inputs.jsonl", tmp_path, metrics)
+
+    def skipped(reason: str) -> float:
+        return metrics.registry.get_sample_value("kpng_py_skipped_total", {"reason": reason}) or 0
+
+    assert skipped("bad-bytes") == 3  # new service, endpoint, replacement of a good service
+    assert skipped("bad-ip") == 3  # the ClusterIP, the wrong-family and the non-IP endpoint IPs
+    assert skipped("no-cluster-ip") == 1
+    assert skipped("bad-port") == 2
+    assert skipped("unsupported-protocol") == 2  # SCTP and protocol 7
+    assert skipped("headless") == 1
+    assert skipped("external-name") == 1
+    assert skipped("unknown-set") == 2
+    assert skipped("bad-path") == 2
+    assert skipped("unknown-delete") == 2
+
+
+def test_reconnect_is_counted(tmp_path: Path) -> None:
+    metrics = Metrics()
+    replay_to_print(STREAMS / "reconnect.jsonl", tmp_path, metrics)
+    assert metrics.registry.get_sample_value("kpng_py_brain_reconnects_total") == 1
+
+
+def test_cli_replay_to_print(tmp_path: Path) -> None:
+    """The same through the real commands, as separate processes."""
+    sock = tmp_path / "brain.sock"
+    server = subprocess.Popen(
+        [KPNG_PY, "replay", "-i", STREAMS / "endpoints-churn.jsonl", "to-api",
+         "--listen", f"unix://{sock}"], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not sock.exists():
+            assert server.poll() is None, server.stderr.read()
+            assert time.monotonic() < deadline, "replay did not start listening"
+            time.sleep(0.05)
+        assert sock.stat().st_mode & 0o777 == 0o600
+        printed = subprocess.run(
+            [KPNG_PY, "local", "--api", f"unix://{sock}", "--exit-after", "4", "to-print"],
+            capture_output=True, text=True, timeout=60, check=True)
+        assert printed.stdout.splitlines() == expected_lines("endpoints-churn")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=20)
+    assert server.returncode == 0
+    assert not sock.exists(), "the server removes its socket on SIGTERM"
