@@ -32,7 +32,7 @@ def on_termination(handler: Callable[[], None]) -> None:
     signal.signal(signal.SIGINT, _handle)
 
 
-class _StopAfter:
+class StopAfter:
     """Passes change sets on and stops the client after `limit` of them (0: never)."""
 
     def __init__(self, sink: OpsSink, limit: int) -> None:
@@ -67,7 +67,7 @@ class ApplierSink:
 
 def watch(config: ClientConfig, sink: OpsSink, metrics: Metrics, exit_after: int = 0) -> None:
     """Run a watch client until a signal (or `exit_after` change sets)."""
-    limited = _StopAfter(sink, exit_after)
+    limited = StopAfter(sink, exit_after)
     client = WatchClient(config, limited, metrics)
     limited.client = client
     on_termination(client.stop)

@@ -8,34 +8,16 @@ import threading
 from pathlib import Path
 
 from kpng_py.backend import ChangeSetApplier
-from kpng_py.client import ClientConfig
+from kpng_py.client import ClientConfig, WatchClient
 from kpng_py.metrics import Metrics
 from kpng_py.print_backend import PrintBackend
 from kpng_py.recording import read_segments
 from kpng_py.replay import ReplaySource
-from kpng_py.runner import ApplierSink
+from kpng_py.runner import ApplierSink, StopAfter
 from kpng_py.server import LocalApiServer
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState
-from kpng_py.client import WatchClient
 from kpng_py.transport import ListenAddress
-
-
-class StopAfter:
-    """Sink wrapper that stops the client after `count` change sets."""
-
-    def __init__(self, sink, count: int) -> None:
-        self.sink, self.count, self.client = sink, count, None
-        self.seen = 0
-
-    def on_changeset(self, ops) -> None:
-        self.sink.on_changeset(ops)
-        self.seen += 1
-        if self.seen >= self.count:
-            self.client.stop()
-
-    def on_stream_error(self, reason, partial) -> None:
-        self.sink.on_stream_error(reason, partial)
 
 
 def replay_to_print(recording: Path, socket_dir: Path,
