@@ -13,10 +13,11 @@ import socket
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Sequence
+from typing import Callable, Sequence
 
 from kpng_py import __version__
 from kpng_py.client import ClientConfig
+from kpng_py.health import DEFAULT_HEALTHZ, DEFAULT_METRICS, BindAddress, Observability
 from kpng_py.logs import setup_logging
 from kpng_py.metrics import Metrics
 from kpng_py.recording import RecordingError
@@ -104,6 +105,35 @@ def _client_config(args: argparse.Namespace) -> ClientConfig:
     )
 
 
+def _bind_address(flag: str) -> Callable[[str], BindAddress | None]:
+    def parse(text: str) -> BindAddress | None:
+        if not text:
+            return None
+        try:
+            return BindAddress.parse(text, flag)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err))
+    return parse
+
+
+def add_observability_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("health and metrics (as kube-proxy)")
+    group.add_argument("--healthz-bind-address", type=_bind_address("--healthz-bind-address"),
+                       default=DEFAULT_HEALTHZ,
+                       help=f"host:port for /healthz, empty to disable (default: {DEFAULT_HEALTHZ})")
+    group.add_argument("--metrics-bind-address", type=_bind_address("--metrics-bind-address"),
+                       default=DEFAULT_METRICS,
+                       help=f"host:port for /metrics, empty to disable (default: {DEFAULT_METRICS})")
+    group.add_argument("--healthz-timeout", type=_positive_float, default=60.0,
+                       help="seconds a change set may be applying, or the brain be unreachable, "
+                            "before /healthz answers 503 (default: 60)")
+
+
+def observability(args: argparse.Namespace) -> Observability:
+    return Observability(args.healthz_bind_address, args.metrics_bind_address,
+                         args.healthz_timeout)
+
+
 def _backend_module(sink: str) -> ModuleType:
     return importlib.import_module(BACKENDS[sink])
 
@@ -141,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         "local", help="watch a brain's localv1 API and program a backend",
         description="Watch a KPNG brain (`kpng ... to-api`) and program a backend.")
     _add_client_flags(local)
+    add_observability_flags(local)
     add_backend_parsers(local)
 
     rec = commands.add_parser(
@@ -165,7 +196,7 @@ def _run(args: argparse.Namespace) -> None:
     if args.command == "local":
         config = _client_config(args)
         backend = _backend_module(args.backend).create(args, metrics)
-        runner.run_backend(config, backend, metrics, args.exit_after)
+        runner.run_backend(config, backend, metrics, observability(args), args.exit_after)
     elif args.command == "record":
         runner.record(_client_config(args), args.output, metrics, args.exit_after)
     elif args.command == "replay":

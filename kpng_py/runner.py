@@ -11,6 +11,7 @@ from typing import Callable, IO
 from kpng_py.api import localv1
 from kpng_py.backend import Backend, ChangeSetApplier
 from kpng_py.client import ClientConfig, OpsSink, WatchClient
+from kpng_py.health import HealthSink, Observability
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
 from kpng_py.recording import RecordingWriter
@@ -75,12 +76,13 @@ def watch(config: ClientConfig, sink: OpsSink, metrics: Metrics, exit_after: int
 
 
 def run_backend(config: ClientConfig, backend: Backend, metrics: Metrics,
-                exit_after: int = 0) -> None:
+                observability: Observability, exit_after: int = 0) -> None:
     """`kpng-py local ... to-<backend>`."""
+    health = observability.start(metrics)
     applier = ChangeSetApplier(backend, NodeState(Skips(metrics)), metrics)
     backend.setup()
     try:
-        watch(config, ApplierSink(applier), metrics, exit_after)
+        watch(config, HealthSink(ApplierSink(applier), health), metrics, exit_after)
     finally:
         backend.close()
 

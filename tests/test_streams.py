@@ -79,7 +79,9 @@ def test_cli_replay_to_print(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert sock.stat().st_mode & 0o777 == 0o600
         printed = subprocess.run(
-            [KPNG_PY, "local", "--api", f"unix://{sock}", "--exit-after", "4", "to-print"],
+            [KPNG_PY, "local", "--api", f"unix://{sock}", "--exit-after", "4",
+             "--healthz-bind-address", "127.0.0.1:0", "--metrics-bind-address", "127.0.0.1:0",
+             "to-print"],
             capture_output=True, text=True, timeout=60, check=True)
         assert printed.stdout.splitlines() == expected_lines("endpoints-churn")
     finally:
