@@ -3,7 +3,12 @@
 # Debian packages, kernel headers findable by BCC, bpffs, the .venv with pinned
 # dependencies, the generated protobuf code and the kpng-py command.
 # Safe to run again: every step checks before it acts.
+#
+#   hack/setup.sh           development and tests (what `make` runs)
+#   hack/setup.sh runtime   what the container image needs (deploy/Dockerfile)
+#   hack/setup.sh headers   only the kernel-header links (the image's entrypoint)
 set -euo pipefail
+MODE="${1:-dev}"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
@@ -15,9 +20,12 @@ debian_packages() {
     local arch
     arch="$(dpkg --print-architecture)"
     # BCC (runtime compiler + Python bindings), headers it compiles against,
-    # inspection tools, and the real servers and clients the tests use.
-    echo python3-bpfcc libbpfcc "linux-headers-$arch" bpftool iproute2 procps kmod \
-        nginx-light dnsmasq-base socat dnsutils curl iperf3 wrk nftables iptables
+    # and inspection tools.
+    echo python3-bpfcc libbpfcc "linux-headers-$arch" bpftool iproute2 procps kmod
+    if [[ $MODE == dev ]]; then
+        # The real servers and clients of the tests, e2e suite and benchmarks.
+        echo nginx-light dnsmasq-base socat dnsutils curl iperf3 wrk nftables iptables openssl
+    fi
 }
 
 install_debian_packages() {
@@ -73,16 +81,24 @@ mount_bpffs() {
     mount -t bpf bpf /sys/fs/bpf
 }
 
+lock_files() {
+    echo "$ROOT/requirements.lock"
+    [[ $MODE == dev ]] && echo "$ROOT/requirements-dev.lock"
+    return 0
+}
+
 make_venv() {
     local stamp="$VENV/.kpng-py-setup"
-    local want
-    want="$(cat "$ROOT/requirements.lock" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+    local want lock
+    want="$(cat $(lock_files) "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
     if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$VENV/bin/kpng-py" ]]; then
         return
     fi
     log "creating $VENV with pinned dependencies"
     [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/requirements.lock"
+    for lock in $(lock_files); do
+        "$VENV/bin/pip" install -q --disable-pip-version-check -r "$lock"
+    done
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e "$ROOT"
     echo "$want" >"$stamp"
 }
@@ -107,9 +123,26 @@ generate_proto() {
         --python_out="$out" --pyi_out="$out" "$ROOT/proto/localv1.proto"
 }
 
-install_debian_packages
-link_kernel_headers
-mount_bpffs
-make_venv
-link_bcc
-generate_proto
+case "$MODE" in
+dev)
+    install_debian_packages
+    link_kernel_headers
+    mount_bpffs
+    make_venv
+    link_bcc
+    generate_proto
+    ;;
+runtime) # headers are linked when the container starts, on the real node
+    install_debian_packages
+    make_venv
+    link_bcc
+    generate_proto
+    ;;
+headers)
+    link_kernel_headers
+    ;;
+*)
+    log "unknown mode $MODE: use dev (default), runtime or headers"
+    exit 2
+    ;;
+esac
