@@ -89,3 +89,30 @@ def test_cli_replay_to_print(tmp_path: Path) -> None:
         server.wait(timeout=20)
     assert server.returncode == 0
     assert not sock.exists(), "the server removes its socket on SIGTERM"
+
+
+def test_record_of_a_replay_replays_the_same(tmp_path: Path) -> None:
+    """`record` keeps everything, the broken stream included: replaying what it
+    wrote prints the same as replaying the original."""
+    from kpng_py.recording import read_segments
+
+    original = STREAMS / "reconnect.jsonl"
+    sock = tmp_path / "brain.sock"
+    server = subprocess.Popen([KPNG_PY, "replay", "-i", original, "to-api",
+                               "--listen", f"unix://{sock}"], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not sock.exists():
+            assert time.monotonic() < deadline, "replay did not start listening"
+            time.sleep(0.05)
+        recording = tmp_path / "recorded.jsonl"
+        subprocess.run([KPNG_PY, "record", "--api", f"unix://{sock}", "--error-delay", "0.05",
+                        "--exit-after", "2", "-o", recording],
+                       check=True, timeout=60, capture_output=True)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=20)
+    recorded, source = read_segments(recording), read_segments(original)
+    assert [s.ops for s in recorded] == [s.ops for s in source]
+    assert [s.disconnect is None for s in recorded] == [s.disconnect is None for s in source]
+    assert replay_to_print(recording, tmp_path) == expected_lines("reconnect")
