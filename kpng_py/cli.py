@@ -3,6 +3,8 @@
     kpng-py local  --api ADDR [--node-name N] to-<backend> [backend flags]
     kpng-py record --api ADDR [--node-name N] -o FILE
     kpng-py replay -i FILE to-api --listen unix:///path|tcp://host:port
+    kpng-py file   -i STATE.yaml to-api --listen unix:///path|tcp://host:port
+    kpng-py file   -i STATE.yaml to-local [--node-name N] to-<backend> [backend flags]
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from types import ModuleType
 from typing import Callable, Sequence
 
 from kpng_py import __version__
+from kpng_py.brain.reader import StateFileError
 from kpng_py.client import ClientConfig
 from kpng_py.health import DEFAULT_HEALTHZ, DEFAULT_METRICS, BindAddress, Observability
 from kpng_py.logs import setup_logging
@@ -70,12 +73,22 @@ def _tls(args: argparse.Namespace) -> TLSFiles:
     return TLSFiles(args.tls_key, args.tls_crt, args.tls_ca)
 
 
+def _add_node_name_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node-name", default=socket.gethostname().lower(),
+                        help="node whose view to watch (default: this host's name)")
+
+
+def _add_exit_after_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--exit-after", type=_count, default=0, metavar="N",
+                        help="stop after N applied change sets (0: run until a signal); "
+                             "for scripts and tests")
+
+
 def _add_client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api", required=True,
                         help="the brain to watch: unix:///path/to.sock or host:port "
                              "(e.g. unix:///k8s/proxy.sock, 127.0.0.1:12090)")
-    parser.add_argument("--node-name", default=socket.gethostname().lower(),
-                        help="node whose view to watch (default: this host's name)")
+    _add_node_name_flag(parser)
     parser.add_argument("--error-delay", type=_positive_float, default=1.0,
                         help="seconds before the first retry after an error; doubles up to "
                              "--max-error-delay (default: 1)")
@@ -83,9 +96,7 @@ def _add_client_flags(parser: argparse.ArgumentParser) -> None:
                         help="cap on the retry delay in seconds (default: 30)")
     parser.add_argument("--max-msg-size", type=_size, default=4 << 20,
                         help="largest gRPC message accepted, in bytes (default: 4M)")
-    parser.add_argument("--exit-after", type=_count, default=0, metavar="N",
-                        help="stop after N applied change sets (0: run until a signal); "
-                             "for scripts and tests")
+    _add_exit_after_flag(parser)
     _add_tls_flags(parser)
 
 
@@ -147,13 +158,38 @@ def add_backend_parsers(parser: argparse.ArgumentParser) -> None:
         module.add_arguments(sub)
 
 
-def _add_api_server_parser(parser: argparse.ArgumentParser) -> None:
+def _server_address(args: argparse.Namespace) -> tuple[ListenAddress, TLSFiles]:
+    """`to-api`'s --listen and TLS flags, checked."""
+    listen, tls = ListenAddress.parse(args.listen), _tls(args)
+    tls.check()
+    return listen, tls
+
+
+def _add_api_server_parser(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
     sinks = parser.add_subparsers(dest="sink", metavar="to-api", required=True, title="sinks")
     api = sinks.add_parser("to-api", help="serve localv1 Watch streams to backends",
                            description="serve localv1 Watch streams to backends")
     api.add_argument("--listen", default="tcp://:12090",
                      help="unix:///path/to.sock or tcp://host:port (default: tcp://:12090)")
     _add_tls_flags(api)
+    return sinks
+
+
+def _add_file_parser(commands: argparse._SubParsersAction) -> None:
+    brain = commands.add_parser(
+        "file", help="be a brain: serve a KPNG state file, following its edits",
+        description="Serve the state in a KPNG state file (`kpng file` format, "
+                    "docs/brain.md) and publish each saved edit.")
+    brain.add_argument("-i", "--input", type=Path, required=True, help="state file (YAML)")
+    sinks = _add_api_server_parser(brain)
+    sinks.metavar = "to-api|to-local"
+    local = sinks.add_parser(
+        "to-local", help="program a backend in this process (no gRPC)",
+        description="Program a backend in this process with one node's view (no gRPC).")
+    _add_node_name_flag(local)
+    _add_exit_after_flag(local)
+    add_observability_flags(local)
+    add_backend_parsers(local)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -185,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a recording: one recorded change set per WatchReq.")
     replay.add_argument("-i", "--input", type=Path, required=True, help="recording to serve")
     _add_api_server_parser(replay)
+    _add_file_parser(commands)
     return parser
 
 
@@ -203,9 +240,17 @@ def _run(args: argparse.Namespace) -> None:
         from kpng_py.recording import read_segments
         from kpng_py.replay import ReplaySource
 
-        listen, tls = ListenAddress.parse(args.listen), _tls(args)
-        tls.check()
+        listen, tls = _server_address(args)  # flags first, then the file
         runner.serve(ReplaySource(read_segments(args.input)), listen, tls)
+    elif args.command == "file":
+        from kpng_py.brain import command
+
+        if args.sink == "to-api":
+            command.serve_file(args.input, *_server_address(args))
+        else:
+            backend = _backend_module(args.backend).create(args, metrics)
+            command.run_file_local(args.input, args.node_name, backend, metrics,
+                                   observability(args), args.exit_after)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -214,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.log_format, args.verbose)
     try:
         _run(args)
-    except (UsageError, AddressError, RecordingError) as err:
+    except (UsageError, AddressError, RecordingError, StateFileError) as err:
         print(f"kpng-py: error: {err}", file=sys.stderr)
         return 2
     except FileNotFoundError as err:

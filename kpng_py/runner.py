@@ -75,15 +75,42 @@ def watch(config: ClientConfig, sink: OpsSink, metrics: Metrics, exit_after: int
     client.run()
 
 
+def _backend_pipeline(backend: Backend, metrics: Metrics,
+                      observability: Observability) -> tuple[OpsSink, ChangeSetApplier]:
+    """Change sets to `backend`, reported to /healthz; and the applier."""
+    health = observability.start(metrics)
+    applier = ChangeSetApplier(backend, NodeState(Skips(metrics)), metrics)
+    return HealthSink(ApplierSink(applier), health), applier
+
+
 def run_backend(config: ClientConfig, backend: Backend, metrics: Metrics,
                 observability: Observability, exit_after: int = 0) -> None:
     """`kpng-py local ... to-<backend>`."""
-    health = observability.start(metrics)
-    applier = ChangeSetApplier(backend, NodeState(Skips(metrics)), metrics)
+    sink, _ = _backend_pipeline(backend, metrics, observability)
     backend.setup()
     try:
-        watch(config, HealthSink(ApplierSink(applier), health), metrics, exit_after)
+        watch(config, sink, metrics, exit_after)
     finally:
+        backend.close()
+
+
+def run_in_process(source: ChangeSetSource, node_name: str, backend: Backend,
+                   metrics: Metrics, observability: Observability, stop: threading.Event,
+                   exit_after: int = 0) -> None:
+    """Brain and backend in one process (KPNG's `to-local`): the source's change
+    sets for `node_name` go straight to the applier, without gRPC. As over the
+    wire, the next change set is asked for only once `apply` has returned.
+    Runs until `stop` is set (or `exit_after` change sets were applied)."""
+    sink, applier = _backend_pipeline(backend, metrics, observability)
+    session = source.open_stream()
+    backend.setup()
+    try:
+        while (reply := session.next_reply(node_name, stop)) is not None:
+            sink.on_changeset(list(reply.ops))
+            if exit_after and applier.syncs >= exit_after:
+                break
+    finally:
+        session.close()
         backend.close()
 
 

@@ -1,0 +1,126 @@
+"""The brain's side of localv1 Watch streams: a versioned snapshot of the
+cluster state, and per stream what was last sent.
+
+Each WatchReq is answered with the difference between the node's current view
+and what this stream last sent, in KPNG's op order: Set services; Delete
+endpoints; Set endpoints; Delete services (a service is Set before its
+endpoints and deleted after them). The first answer of a stream is Reset and
+the whole view. Unchanged objects produce no op, and a difference with no op
+produces no answer: the stream waits for the next version. Versions published
+while a client is busy applying are merged into its next answer.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from kpng_py.api import localv1
+from kpng_py.brain.statefile import ClusterState
+from kpng_py.brain.view import NodeView, Ref, node_view
+from kpng_py.server import Reply
+
+# How often a waiting stream checks whether it was cancelled.
+_CANCEL_CHECK_SECONDS = 0.2
+
+
+class StateSnapshots:
+    """The current ClusterState and its version; per node, its view is computed
+    once per version and shared by every stream of that node."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self._changed = threading.Condition()
+        self._state = state
+        self._version = 1
+        self._views: dict[str, NodeView] = {}
+
+    @property
+    def version(self) -> int:
+        with self._changed:
+            return self._version
+
+    def publish(self, state: ClusterState) -> bool:
+        """Make `state` current; False (and no new version) if nothing changed."""
+        with self._changed:
+            if state == self._state:
+                return False
+            self._state = state
+            self._version += 1
+            self._views.clear()
+            self._changed.notify_all()
+            return True
+
+    def wait_view(self, node_name: str, seen_version: int | None,
+                  cancelled: threading.Event) -> tuple[int, NodeView] | None:
+        """The node's view once the version differs from `seen_version`;
+        None if `cancelled` is set first."""
+        with self._changed:
+            while self._version == seen_version:
+                if cancelled.is_set():
+                    return None
+                self._changed.wait(_CANCEL_CHECK_SECONDS)
+            view = self._views.get(node_name)
+            if view is None:
+                view = self._views[node_name] = node_view(self._state, node_name)
+            return self._version, view
+
+
+class BrainSource:
+    """A ChangeSetSource serving the snapshots' state to every stream."""
+
+    def __init__(self, snapshots: StateSnapshots) -> None:
+        self._snapshots = snapshots
+
+    def open_stream(self) -> BrainSession:
+        return BrainSession(self._snapshots)
+
+
+class BrainSession:
+    """One Watch stream: what it last sent, and for which node and version."""
+
+    def __init__(self, snapshots: StateSnapshots) -> None:
+        self._snapshots = snapshots
+        self._sent: NodeView | None = None  # None until the first answer
+        self._answered: tuple[str, int] | None = None
+
+    def next_reply(self, node_name: str, cancelled: threading.Event) -> Reply | None:
+        while True:
+            seen = self._answered[1] if self._answered and self._answered[0] == node_name \
+                else None
+            current = self._snapshots.wait_view(node_name, seen, cancelled)
+            if current is None:
+                return None
+            version, view = current
+            self._answered = (node_name, version)
+            ops = changeset(self._sent, view)
+            if ops:
+                self._sent = view  # views are never modified once computed
+                return Reply(ops)
+
+    def close(self) -> None:
+        self._sent = None
+
+
+def changeset(sent: NodeView | None, view: NodeView) -> tuple[localv1.OpItem, ...]:
+    """The ops that take a client from `sent` (None: nothing yet) to `view`,
+    ending in Sync; empty when there is no difference to send."""
+    previous: NodeView = sent or {}
+    changed = sorted(ref for ref, value in view.items() if previous.get(ref) != value)
+    gone = sorted(ref for ref in previous if ref not in view)
+    if sent is not None and not changed and not gone:
+        return ()
+
+    def sets(of: int) -> list[localv1.OpItem]:
+        return [localv1.OpItem(Set=localv1.Value(Ref=_ref(ref), Bytes=view[ref]))
+                for ref in changed if ref[0] == of]
+
+    def deletes(of: int) -> list[localv1.OpItem]:
+        return [localv1.OpItem(Delete=_ref(ref)) for ref in gone if ref[0] == of]
+
+    reset = [localv1.OpItem(Reset=localv1.EmptyOp())] if sent is None else []
+    return tuple(reset + sets(localv1.ServicesSet) + deletes(localv1.EndpointsSet)
+                 + sets(localv1.EndpointsSet) + deletes(localv1.ServicesSet)
+                 + [localv1.OpItem(Sync=localv1.EmptyOp())])
+
+
+def _ref(ref: Ref) -> localv1.Ref:
+    return localv1.Ref(Set=ref[0], Path=ref[1])

@@ -1,0 +1,232 @@
+"""KPNG's state file (`kpng file -i FILE`), parsed strictly into frozen values.
+
+The format (../shared/spec/kpng-file-format.md, docs/brain.md): `nodes` (KPNG's
+globalv1 Node) and `services`, each a localv1 `service` with its `endpoints`
+(globalv1 EndpointInfo). Keys are the upstream field names lower-cased and enums
+are integers. Defaults are upstream's: namespace `default`; an endpoint's
+namespace and service name come from its service; an endpoint without
+`conditions` is ready.
+
+Anything that cannot be served is an error naming the file, the line, the place
+and the problem, and the whole file is rejected: unknown keys, wrong types, IPs
+of the wrong family, ports out of range, unknown protocols, duplicates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+from kpng_py.api import localv1
+from kpng_py.brain.reader import FieldChecks, StateFileError, Value, read_document
+
+T = TypeVar("T")
+DEFAULT_NAMESPACE = "default"
+MAX_PORT = 65535
+# Kubernetes caps sessionAffinityConfig.clientIP.timeoutSeconds at one day.
+MAX_AFFINITY_TIMEOUT_SECONDS = 86400
+_PROTOCOLS = {localv1.TCP: "TCP", localv1.UDP: "UDP", localv1.SCTP: "SCTP"}
+# Computed per node by the brain: a file may carry them (KPNG's own dumps do),
+# but they are overwritten.
+_PER_NODE_ENDPOINT_FIELDS = ("Local", "Scopes")
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    zone: str
+
+
+@dataclass(frozen=True)
+class EndpointInfo:
+    """One endpoint of a service, before the per-node view."""
+
+    key: str  # the pod name, or a hex hash of `endpoint`
+    endpoint: bytes  # a serialized localv1.Endpoint, without Local and Scopes
+    ready: bool
+    node: str  # topology.node: where the endpoint runs
+    hint_zones: tuple[str, ...]  # empty: no zone hints
+
+
+@dataclass(frozen=True)
+class ServiceEntry:
+    namespace: str
+    name: str
+    service: bytes  # a serialized localv1.Service, the same for every node
+    internal_traffic_local: bool
+    external_traffic_local: bool
+    endpoints: tuple[EndpointInfo, ...]
+
+    @property
+    def path(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    nodes: tuple[Node, ...] = ()
+    services: tuple[ServiceEntry, ...] = ()
+
+    def zone_of(self, node_name: str) -> str:
+        """The node's zone; "" for an unknown node (as upstream)."""
+        return next((n.zone for n in self.nodes if n.name == node_name), "")
+
+
+def parse_state(data: bytes, file: str) -> ClusterState:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise StateFileError(f"{file}: not UTF-8 text (byte {err.start})") from err
+    top = read_document(text, file).mapping(("nodes", "services"))
+    return ClusterState(
+        nodes=_unique(top["nodes"].sequence(), _node, lambda n: n.name, "node"),
+        services=_unique(top["services"].sequence(), _service_entry, lambda s: s.path,
+                         "service"))
+
+
+def _unique(values: list[Value], read: Callable[[Value], T], key: Callable[[T], str],
+            what: str) -> tuple[T, ...]:
+    """Read each value; two with the same key are an error naming both."""
+    first_by_key: dict[str, Value] = {}
+    items: list[T] = []
+    for value in values:
+        item = read(value)
+        first = first_by_key.setdefault(key(item), value)
+        if first is not value:
+            value.fail(f"{what} {key(item)!r} is already defined at {first.place.path} "
+                       f"(line {first.place.line}); remove one")
+        items.append(item)
+    return tuple(items)
+
+
+def _node(value: Value) -> Node:
+    members = value.mapping(("name", "labels", "annotations", "topology"))
+    name = members["name"].string()
+    if not name:
+        value.fail("a node needs a name")
+    members["labels"].string_map()  # checked; the brain does not use them
+    members["annotations"].string_map()
+    return Node(name, members["topology"].mapping(("node", "zone"))["zone"].string())
+
+
+# -- services --------------------------------------------------------------------
+
+
+def _service_entry(value: Value) -> ServiceEntry:
+    members = value.mapping(("service", "endpoints"))
+    if members["service"].is_null:
+        value.fail("each entry of services needs a `service`")
+    service = localv1.Service()
+    members["service"].fill(service, _CHECKS)
+    service.Namespace = service.Namespace or DEFAULT_NAMESPACE
+    for label, name in (("namespace", service.Namespace), ("name", service.Name)):
+        if not name or "/" in name:
+            members["service"].fail(f"the service {label} {name!r} must be non-empty and "
+                                    "without '/'")
+    return ServiceEntry(
+        service.Namespace, service.Name, service.SerializeToString(deterministic=True),
+        service.InternalTrafficToLocal, service.ExternalTrafficToLocal,
+        _unique(members["endpoints"].sequence(), _endpoint_info, lambda e: e.key, "endpoint"))
+
+
+_ENDPOINT_INFO_KEYS = ("hash", "namespace", "sourcename", "servicename", "podname",
+                       "endpoint", "conditions", "topology", "hints")
+
+
+def _endpoint_info(value: Value) -> EndpointInfo:
+    members = value.mapping(_ENDPOINT_INFO_KEYS)
+    # Checked for type only: upstream overwrites these from the service.
+    members["hash"].integer(0, (1 << 64) - 1)
+    for key in ("namespace", "sourcename", "servicename"):
+        members[key].string()
+    if members["endpoint"].is_null:
+        value.fail("an endpoint needs `endpoint` (its ips and port overrides)")
+    endpoint = localv1.Endpoint()
+    members["endpoint"].fill(endpoint, _CHECKS)
+    for name in _PER_NODE_ENDPOINT_FIELDS:
+        endpoint.ClearField(name)
+    wire = endpoint.SerializeToString(deterministic=True)
+    # As upstream: no `conditions` means ready; `conditions` without `ready`
+    # means not ready.
+    conditions = members["conditions"]
+    ready = conditions.is_null or conditions.mapping(("ready",))["ready"].boolean()
+    return EndpointInfo(
+        key=members["podname"].string() or endpoint_hash(wire),
+        endpoint=wire,
+        ready=ready,
+        node=members["topology"].mapping(("node", "zone"))["node"].string(),
+        hint_zones=tuple(z.string() for z in
+                         members["hints"].mapping(("zones",))["zones"].sequence()),
+    )
+
+
+def endpoint_hash(endpoint: bytes) -> str:
+    """The key of an endpoint without a pod name: 64 bits of a hash of its bytes,
+    in hex. Stable across runs and nodes (Local and Scopes are not hashed)."""
+    return hashlib.blake2b(endpoint, digest_size=8).hexdigest()
+
+
+# -- field checks ----------------------------------------------------------------
+
+
+def _ip_of(version: int) -> Callable[[Value, str], None]:
+    def check(value: Value, text: str) -> None:
+        try:
+            ip = ipaddress.ip_address(text)
+        except ValueError:
+            value.fail(f"{text!r} is not an IP address")
+        if ip.version != version:
+            value.fail(f"{text} is not an IPv{version} address; list it under "
+                       f"v{ip.version}")
+    return check
+
+
+def _cidr(value: Value, text: str) -> None:
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        value.fail(f"{text!r} is not a CIDR (e.g. 10.0.0.0/8 or fd00::/64)")
+
+
+def _in_range(low: int, high: int, what: str) -> Callable[[Value, int], None]:
+    def check(value: Value, number: int) -> None:
+        if not low <= number <= high:
+            value.fail(f"{what} {number} is outside {low}..{high}")
+    return check
+
+
+def _require_port(value: Value, port: int) -> None:
+    if not 1 <= port <= MAX_PORT:
+        given = f"port {port}" if port else "no port"
+        value.fail(f"{given}; set port to a number in 1..{MAX_PORT}")
+
+
+def _port_mapping(value: Value, mapping: localv1.PortMapping) -> None:
+    """Every service port needs a protocol (unlike upstream, which would serve
+    UnknownProtocol, a port no backend can program) and a port number."""
+    if mapping.Protocol not in _PROTOCOLS:
+        given = f"protocol {mapping.Protocol}" if mapping.Protocol else "no protocol"
+        value.fail(f"{given}; set protocol to "
+                   + ", ".join(f"{n} ({name})" for n, name in _PROTOCOLS.items()))
+    _require_port(value, mapping.Port)
+
+
+def _port_override(value: Value, override: localv1.PortName) -> None:
+    _require_port(value, override.Port)
+
+
+_OPTIONAL_PORT = _in_range(0, MAX_PORT, "port (0: none)")
+_CHECKS: FieldChecks = {
+    "localv1.IPSet.V4": _ip_of(4),
+    "localv1.IPSet.V6": _ip_of(6),
+    "localv1.IPFilter.SourceRanges": _cidr,
+    "localv1.PortMapping": _port_mapping,
+    "localv1.PortMapping.NodePort": _OPTIONAL_PORT,
+    "localv1.PortMapping.TargetPort": _OPTIONAL_PORT,
+    "localv1.PortName": _port_override,
+    "localv1.Service.HealthCheckNodePort": _OPTIONAL_PORT,
+    "localv1.ClientIPAffinity.TimeoutSeconds": _in_range(
+        0, MAX_AFFINITY_TIMEOUT_SECONDS, "timeout (0: the default 10800 s)"),
+}
