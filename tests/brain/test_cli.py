@@ -1,0 +1,180 @@
+"""`kpng-py file ...` as users run it, and the brain's stream through `record`
+and `replay`."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.brain.helpers import (
+    DNS,
+    W1,
+    W2,
+    WAIT_SECONDS,
+    Brain,
+    StateFile,
+    endpoint,
+    state,
+    wait_until,
+    web,
+)
+
+KPNG_PY = str(Path(sys.executable).with_name("kpng-py"))
+# Backends run without /healthz and /metrics servers: parallel runs would
+# compete for their fixed default ports.
+NO_PROBES = ("--healthz-bind-address", "", "--metrics-bind-address", "")
+
+WEB = web(W1, W2)
+
+
+class Process:
+    """A kpng-py command whose stdout lines a test can wait for."""
+
+    def __init__(self, *args: str, stderr: Path) -> None:
+        self._stderr_path = stderr
+        self._stderr = stderr.open("w")
+        self.popen = subprocess.Popen([KPNG_PY, *args], stdout=subprocess.PIPE,
+                                      stderr=self._stderr, text=True)
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)
+
+    def line(self) -> str:
+        line = self._lines.get(timeout=WAIT_SECONDS)
+        assert line is not None, f"kpng-py exited early; stderr:\n{self.stderr()}"
+        return line
+
+    def stderr(self) -> str:
+        return self._stderr_path.read_text()
+
+    def wait(self) -> int:
+        code = self.popen.wait(WAIT_SECONDS)
+        self._stderr.close()
+        return code
+
+    def terminate(self) -> int:
+        self.popen.send_signal(signal.SIGTERM)
+        return self.wait()
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+        self._stderr.close()
+
+
+@pytest.fixture
+def run(tmp_path: Path):
+    """run(*args) starts kpng-py; whatever is still running at the end is killed."""
+    started: list[Process] = []
+
+    def start(*args: str) -> Process:
+        process = Process(*args, stderr=tmp_path / f"stderr-{len(started)}.log")
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.kill()
+
+
+def _endpoints(line: str) -> dict[str, list[str]]:
+    return {p["name"]: p["endpoints"] for p in json.loads(line)["servicePorts"]}
+
+
+def test_to_api_serves_clients_and_stops_cleanly_on_sigterm(
+        run, state_file: StateFile, socket_dir: Path) -> None:
+    state_file.write(state(WEB, DNS))
+    sock = socket_dir / "brain.sock"
+    brain = run("file", "-i", str(state_file.path), "to-api", "--listen", f"unix://{sock}")
+    wait_until(sock.exists, "the brain's socket")
+    client = run("local", "--api", f"unix://{sock}", "--node-name", "n2", "--exit-after", "2",
+                 *NO_PROBES, "to-print")
+    assert _endpoints(client.line()) == {
+        "default/dns:dns": ["10.1.2.2:5353"],
+        "default/web:http": ["10.1.1.1:8080", "10.1.2.1:8081", "[fd00:1::1]:8080"]}
+    state_file.write(state(WEB))
+    assert _endpoints(client.line()) == {
+        "default/web:http": ["10.1.1.1:8080", "10.1.2.1:8081", "[fd00:1::1]:8080"]}
+    assert client.wait() == 0
+
+    assert brain.terminate() == 0
+    assert not sock.exists()
+    assert "Traceback" not in brain.stderr()
+
+
+def test_to_local_programs_the_backend_in_process(run, state_file: StateFile) -> None:
+    state_file.write(state(WEB, DNS))
+    local = run("file", "-i", str(state_file.path), "to-local", "--node-name", "n1", *NO_PROBES,
+                "to-print")
+    first = local.line()
+    assert json.loads(first)["sync"] == 1
+    assert _endpoints(first)["default/dns:dns"] == ["10.1.1.2:5353"]
+    state_file.write(state(DNS))
+    assert _endpoints(local.line()) == {"default/dns:dns": ["10.1.1.2:5353"]}
+    assert local.terminate() == 0
+    assert "Traceback" not in local.stderr()
+
+
+@pytest.mark.parametrize("sink", [["to-api", "--listen", "tcp://127.0.0.1:0"],
+                                  ["to-local", *NO_PROBES, "to-print"]])
+def test_a_bad_state_file_at_start_is_a_clear_error(
+        run, state_file: StateFile, sink: list[str]) -> None:
+    state_file.write("services:\n- service: {name: web, ports: [{protocol: 1, port: 0}]}\n")
+    process = run("file", "-i", str(state_file.path), *sink)
+    assert process.wait() == 2
+    assert process.stderr().strip().endswith(
+        f"kpng-py: error: {state_file.path}:2: services[0].service.ports[0]: "
+        "no port; set port to a number in 1..65535")
+
+
+def test_replaying_a_recording_of_the_brain_prints_what_the_live_stream_did(
+        run, start_brain, socket_dir: Path, tmp_path: Path) -> None:
+    """`record` and `to-print` watch the brain side by side through live edits;
+    `replay` of the recording must then print exactly what `to-print` did."""
+    edits = [
+        state(WEB, DNS),
+        state(WEB),  # a service removed
+        state(web(endpoint("10.1.1.1", "fd00:1::1", node="n1", pod="w1", overrides={"http": 9090}),
+                  endpoint("10.1.3.1", "fd00:3::1", pod="w3", overrides={"http": 8083}))),
+        state(),
+    ]
+    brain: Brain = start_brain(edits[0])
+    api = f"unix://{brain.socket}"
+    recording = tmp_path / "brain.jsonl"
+    syncs = str(len(edits))
+    recorder = run("record", "--api", api, "--node-name", "n1", "--exit-after", syncs,
+                   "-o", str(recording))
+    live = run("local", "--api", api, "--node-name", "n1", "--exit-after", syncs, *NO_PROBES,
+               "to-print")
+    printed = []
+    for number, edit in enumerate(edits, 1):
+        if number > 1:
+            brain.state_file.write(edit)
+        printed.append(live.line())
+        wait_until(lambda: recording.exists()
+                  and recording.read_text().count('"Sync"') == number, f"recorded sync {number}")
+    assert recorder.wait() == 0 and live.wait() == 0
+    assert _endpoints(printed[2]) == {"default/web:http": [
+        "10.1.1.1:9090", "10.1.3.1:8083", "[fd00:1::1]:9090", "[fd00:3::1]:8083"]}
+
+    replay_socket = socket_dir / "replay.sock"
+    replay = run("replay", "-i", str(recording), "to-api", "--listen", f"unix://{replay_socket}")
+    wait_until(replay_socket.exists, "the replay's socket")
+    replayed = run("local", "--api", f"unix://{replay_socket}", "--node-name", "n1",
+                   "--exit-after", syncs, *NO_PROBES, "to-print")
+    assert [replayed.line() for _ in edits] == printed
+    assert replayed.wait() == 0
+    assert replay.terminate() == 0

@@ -1,0 +1,183 @@
+"""The brain over a real unix socket, watched by the foundation's WatchClient,
+while the test edits the state file."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from kpng_py.server import LocalApiServer
+from kpng_py.brain.source import BrainSource
+from kpng_py.transport import AddressError, ListenAddress
+from tests.brain.helpers import (
+    DNS,
+    NODES,
+    W1,
+    W2,
+    WAIT_SECONDS,
+    Brain,
+    StateFile,
+    endpoint,
+    port,
+    service,
+    state,
+    wait_until,
+    web,
+)
+
+START = state(web(W1, W2), DNS, nodes=NODES)
+
+
+def test_each_node_gets_its_own_view_and_live_edits(start_brain) -> None:
+    brain: Brain = start_brain(START)
+    n1, n2 = brain.client("n1"), brain.client("n2")
+
+    first1, first2 = n1.next(), n2.next()
+    assert first1.op_kinds() == [
+        "Reset", "Set services/default/dns", "Set services/default/web",
+        "Set endpoints/default/dns/d1", "Set endpoints/default/dns/d2",
+        "Set endpoints/default/web/w1", "Set endpoints/default/web/w2", "Sync"]
+    assert first1.changes.full
+    assert first1.endpoints() == {
+        "default/dns:dns/UDP": ["10.1.1.2:5353"],  # internal traffic stays on n1
+        "default/web:http/TCP": ["10.1.1.1:8080", "10.1.2.1:8081", "[fd00:1::1]:8080"]}
+    assert first2.endpoints()["default/dns:dns/UDP"] == ["10.1.2.2:5353"]
+    assert first1.printed["servicePorts"][1]["clusterIPs"] == ["10.96.0.10", "fd00:96::10"]
+
+    # An endpoint hinted for zone z2 only: n2 gets it, n1 gets nothing at all.
+    w3 = endpoint("10.1.2.3", node="n2", pod="w3", overrides={"http": 8082},
+                  hints={"zones": ["z2"]})
+    brain.state_file.write(state(web(W1, W2, w3), DNS, nodes=NODES))
+    step = n2.next()
+    assert step.op_kinds() == ["Set endpoints/default/web/w3", "Sync"]
+    assert step.endpoints()["default/web:http/TCP"] == [
+        "10.1.1.1:8080", "10.1.2.1:8081", "10.1.2.3:8082", "[fd00:1::1]:8080"]
+
+    # w1 not ready, a new service with a port resolved by target port name.
+    w1_not_ready = {**W1, "conditions": {"ready": False}}
+    api = service("api", ("10.96.0.30",), [port("grpc", number=9000, targetportname="grpc-api")],
+                  [endpoint("10.1.1.5", node="n1", pod="a1", overrides={"grpc-api": 9443})])
+    brain.state_file.write(state(web(w1_not_ready, W2, w3), DNS, api, nodes=NODES))
+    step = n1.next()  # the first change set n1 gets since the start
+    assert step.op_kinds() == ["Set services/default/api", "Delete endpoints/default/web/w1",
+                               "Set endpoints/default/api/a1", "Sync"]
+    assert step.endpoints() == {
+        "default/api:grpc/TCP": ["10.1.1.5:9443"],
+        "default/dns:dns/UDP": ["10.1.1.2:5353"],
+        "default/web:http/TCP": ["10.1.2.1:8081"]}
+    assert n2.next().op_kinds() == ["Set services/default/api", "Delete endpoints/default/web/w1",
+                                    "Set endpoints/default/api/a1", "Sync"]
+
+    # A service removed: its endpoints are deleted first. The node that had
+    # only one of them in its view is told about that one only.
+    brain.state_file.write(state(web(w1_not_ready, W2, w3), api, nodes=NODES))
+    step = n1.next()
+    assert step.op_kinds() == ["Delete endpoints/default/dns/d1", "Delete endpoints/default/dns/d2",
+                               "Delete services/default/dns", "Sync"]
+    assert [c.name.name for c in step.changes.removed] == ["dns"]
+    assert n2.next().op_kinds() == step.op_kinds()
+    assert n1.pending() == n2.pending() == 0
+
+
+def test_edits_that_change_nothing_send_nothing(start_brain) -> None:
+    brain: Brain = start_brain(START)
+    client = brain.client("n1")
+    client.next()
+    version = brain.watcher.snapshots.version
+    brain.state_file.write("# the same state, another text\n" + brain.state_file.path.read_text())
+    not_ready = endpoint("10.1.9.9", node="n1", pod="w9", conditions={"ready": False})
+    brain.state_file.write(state(web(W1, W2, not_ready), DNS, nodes=NODES))
+    brain.wait_version(version + 1)  # published, but nothing in n1's view changed
+    brain.state_file.write(state(web(W1), DNS, nodes=NODES))
+    assert client.next().op_kinds() == ["Delete endpoints/default/web/w2", "Sync"]
+
+
+def test_a_bad_edit_changes_nothing_and_the_next_good_one_applies(
+        start_brain, caplog: pytest.LogCaptureFixture) -> None:
+    brain: Brain = start_brain(START)
+    client = brain.client("n1")
+    client.next()
+    text = brain.state_file.path.read_text()
+    brain.state_file.write(text.replace("10.1.2.1", "10.1.2.256"))
+    wait_until(lambda: any(r.levelno == logging.ERROR for r in caplog.records),
+               "the bad file's error")
+    brain.state_file.write(state(web(W1), DNS, nodes=NODES))
+    assert client.next().op_kinds() == ["Delete endpoints/default/web/w2", "Sync"]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert "'10.1.2.256' is not an IP address" in errors[0]
+
+
+def test_a_client_that_reconnects_gets_the_full_state_again(start_brain) -> None:
+    brain: Brain = start_brain(START)
+    first = brain.client("n1")
+    first.next()
+    first.stop()
+    again = brain.client("n1")
+    applied = again.next()
+    assert applied.op_kinds()[0] == "Reset"
+    assert applied.changes.full and len(applied.changes.added) == 2
+
+
+def test_a_brain_restart_is_churn_free_for_the_backend(start_brain) -> None:
+    """The client resyncs on a new stream; its backend sees only what changed
+    while the brain was away, not a flush and rebuild."""
+    brain: Brain = start_brain(START)
+    client = brain.client("n1")
+    client.next()
+    brain.stop_server()
+    assert client.sink.stream_errors.get(timeout=WAIT_SECONDS)
+    moved = {**W2, "endpoint": {"ips": {"v4": ["10.1.2.9"]},
+                                "portoverrides": [{"name": "http", "port": 8081}]}}
+    brain.state_file.write(state(web(W1, moved), DNS, nodes=NODES))
+    brain.wait_version(2)
+    brain.start_server()
+    applied = client.next()
+    assert applied.op_kinds()[0] == "Reset"  # a new stream starts over ...
+    changes = applied.changes  # ... and the backend sees the one real change
+    assert not changes.full and not changes.added and not changes.removed
+    ((before, after),) = changes.updated
+    assert str(after.name) == "default/web:http"
+    assert [str(e) for e in after.cluster_endpoints()] == [
+        "10.1.1.1:8080", "10.1.2.9:8081", "[fd00:1::1]:8080"]
+    assert [str(e) for e in before.cluster_endpoints()] == [
+        "10.1.1.1:8080", "10.1.2.1:8081", "[fd00:1::1]:8080"]
+
+
+def test_the_unix_socket_is_owner_only_and_removed_on_stop(start_brain) -> None:
+    brain: Brain = start_brain(START)
+    assert stat.S_IMODE(os.stat(brain.socket).st_mode) == 0o600
+    brain.stop_server()
+    assert not brain.socket.exists()
+
+
+def test_a_stale_socket_is_replaced(state_file: StateFile, socket_dir: Path) -> None:
+    path = socket_dir / "brain.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody listens: a crashed brain's leftover
+    state_file.write(START)
+    brain = Brain(state_file, path)
+    try:
+        assert brain.client("n1").next().changes.full
+    finally:
+        brain.close()
+
+
+def test_a_live_socket_or_another_file_is_not_taken_over(
+        start_brain, socket_dir: Path) -> None:
+    brain: Brain = start_brain(START)
+    source = BrainSource(brain.watcher.snapshots)
+    with pytest.raises(AddressError, match="is in use by a running server"):
+        LocalApiServer(source, ListenAddress(unix_path=brain.socket)).start()
+    brain.client("n1").next()  # the running brain still serves
+    other = socket_dir / "not-a-socket"
+    other.write_text("data")
+    with pytest.raises(AddressError, match="exists and is not a socket"):
+        LocalApiServer(source, ListenAddress(unix_path=other)).start()
+    assert other.read_text() == "data"

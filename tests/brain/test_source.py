@@ -1,0 +1,132 @@
+"""Change sets per stream: Reset and the full view first, then differences in
+KPNG's op order; no op for unchanged objects and no answer for no change."""
+
+from __future__ import annotations
+
+import threading
+
+import yaml
+
+from kpng_py.brain.source import BrainSource, StateSnapshots, changeset
+from kpng_py.brain.statefile import ClusterState, parse_state
+from kpng_py.brain.view import node_view
+from kpng_py.server import Reply
+from tests.brain.helpers import endpoint, op_kinds, port, service, state
+
+
+def _state(*services: dict, nodes: list[dict] | None = None) -> ClusterState:
+    return parse_state(yaml.safe_dump(state(*services, nodes=nodes)).encode(), "state.yaml")
+
+
+def _kinds(reply: Reply | tuple) -> list[str]:
+    return op_kinds(reply.ops if isinstance(reply, Reply) else reply)
+
+
+WEB = service("web", ("10.96.0.10",), [port("http")], [
+    endpoint("10.1.0.1", pod="web-0"), endpoint("10.1.0.2", pod="web-1")])
+DB = service("db", ("10.96.0.20",), [port("pg", number=5432)], [
+    endpoint("10.1.0.9", pod="db-0")])
+
+
+def test_the_first_answer_is_reset_the_full_view_and_sync() -> None:
+    view = node_view(_state(WEB, DB), "n1")
+    assert _kinds(changeset(None, view)) == [
+        "Reset", "Set services/default/db", "Set services/default/web",
+        "Set endpoints/default/db/db-0", "Set endpoints/default/web/web-0",
+        "Set endpoints/default/web/web-1", "Sync"]
+    assert _kinds(changeset(None, {})) == ["Reset", "Sync"]
+
+
+def test_differences_come_in_kpngs_op_order() -> None:
+    before = node_view(_state(WEB, DB), "n1")
+    web = service("web", ("10.96.0.11",), [port("http")], [
+        endpoint("10.1.0.1", pod="web-0"), endpoint("10.1.0.3", pod="web-2")])
+    cache = service("cache", ("10.96.0.30",), [port("redis", number=6379)], [
+        endpoint("10.1.0.7", pod="cache-0")])
+    after = node_view(_state(web, cache), "n1")
+    assert _kinds(changeset(before, after)) == [
+        "Set services/default/cache", "Set services/default/web",
+        "Delete endpoints/default/db/db-0", "Delete endpoints/default/web/web-1",
+        "Set endpoints/default/cache/cache-0", "Set endpoints/default/web/web-2",
+        "Delete services/default/db", "Sync"]
+
+
+def test_no_difference_is_no_change_set() -> None:
+    view = node_view(_state(WEB), "n1")
+    assert changeset(view, node_view(_state(WEB), "n1")) == ()
+    assert changeset({}, {}) == ()
+
+
+class _Session:
+    """One stream of a BrainSource, asked as the server asks it."""
+
+    def __init__(self, snapshots: StateSnapshots) -> None:
+        self._session = BrainSource(snapshots).open_stream()
+
+    def next(self, node: str) -> Reply:
+        reply = self._session.next_reply(node, threading.Event())
+        assert reply is not None
+        return reply
+
+
+def test_versions_published_meanwhile_merge_into_one_change_set() -> None:
+    snapshots = StateSnapshots(_state(WEB))
+    stream = _Session(snapshots)
+    stream.next("n1")
+    snapshots.publish(_state(WEB, DB))
+    snapshots.publish(_state(DB))
+    assert _kinds(stream.next("n1")) == [
+        "Set services/default/db", "Delete endpoints/default/web/web-0",
+        "Delete endpoints/default/web/web-1", "Set endpoints/default/db/db-0",
+        "Delete services/default/web", "Sync"]
+
+
+def test_a_version_that_does_not_change_the_nodes_view_is_not_answered() -> None:
+    """Node n1 is told nothing about an endpoint it cannot use: the stream
+    keeps waiting, and answers with the next real change only."""
+    nodes = [{"name": "n1", "topology": {"zone": "z1"}}]
+    snapshots = StateSnapshots(_state(WEB, nodes=nodes))
+    stream = _Session(snapshots)
+    stream.next("n1")
+    for_z2 = service("web", ("10.96.0.10",), [port("http")], [
+        endpoint("10.1.0.1", pod="web-0"), endpoint("10.1.0.2", pod="web-1"),
+        endpoint("10.1.0.3", pod="web-z2", hints={"zones": ["z2"]})])
+    assert snapshots.publish(_state(for_z2, nodes=nodes))
+    assert not snapshots.publish(_state(for_z2, nodes=nodes))  # the same state: no version
+    snapshots.publish(_state(for_z2, DB, nodes=nodes))
+    assert _kinds(stream.next("n1")) == [
+        "Set services/default/db", "Set endpoints/default/db/db-0", "Sync"]
+
+
+def test_a_stream_that_changes_node_name_gets_the_difference_of_the_views() -> None:
+    web = service("web", ("10.96.0.10",), [port("http")], [
+        endpoint("10.1.0.1", pod="web-0", node="n1"), endpoint("10.1.0.2", pod="web-1")],
+        internaltraffictolocal=True, externaltraffictolocal=True)
+    snapshots = StateSnapshots(_state(web))
+    stream = _Session(snapshots)
+    assert "Set endpoints/default/web/web-0" in _kinds(stream.next("n1"))
+    assert _kinds(stream.next("n2")) == ["Delete endpoints/default/web/web-0", "Sync"]
+
+
+def test_a_waiting_stream_returns_none_once_cancelled() -> None:
+    snapshots = StateSnapshots(_state(WEB))
+    session = BrainSource(snapshots).open_stream()
+    assert session.next_reply("n1", threading.Event()) is not None
+    cancelled = threading.Event()
+    answer: list[Reply | None] = []
+    waiter = threading.Thread(target=lambda: answer.append(session.next_reply("n1", cancelled)))
+    waiter.start()
+    cancelled.set()
+    waiter.join(5)
+    assert answer == [None]
+
+
+def test_streams_of_one_node_share_its_view() -> None:
+    snapshots = StateSnapshots(_state(WEB))
+    first, second = _Session(snapshots), _Session(snapshots)
+    assert first.next("n1").ops == second.next("n1").ops
+    cancelled = threading.Event()
+    cancelled.set()
+    version, view = snapshots.wait_view("n1", None, cancelled)
+    assert snapshots.wait_view("n1", None, cancelled)[1] is view
+    assert snapshots.wait_view("n1", version, cancelled) is None

@@ -1,0 +1,80 @@
+"""`to-local`: brain and backend in one process, without gRPC."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+
+from kpng_py.brain.source import BrainSource
+from kpng_py.brain.watcher import StateFileWatcher
+from kpng_py.health import Observability
+from kpng_py.metrics import Metrics
+from kpng_py.print_backend import PrintBackend
+from kpng_py.runner import run_in_process
+from tests.brain.helpers import WAIT_SECONDS, StateFile, endpoint, port, service, state
+
+NO_PROBES = Observability(healthz=None, metrics=None)  # no /healthz or /metrics server
+
+
+class _Lines:
+    """A text stream whose complete lines a test can wait for."""
+
+    def __init__(self) -> None:
+        self.lines: queue.Queue[str] = queue.Queue()
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        *complete, self._partial = (self._partial + text).split("\n")
+        for line in complete:
+            self.lines.put(line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def next(self) -> dict:
+        return json.loads(self.lines.get(timeout=WAIT_SECONDS))
+
+
+def _endpoints(printed: dict) -> dict[str, list[str]]:
+    return {p["name"]: p["endpoints"] for p in printed["servicePorts"]}
+
+
+def test_the_backend_gets_the_nodes_view_and_each_edit(state_file: StateFile) -> None:
+    web = service("web", ("10.96.0.10",), [port("http", targetport=8080)], [
+        endpoint("10.1.1.1", node="n1", pod="w1"), endpoint("10.1.2.1", node="n2", pod="w2")],
+        internaltraffictolocal=True)
+    state_file.write(state(web))
+    out = _Lines()
+    stop = threading.Event()
+    with StateFileWatcher(state_file.path, poll_seconds=0.05) as watcher:
+        runner = threading.Thread(target=run_in_process, args=(
+            BrainSource(watcher.snapshots), "n1", PrintBackend(out), Metrics(), NO_PROBES,
+            stop))
+        runner.start()
+        try:
+            first = out.next()
+            assert first["sync"] == 1
+            assert _endpoints(first) == {"default/web:http": ["10.1.1.1:8080"]}
+
+            web["endpoints"].append(endpoint("10.1.1.3", node="n1", pod="w3"))
+            state_file.write(state(web))
+            assert _endpoints(out.next()) == {"default/web:http": ["10.1.1.1:8080",
+                                                                   "10.1.1.3:8080"]}
+            state_file.write(state())
+            assert out.next() == {"sync": 3, "servicePorts": []}
+        finally:
+            stop.set()
+            runner.join(WAIT_SECONDS)
+    assert not runner.is_alive()
+    assert out.lines.empty()
+
+
+def test_exit_after_stops_after_that_many_change_sets(state_file: StateFile) -> None:
+    state_file.write(state(service("web", ("10.96.0.10",), [port()])))
+    out = _Lines()
+    with StateFileWatcher(state_file.path) as watcher:
+        run_in_process(BrainSource(watcher.snapshots), "n1", PrintBackend(out), Metrics(),
+                       NO_PROBES, threading.Event(), exit_after=1)
+    assert _endpoints(out.next()) == {"default/web": []}
