@@ -137,7 +137,10 @@ class WatchClient:
                     self._stream_failed("the brain closed the stream", partial)
             except grpc.RpcError as err:
                 if not self._stopping.is_set():
-                    self._stream_failed(f"{err.code().name}: {err.details()}", partial)
+                    reason = f"{err.code().name}: {err.details()}"
+                    if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        reason += " (raise --max-msg-size above the brain's largest message)"
+                    self._stream_failed(reason, partial)
             except Exception:  # a bug downstream must not stop the watch: resync instead
                 log.exception("applying a change set failed; re-opening the stream to resync")
                 self._metrics.dataplane_errors.labels("changeset").inc()
