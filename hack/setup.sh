@@ -16,7 +16,8 @@ debian_packages() {
     arch="$(dpkg --print-architecture)"
     # BCC (runtime compiler + Python bindings), headers it compiles against,
     # inspection tools, and the real servers and clients the tests use.
-    echo python3-bpfcc libbpfcc "linux-headers-$arch" bpftool iproute2 procps kmod \
+    # gcc checks the BPF map layouts against their ctypes mirrors.
+    echo python3-bpfcc libbpfcc "linux-headers-$arch" bpftool iproute2 procps kmod gcc libc6-dev \
         nginx-light dnsmasq-base socat dnsutils curl iperf3 wrk nftables iptables
 }
 
