@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Sequence
 
 from kpng_py import __version__
+from kpng_py.backend import BackendSetupError
 from kpng_py.client import ClientConfig
 from kpng_py.logs import setup_logging
 from kpng_py.metrics import Metrics
@@ -26,6 +27,7 @@ from kpng_py.transport import AddressError, ListenAddress, TLSFiles, dial_target
 # create(args, metrics) -> Backend, and imports its heavy dependencies lazily.
 BACKENDS: dict[str, str] = {
     "to-print": "kpng_py.print_backend",
+    "to-ebpf": "backends.ebpf.cli",
 }
 
 
@@ -152,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a recording: one recorded change set per WatchReq.")
     replay.add_argument("-i", "--input", type=Path, required=True, help="recording to serve")
     _add_api_server_parser(replay)
+
+    _backend_module("to-ebpf").add_tool_parser(commands)
     return parser
 
 
@@ -172,6 +176,8 @@ def _run(args: argparse.Namespace) -> None:
 
         source = ReplaySource(read_segments(args.input))
         runner.serve(source, ListenAddress.parse(args.listen), _tls(args))
+    elif args.command == "ebpf":
+        _backend_module("to-ebpf").run_tool(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -180,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.log_format, args.verbose)
     try:
         _run(args)
-    except (UsageError, AddressError, RecordingError) as err:
+    except (UsageError, AddressError, RecordingError, BackendSetupError) as err:
         print(f"kpng-py: error: {err}", file=sys.stderr)
         return 2
     except FileNotFoundError as err:
