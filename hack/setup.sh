@@ -23,8 +23,10 @@ debian_packages() {
     # and inspection tools.
     echo python3-bpfcc libbpfcc "linux-headers-$arch" bpftool iproute2 procps kmod
     if [[ $MODE == dev ]]; then
-        # The real servers and clients of the tests, e2e suite and benchmarks.
-        echo nginx-light dnsmasq-base socat dnsutils curl iperf3 wrk nftables iptables openssl
+        # The real servers and clients of the tests, e2e suite and benchmarks;
+        # gcc checks the BPF map layouts against their ctypes mirrors.
+        echo nginx-light dnsmasq-base socat dnsutils curl iperf3 wrk nftables iptables openssl \
+            gcc libc6-dev
     fi
 }
 

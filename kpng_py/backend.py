@@ -22,6 +22,10 @@ from kpng_py.state import NodeState
 log = logging.getLogger(__name__)
 
 
+class BackendSetupError(Exception):
+    """A backend cannot start here; the message names the cause and the fix."""
+
+
 class Backend(Protocol):
     """A dataplane. `apply` must be idempotent per service port: `added` and
     `updated` are upserts, `removed` deletes if present; with `full` set, the

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Callable, Sequence
 
 from kpng_py import __version__
+from kpng_py.backend import BackendSetupError
 from kpng_py.brain.reader import StateFileError
 from kpng_py.client import ClientConfig
 from kpng_py.health import DEFAULT_HEALTHZ, DEFAULT_METRICS, BindAddress, Observability
@@ -30,6 +31,7 @@ from kpng_py.transport import AddressError, ListenAddress, TLSFiles, dial_target
 # create(args, metrics) -> Backend, and imports its heavy dependencies lazily.
 BACKENDS: dict[str, str] = {
     "to-print": "kpng_py.print_backend",
+    "to-ebpf": "backends.ebpf.cli",
 }
 
 
@@ -222,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("-i", "--input", type=Path, required=True, help="recording to serve")
     _add_api_server_parser(replay)
     _add_file_parser(commands)
+    _backend_module("to-ebpf").add_tool_parser(commands)
     return parser
 
 
@@ -251,6 +254,8 @@ def _run(args: argparse.Namespace) -> None:
             backend = _backend_module(args.backend).create(args, metrics)
             command.run_file_local(args.input, args.node_name, backend, metrics,
                                    observability(args), args.exit_after)
+    elif args.command == "ebpf":
+        _backend_module("to-ebpf").run_tool(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -259,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.log_format, args.verbose)
     try:
         _run(args)
-    except (UsageError, AddressError, RecordingError, StateFileError) as err:
+    except (UsageError, AddressError, RecordingError, StateFileError, BackendSetupError) as err:
         print(f"kpng-py: error: {err}", file=sys.stderr)
         return 2
     except FileNotFoundError as err:

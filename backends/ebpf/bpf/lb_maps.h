@@ -1,0 +1,112 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Keys and values of every map the socket load balancer uses: the one place
+ * their layout is defined. backends/ebpf/maps.py mirrors each struct with
+ * ctypes, and tests/ebpf/test_layout.py compiles this header with the host's
+ * gcc and compares sizes and offsets with the mirrors.
+ *
+ * Conventions:
+ * - Addresses are 16 bytes, always. IPv4 is stored v4-mapped
+ *   (::ffff:a.b.c.d), which is exactly what the v6 hooks see for IPv4 traffic
+ *   on dual-stack AF_INET6 sockets, so both hook families look up the same
+ *   entries. The words are in network byte order, as in bpf_sock_addr.
+ * - Ports are in network byte order, as in bpf_sock_addr.user_port.
+ * - Padding is explicit and always zero, because hash map keys are compared
+ *   byte by byte.
+ */
+#ifndef KPNG_LB_MAPS_H
+#define KPNG_LB_MAPS_H
+
+#include <linux/types.h>
+
+/* An address and port: a VIP, or a backend. 20 bytes. */
+struct lb_l4addr {
+	__u32 addr[4];		/* 0: network order, IPv4 v4-mapped */
+	__u16 port;		/* 16: network order */
+	__u16 pad;		/* 18 */
+};
+_Static_assert(sizeof(struct lb_l4addr) == 20, "lb_l4addr layout");
+
+/*
+ * services: one entry per frontend (VIP, port, protocol) and slot. Slot 0 is
+ * the master entry of the frontend; slots 1..count name its backends.
+ * Key: 24 bytes.
+ */
+struct lb_service_key {
+	struct lb_l4addr vip;	/* 0 */
+	__u8 proto;		/* 20: IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;		/* 21 */
+	__u16 slot;		/* 22: host order; 0 = master */
+};
+_Static_assert(sizeof(struct lb_service_key) == 24, "lb_service_key layout");
+
+/* Master entry flags. */
+#define LB_SVC_F_AFFINITY 0x1	/* sessionAffinity ClientIP */
+
+/*
+ * Value of both kinds of services entries. Value: 16 bytes.
+ * master (slot 0): id = service id, count = backend slots (0: reject),
+ *                  affinity timeout and flags;
+ * slot 1..count:   id = backend id, the rest zero.
+ */
+struct lb_service_value {
+	__u32 id;		/* 0 */
+	__u32 count;		/* 4 */
+	__u32 affinity_timeout;	/* 8: seconds; used with LB_SVC_F_AFFINITY */
+	__u32 flags;		/* 12: LB_SVC_F_* */
+};
+_Static_assert(sizeof(struct lb_service_value) == 16, "lb_service_value layout");
+
+/*
+ * backends: backend id -> address. Every (service, endpoint) pair has its own
+ * backend id, so two services sharing an endpoint never share an entry, and a
+ * program can check that a backend id still belongs to a service.
+ * Key: __u32 backend id. Value: 24 bytes.
+ */
+struct lb_backend {
+	struct lb_l4addr addr;	/* 0 */
+	__u32 service_id;	/* 20: the service whose slots name this backend */
+};
+_Static_assert(sizeof(struct lb_backend) == 24, "lb_backend layout");
+
+/*
+ * reverse_nat (LRU): which VIP a socket meant when it reached a backend. Keyed
+ * by socket cookie and backend, written at connect and sendmsg; read by
+ * recvmsg (source of UDP replies) and getpeername. Key: 32 bytes.
+ */
+struct lb_revnat_key {
+	__u64 cookie;		/* 0: bpf_get_socket_cookie() */
+	struct lb_l4addr backend; /* 8 */
+	__u32 pad;		/* 28 */
+};
+_Static_assert(sizeof(struct lb_revnat_key) == 32, "lb_revnat_key layout");
+
+/* Value: 24 bytes. service_id lets readers check the VIP still means the same
+ * service (a deleted and re-created service gets a new id). */
+struct lb_revnat_value {
+	struct lb_l4addr vip;	/* 0 */
+	__u32 service_id;	/* 20 */
+};
+_Static_assert(sizeof(struct lb_revnat_value) == 24, "lb_revnat_value layout");
+
+/*
+ * affinity (LRU): sessionAffinity ClientIP. The client is identified by its
+ * network namespace cookie: a sock_addr program runs before the socket has a
+ * source address, and a pod is a network namespace. Key: 16 bytes.
+ */
+struct lb_affinity_key {
+	__u64 netns_cookie;	/* 0: bpf_get_netns_cookie() */
+	__u32 service_id;	/* 8 */
+	__u32 pad;		/* 12 */
+};
+_Static_assert(sizeof(struct lb_affinity_key) == 16, "lb_affinity_key layout");
+
+/* Value: 16 bytes. */
+struct lb_affinity_value {
+	__u64 last_used_ns;	/* 0: bpf_ktime_get_ns() */
+	__u32 backend_id;	/* 8 */
+	__u32 pad;		/* 12 */
+};
+_Static_assert(sizeof(struct lb_affinity_value) == 16, "lb_affinity_value layout");
+
+#endif /* KPNG_LB_MAPS_H */

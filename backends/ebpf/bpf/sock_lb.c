@@ -1,0 +1,280 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kpng-py socket load balancer: ClusterIP services translated at the socket
+ * layer, before any packet exists (cgroup v2 sock_addr hooks).
+ *
+ *   connect4/6   TCP and connected UDP: VIP -> backend
+ *   sendmsg4/6   unconnected UDP (sendto): VIP -> backend
+ *   recvmsg4/6   unconnected UDP replies: backend -> VIP (recvfrom)
+ *   getpeername4/6  backend -> VIP for the application
+ *
+ * The v6 hooks see IPv4 traffic of dual-stack AF_INET6 sockets as
+ * ::ffff:a.b.c.d; maps store IPv4 v4-mapped, so both families share entries.
+ * Design and update order: docs/ebpf.md. Map layouts: lb_maps.h.
+ *
+ * Compiled by BCC at run time (backends/ebpf/loader.py) with:
+ *   KPNG_PIN_DIR        bpffs directory holding the pinned maps
+ *   KPNG_SERVICES_MAX, KPNG_BACKENDS_MAX, KPNG_REVNAT_MAX, KPNG_AFFINITY_MAX
+ *   KPNG_REJECT_WITH_EPERM  kernels without bpf_set_retval (before 5.18)
+ */
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/in.h>
+#include <uapi/asm-generic/errno.h>
+
+#include "lb_maps.h"
+
+#ifndef KPNG_PIN_DIR
+#error "KPNG_PIN_DIR must name the bpffs directory of the pinned maps"
+#endif
+
+/* Control-plane owned, updated while programs read them: no prealloc, so an
+ * updated element is freed after an RCU grace period and a program never reads
+ * a recycled element. */
+BPF_TABLE_PINNED("hash", struct lb_service_key, struct lb_service_value, kpng_services,
+		 KPNG_SERVICES_MAX, KPNG_PIN_DIR "/services", BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED("hash", __u32, struct lb_backend, kpng_backends,
+		 KPNG_BACKENDS_MAX, KPNG_PIN_DIR "/backends", BPF_F_NO_PREALLOC);
+/* Datapath owned and bounded by LRU eviction; readers re-validate entries. */
+BPF_TABLE_PINNED("lru_hash", struct lb_revnat_key, struct lb_revnat_value, kpng_revnat,
+		 KPNG_REVNAT_MAX, KPNG_PIN_DIR "/reverse_nat");
+BPF_TABLE_PINNED("lru_hash", struct lb_affinity_key, struct lb_affinity_value, kpng_affinity,
+		 KPNG_AFFINITY_MAX, KPNG_PIN_DIR "/affinity");
+
+/* sock_addr return codes. */
+#define SYSCALL_ALLOW 1
+#define SYSCALL_DENY 0
+
+#define LB_NSEC_PER_SEC 1000000000ULL
+
+enum lb_verdict {
+	LB_NOT_A_SERVICE,	/* leave the address alone */
+	LB_TRANSLATED,		/* the address now names a backend */
+	LB_NO_BACKEND,		/* a service without usable endpoints: reject */
+};
+
+static __always_inline __u32 v4_mapped_prefix(void)
+{
+	/* ::ffff:0:0/96, third word in network byte order */
+	return __builtin_bswap32(0x0000ffff);
+}
+
+static __always_inline bool l4addr_is_v4(const struct lb_l4addr *a)
+{
+	return a->addr[0] == 0 && a->addr[1] == 0 && a->addr[2] == v4_mapped_prefix();
+}
+
+static __always_inline bool l4addr_equal(const struct lb_l4addr *a, const struct lb_l4addr *b)
+{
+	return a->addr[0] == b->addr[0] && a->addr[1] == b->addr[1] &&
+	       a->addr[2] == b->addr[2] && a->addr[3] == b->addr[3] && a->port == b->port;
+}
+
+/* A connect() or sendto() to a service without endpoints fails at once, as
+ * kube-proxy's REJECT does; the VIP never reaches the network. */
+static __always_inline int reject(void)
+{
+#ifndef KPNG_REJECT_WITH_EPERM
+	bpf_set_retval(-ECONNREFUSED);
+#endif
+	return SYSCALL_DENY;
+}
+
+/* sessionAffinity: the backend this client used last, if it is recent enough
+ * and still one of the service's backends. */
+static __always_inline const struct lb_backend *
+affinity_backend(const struct lb_affinity_key *key, const struct lb_service_value *svc, __u64 now)
+{
+	struct lb_affinity_value *seen = kpng_affinity.lookup((struct lb_affinity_key *)key);
+	if (!seen)
+		return NULL;
+	if (now - seen->last_used_ns > (__u64)svc->affinity_timeout * LB_NSEC_PER_SEC)
+		return NULL;
+	__u32 backend_id = seen->backend_id;
+	const struct lb_backend *backend = kpng_backends.lookup(&backend_id);
+	/* Backend ids are per service: one that is gone or now belongs to
+	 * another service ends the affinity. */
+	if (!backend || backend->service_id != svc->id)
+		return NULL;
+	seen->last_used_ns = now;
+	return backend;
+}
+
+static __always_inline void remember_affinity(struct lb_affinity_key *key, __u32 backend_id, __u64 now)
+{
+	struct lb_affinity_value value = { .last_used_ns = now, .backend_id = backend_id };
+	kpng_affinity.update(key, &value);
+}
+
+/* The backend id in a random slot. UDP seeds with the socket cookie so that
+ * an unconnected socket keeps talking to one backend; TCP draws per connect. */
+static __always_inline bool slot_backend_id(struct lb_service_key *key, __u32 count, __u64 cookie,
+					    __u32 *backend_id)
+{
+	__u64 seed = key->proto == IPPROTO_UDP ? cookie : bpf_get_prandom_u32();
+	struct lb_service_value *slot;
+
+	key->slot = (__u16)(seed % count) + 1;
+	slot = kpng_services.lookup(key);
+	if (!slot) {
+		/* The service shrank between our reads of its master and of the
+		 * slot; slot 1 exists whenever the service has a backend. */
+		key->slot = 1;
+		slot = kpng_services.lookup(key);
+		if (!slot)
+			return false;
+	}
+	*backend_id = slot->id;
+	return true;
+}
+
+/* Write the reverse-NAT entry only when it changed: sendmsg runs per datagram. */
+static __always_inline void remember_vip(__u64 cookie, const struct lb_l4addr *backend,
+					 const struct lb_l4addr *vip, __u32 service_id)
+{
+	struct lb_revnat_key key = { .cookie = cookie, .backend = *backend };
+	struct lb_revnat_value *known = kpng_revnat.lookup(&key);
+
+	if (known && known->service_id == service_id && l4addr_equal(&known->vip, vip))
+		return;
+	struct lb_revnat_value value = { .vip = *vip, .service_id = service_id };
+	kpng_revnat.update(&key, &value);
+}
+
+/* Forward direction: if dst is a service, replace it by one of its backends. */
+static __always_inline enum lb_verdict lb_translate(void *ctx, struct lb_l4addr *dst, __u32 proto)
+{
+	struct lb_service_key key = { .vip = *dst, .proto = (__u8)proto, .slot = 0 };
+	struct lb_service_value *master = kpng_services.lookup(&key);
+	struct lb_affinity_key affinity = {};
+	const struct lb_backend *backend = NULL;
+	struct lb_service_value svc;
+	__u64 cookie, now = 0;
+	__u32 backend_id;
+
+	if (!master)
+		return LB_NOT_A_SERVICE;
+	svc = *master;
+	if (svc.count == 0)
+		return LB_NO_BACKEND;
+	cookie = bpf_get_socket_cookie(ctx);
+	if (svc.flags & LB_SVC_F_AFFINITY) {
+		affinity.netns_cookie = bpf_get_netns_cookie(ctx);
+		affinity.service_id = svc.id;
+		now = bpf_ktime_get_ns();
+		backend = affinity_backend(&affinity, &svc, now);
+	}
+	if (!backend) {
+		if (!slot_backend_id(&key, svc.count, cookie, &backend_id))
+			return LB_NO_BACKEND;
+		backend = kpng_backends.lookup(&backend_id);
+		if (!backend)
+			return LB_NO_BACKEND;
+		if (svc.flags & LB_SVC_F_AFFINITY)
+			remember_affinity(&affinity, backend_id, now);
+	}
+	remember_vip(cookie, &backend->addr, dst, svc.id);
+	*dst = backend->addr;
+	return LB_TRANSLATED;
+}
+
+/* Reverse direction: if this socket reached peer through a VIP that still
+ * means the same service, show the VIP instead. */
+static __always_inline bool lb_reverse(void *ctx, struct lb_l4addr *peer, __u32 proto)
+{
+	struct lb_revnat_key key = { .cookie = bpf_get_socket_cookie(ctx), .backend = *peer };
+	struct lb_revnat_value *rev = kpng_revnat.lookup(&key);
+	struct lb_service_key master_key = {};
+	struct lb_service_value *master;
+
+	if (!rev)
+		return false;
+	master_key.vip = rev->vip;
+	master_key.proto = (__u8)proto;
+	master = kpng_services.lookup(&master_key);
+	if (!master || master->id != rev->service_id) {
+		kpng_revnat.delete(&key);
+		return false;
+	}
+	*peer = rev->vip;
+	return true;
+}
+
+/* -- the hooks ------------------------------------------------------------ */
+
+/*
+ * The address of a hook's context as an lb_l4addr: user_ip4 in the v4 hooks,
+ * user_ip6 (possibly ::ffff:a.b.c.d) in the v6 ones. `v6` is a constant in
+ * every hook, so each program only touches its own family's fields, which is
+ * all the verifier allows.
+ */
+static __always_inline void load_user_addr(struct bpf_sock_addr *ctx, bool v6,
+					   struct lb_l4addr *a)
+{
+	if (v6) {
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			a->addr[i] = ctx->user_ip6[i];
+	} else {
+		a->addr[0] = 0;
+		a->addr[1] = 0;
+		a->addr[2] = v4_mapped_prefix();
+		a->addr[3] = ctx->user_ip4;
+	}
+	a->port = (__u16)ctx->user_port;
+	a->pad = 0;
+}
+
+static __always_inline void store_user_addr(struct bpf_sock_addr *ctx, bool v6,
+					    const struct lb_l4addr *a)
+{
+	if (v6) {
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			ctx->user_ip6[i] = a->addr[i];
+	} else {
+		ctx->user_ip4 = a->addr[3];
+	}
+	ctx->user_port = a->port;
+}
+
+/* connect and sendmsg: a VIP becomes one of its backends, or is refused. */
+static __always_inline int forward(struct bpf_sock_addr *ctx, bool v6)
+{
+	struct lb_l4addr dst;
+
+	load_user_addr(ctx, v6, &dst);
+	switch (lb_translate(ctx, &dst, ctx->protocol)) {
+	case LB_TRANSLATED:
+		/* A v4 VIP only ever has v4 backends; anything else is a
+		 * corrupt map, and must not reach the network as the VIP. */
+		if (!v6 && !l4addr_is_v4(&dst))
+			return reject();
+		store_user_addr(ctx, v6, &dst);
+		return SYSCALL_ALLOW;
+	case LB_NO_BACKEND:
+		return reject();
+	default:
+		return SYSCALL_ALLOW;
+	}
+}
+
+/* recvmsg and getpeername: a backend the socket reached through a VIP is
+ * shown as the VIP. */
+static __always_inline int reverse(struct bpf_sock_addr *ctx, bool v6)
+{
+	struct lb_l4addr peer;
+
+	load_user_addr(ctx, v6, &peer);
+	if (lb_reverse(ctx, &peer, ctx->protocol))
+		store_user_addr(ctx, v6, &peer);
+	return SYSCALL_ALLOW;
+}
+
+int kpng_connect4(struct bpf_sock_addr *ctx) { return forward(ctx, false); }
+int kpng_connect6(struct bpf_sock_addr *ctx) { return forward(ctx, true); }
+int kpng_sendmsg4(struct bpf_sock_addr *ctx) { return forward(ctx, false); }
+int kpng_sendmsg6(struct bpf_sock_addr *ctx) { return forward(ctx, true); }
+int kpng_recvmsg4(struct bpf_sock_addr *ctx) { return reverse(ctx, false); }
+int kpng_recvmsg6(struct bpf_sock_addr *ctx) { return reverse(ctx, true); }
+int kpng_getpeer4(struct bpf_sock_addr *ctx) { return reverse(ctx, false); }
+int kpng_getpeer6(struct bpf_sock_addr *ctx) { return reverse(ctx, true); }

@@ -1,0 +1,94 @@
+"""Command line of the eBPF backend: `to-ebpf` and `kpng-py ebpf cleanup|dump`.
+
+Nothing here imports BCC or libbpf at import time, so `kpng-py --help` works
+on machines without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from backends.ebpf.maps import DEFAULT_PIN_DIR, MAP_SPECS
+from kpng_py.backend import Backend, BackendSetupError
+from kpng_py.metrics import Metrics
+
+HELP = ("ClusterIP services for the processes of a cgroup, translated at the socket "
+        "(cgroup sock_addr eBPF programs)")
+
+
+def _entries(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) < 1 << 32:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of map entries "
+                                         "(1 to 4294967295)")
+    return int(text)
+
+
+def _add_bpffs_dir_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bpffs-dir", type=Path, default=DEFAULT_PIN_DIR,
+                        help=f"bpffs directory of the pinned maps and links "
+                             f"(default: {DEFAULT_PIN_DIR})")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cgroup", type=Path, default=None,
+                        help="cgroup v2 directory whose processes (and descendants') get the "
+                             "services (default: the cgroup2 mount, i.e. the whole node)")
+    _add_bpffs_dir_flag(parser)
+    for spec in MAP_SPECS:
+        parser.add_argument(spec.size_flag, type=_entries, default=spec.default_size,
+                            dest=f"map_size_{spec.pin}", metavar="ENTRIES",
+                            help=f"capacity of the {spec.pin} map (default: {spec.default_size})")
+
+
+def create(args: argparse.Namespace, metrics: Metrics) -> Backend:
+    from backends.ebpf.backend import EbpfBackend
+    from backends.ebpf.loader import DatapathConfig, default_cgroup
+    from kpng_py.skips import Skips
+
+    config = DatapathConfig(
+        bpffs_dir=args.bpffs_dir,
+        cgroup=args.cgroup or default_cgroup(),
+        map_sizes={spec.pin: getattr(args, f"map_size_{spec.pin}") for spec in MAP_SPECS})
+    return EbpfBackend(config, metrics, Skips(metrics))
+
+
+def add_tool_parser(commands: argparse._SubParsersAction) -> None:
+    """`kpng-py ebpf cleanup|dump`."""
+    tool = commands.add_parser("ebpf", help="inspect or remove the eBPF datapath",
+                               description="Inspect or remove the eBPF datapath.")
+    actions = tool.add_subparsers(dest="ebpf_action", metavar="ACTION", required=True)
+    cleanup = actions.add_parser(
+        "cleanup", help="detach the programs and remove the pinned maps and links",
+        description="Detach the programs and remove every pin under --bpffs-dir. Services "
+                    "stop being translated at once.")
+    cleanup.add_argument("--cgroup", type=Path, default=None,
+                         help="also detach every kpng-py program attached to this cgroup, "
+                              "whichever --bpffs-dir pins it")
+    _add_bpffs_dir_flag(cleanup)
+    dump = actions.add_parser("dump", help="show the services, backends and map usage",
+                              description="Show what the pinned maps hold.")
+    _add_bpffs_dir_flag(dump)
+    dump.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run_tool(args: argparse.Namespace) -> None:
+    try:
+        _run_tool(args)
+    except OSError as err:
+        raise BackendSetupError(f"ebpf {args.ebpf_action}: {err} (needs root)") from err
+
+
+def _run_tool(args: argparse.Namespace) -> None:
+    if args.ebpf_action == "cleanup":
+        from backends.ebpf.loader import cleanup
+
+        removed = cleanup(args.bpffs_dir, args.cgroup)
+        print("\n".join(f"removed {item}" for item in removed) or
+              f"nothing installed under {args.bpffs_dir}")
+    else:
+        from backends.ebpf.dump import dump_json, format_text, read_dump
+
+        dump = read_dump(args.bpffs_dir)
+        sys.stdout.write((dump_json(dump) if args.json else format_text(dump)) + "\n")

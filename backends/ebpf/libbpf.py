@@ -1,0 +1,242 @@
+"""The bpf() operations BCC's Python API lacks, through libbpf (the library
+Debian's BCC itself links against): pinned objects, map access by file
+descriptor (batched), and cgroup bpf_links.
+
+BCC compiles and loads the programs; everything that must work on objects BCC
+did not create in this process (maps pinned by an earlier run, links, `ebpf
+dump` and `ebpf cleanup`) goes through here.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import os
+from pathlib import Path
+from typing import Generic, Iterator, Sequence, TypeVar
+
+_lib = ct.CDLL("libbpf.so.1", use_errno=True)
+
+# enum bpf_link_type
+BPF_LINK_TYPE_CGROUP = 3
+
+_c_int, _c_u32, _p = ct.c_int, ct.c_uint32, ct.c_void_p
+_SIGNATURES = {
+    "bpf_obj_get": (_c_int, [ct.c_char_p]),
+    "bpf_obj_pin": (_c_int, [_c_int, ct.c_char_p]),
+    "bpf_obj_get_info_by_fd": (_c_int, [_c_int, _p, ct.POINTER(_c_u32)]),
+    "bpf_map_lookup_elem": (_c_int, [_c_int, _p, _p]),
+    "bpf_map_update_elem": (_c_int, [_c_int, _p, _p, ct.c_uint64]),
+    "bpf_map_delete_elem": (_c_int, [_c_int, _p]),
+    "bpf_map_get_next_key": (_c_int, [_c_int, _p, _p]),
+    "bpf_map_lookup_batch": (_c_int, [_c_int, _p, _p, _p, _p, ct.POINTER(_c_u32), _p]),
+    "bpf_map_update_batch": (_c_int, [_c_int, _p, _p, ct.POINTER(_c_u32), _p]),
+    "bpf_map_delete_batch": (_c_int, [_c_int, _p, ct.POINTER(_c_u32), _p]),
+    "bpf_link_create": (_c_int, [_c_int, _c_int, _c_int, _p]),
+    "bpf_link_update": (_c_int, [_c_int, _c_int, _p]),
+    "bpf_link_detach": (_c_int, [_c_int]),
+    "bpf_link_get_next_id": (_c_int, [_c_u32, ct.POINTER(_c_u32)]),
+    "bpf_link_get_fd_by_id": (_c_int, [_c_u32]),
+    "bpf_prog_get_fd_by_id": (_c_int, [_c_u32]),
+}
+for _name, (_restype, _argtypes) in _SIGNATURES.items():
+    getattr(_lib, _name).restype = _restype
+    getattr(_lib, _name).argtypes = _argtypes
+
+
+def _check(result: int, what: str) -> int:
+    """libbpf returns -errno (and sets errno) on failure."""
+    if result < 0:
+        code = -result if result != -1 else ct.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+    return result
+
+
+def obj_get(path: Path) -> int:
+    """A new file descriptor for a pinned map, program or link."""
+    return _check(_lib.bpf_obj_get(os.fsencode(path)), f"open pinned BPF object {path}")
+
+
+def obj_pin(fd: int, path: Path) -> None:
+    _check(_lib.bpf_obj_pin(fd, os.fsencode(path)), f"pin BPF object at {path}")
+
+
+class MapInfo(ct.Structure):
+    """The first fields of struct bpf_map_info."""
+
+    _fields_ = [("type", _c_u32), ("id", _c_u32), ("key_size", _c_u32),
+                ("value_size", _c_u32), ("max_entries", _c_u32), ("map_flags", _c_u32),
+                ("name", ct.c_char * 16)]
+
+
+class LinkInfo(ct.Structure):
+    """struct bpf_link_info up to its cgroup member."""
+
+    _fields_ = [("type", _c_u32), ("id", _c_u32), ("prog_id", _c_u32), ("pad", _c_u32),
+                ("cgroup_id", ct.c_uint64), ("attach_type", _c_u32), ("pad2", _c_u32)]
+
+
+class ProgInfo(ct.Structure):
+    """struct bpf_prog_info up to its name."""
+
+    _fields_ = [("type", _c_u32), ("id", _c_u32), ("tag", ct.c_uint8 * 8),
+                ("jited_prog_len", _c_u32), ("xlated_prog_len", _c_u32),
+                ("jited_prog_insns", ct.c_uint64), ("xlated_prog_insns", ct.c_uint64),
+                ("load_time", ct.c_uint64), ("created_by_uid", _c_u32),
+                ("nr_map_ids", _c_u32), ("map_ids", ct.c_uint64), ("name", ct.c_char * 16)]
+
+
+InfoT = TypeVar("InfoT", MapInfo, LinkInfo, ProgInfo)
+
+
+def obj_info(fd: int, info_type: type[InfoT]) -> InfoT:
+    """What the kernel says about a map, link or program (the kernel fills
+    as much of the struct as both sides know)."""
+    info = info_type()
+    size = _c_u32(ct.sizeof(info))
+    _check(_lib.bpf_obj_get_info_by_fd(fd, ct.byref(info), ct.byref(size)),
+           f"read {info_type.__name__}")
+    return info
+
+
+class MapFullError(OSError):
+    """A map has no room for another entry (E2BIG from the kernel)."""
+
+
+K = TypeVar("K", bound=ct._SimpleCData | ct.Structure)
+V = TypeVar("V", bound=ct.Structure)
+
+# Entries per batched syscall when reading a whole map.
+_READ_BATCH = 4096
+
+
+class BpfMap(Generic[K, V]):
+    """A BPF map by file descriptor, with ctypes keys and values."""
+
+    def __init__(self, fd: int, key_type: type[K], value_type: type[V], name: str) -> None:
+        self.fd = fd
+        self.key_type = key_type
+        self.value_type = value_type
+        self.name = name
+
+    @classmethod
+    def open_pinned(cls, path: Path, key_type: type[K], value_type: type[V],
+                    name: str) -> BpfMap[K, V]:
+        return cls(obj_get(path), key_type, value_type, name)
+
+    def info(self) -> MapInfo:
+        return obj_info(self.fd, MapInfo)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def get(self, key: K | int) -> V | None:
+        """The value at key (an int for maps with integer keys), or None."""
+        value = self.value_type()
+        ckey = self.key_type(key) if isinstance(key, int) else key
+        if _lib.bpf_map_lookup_elem(self.fd, ct.byref(ckey), ct.byref(value)) < 0:
+            code = ct.get_errno()
+            if code == errno.ENOENT:
+                return None
+            raise OSError(code, f"look up in map {self.name}: {os.strerror(code)}")
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        self.put_many([key], [value])
+
+    def put_many(self, keys: Sequence[K], values: Sequence[V]) -> None:
+        """Create or update entries with one syscall (in order)."""
+        if not keys:
+            return
+        key_array = (self.key_type * len(keys))(*keys)
+        value_array = (self.value_type * len(values))(*values)
+        count = _c_u32(len(keys))
+        result = _lib.bpf_map_update_batch(self.fd, key_array, value_array, ct.byref(count),
+                                           None)
+        if result < 0:
+            code = -result
+            message = (f"write {len(keys)} entries to map {self.name}: {os.strerror(code)} "
+                       f"after {count.value}")
+            raise (MapFullError if code == errno.E2BIG else OSError)(code, message)
+
+    def delete_many(self, keys: Sequence[K]) -> None:
+        """Delete entries (in order); keys already gone are fine."""
+        remaining = list(keys)
+        while remaining:
+            key_array = (self.key_type * len(remaining))(*remaining)
+            count = _c_u32(len(remaining))
+            result = _lib.bpf_map_delete_batch(self.fd, key_array, ct.byref(count), None)
+            if result >= 0:
+                return
+            if -result != errno.ENOENT:
+                raise OSError(-result, f"delete from map {self.name}: {os.strerror(-result)}")
+            # The batch stops at the first missing key: skip it, go on.
+            remaining = remaining[count.value + 1:]
+
+    def items(self) -> Iterator[tuple[K, V]]:
+        """Every entry, read in batches."""
+        token_size = max(ct.sizeof(self.key_type), 4)
+        in_batch, out_batch = ct.create_string_buffer(token_size), ct.create_string_buffer(
+            token_size)
+        capacity = _READ_BATCH
+        first = True
+        while True:
+            keys = (self.key_type * capacity)()
+            values = (self.value_type * capacity)()
+            count = _c_u32(capacity)
+            result = _lib.bpf_map_lookup_batch(self.fd, None if first else in_batch, out_batch,
+                                               keys, values, ct.byref(count), None)
+            if result < 0 and -result == errno.ENOSPC:
+                capacity *= 2  # one hash bucket holds more than a batch
+                continue
+            if result < 0 and -result != errno.ENOENT:
+                raise OSError(-result, f"read map {self.name}: {os.strerror(-result)}")
+            yield from zip(keys[:count.value], values[:count.value])
+            if result < 0:  # ENOENT: that was the last batch
+                return
+            ct.memmove(in_batch, out_batch, token_size)
+            first = False
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.items())
+
+
+# -- cgroup links -------------------------------------------------------------
+
+
+def link_create(prog_fd: int, cgroup_fd: int, attach_type: int) -> int:
+    """Attach a program to a cgroup as a bpf_link (always in multi mode, like
+    BPF_F_ALLOW_MULTI); the attachment lasts while the link is open or pinned."""
+    return _check(_lib.bpf_link_create(prog_fd, cgroup_fd, attach_type, None),
+                  f"attach program (attach type {attach_type}) to the cgroup")
+
+
+def link_update(link_fd: int, prog_fd: int) -> None:
+    """Swap the program of a link in one step: no moment without a program."""
+    _check(_lib.bpf_link_update(link_fd, prog_fd, None), "replace the program of a link")
+
+
+def link_detach(link_fd: int) -> None:
+    _check(_lib.bpf_link_detach(link_fd), "detach a link")
+
+
+def link_ids() -> Iterator[int]:
+    """The ids of every bpf_link on the machine."""
+    current, next_id = 0, _c_u32()
+    while _lib.bpf_link_get_next_id(current, ct.byref(next_id)) == 0:
+        current = next_id.value
+        yield current
+
+
+def link_fd_by_id(link_id: int) -> int:
+    return _check(_lib.bpf_link_get_fd_by_id(link_id), f"open link {link_id}")
+
+
+def prog_name(prog_id: int) -> str:
+    fd = _check(_lib.bpf_prog_get_fd_by_id(prog_id), f"open program {prog_id}")
+    try:
+        return obj_info(fd, ProgInfo).name.decode()
+    finally:
+        os.close(fd)

@@ -1,0 +1,343 @@
+"""Compile, load, pin and attach the socket load balancer.
+
+Everything the datapath needs lives under the bpffs directory (default
+/sys/fs/bpf/kpng-py), so it outlives the process and the next start adopts it:
+
+    services, backends, reverse_nat, affinity   the maps (BCC's BPF_TABLE_PINNED
+                                                creates them or reuses the pin)
+    links/connect4 ... links/getpeername6       one cgroup bpf_link per hook
+
+Programs are attached as bpf_links (cgroup links are always multi-attach, as
+with BPF_F_ALLOW_MULTI). A restart swaps the program inside each pinned link
+with BPF_LINK_UPDATE, which the kernel does in one step: no connect() ever
+runs with no program or with two. See docs/ebpf.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from backends.ebpf import libbpf
+from backends.ebpf.maps import MAP_SPECS, MapSpec
+from kpng_py.backend import BackendSetupError
+from kpng_py.logs import fields
+
+log = logging.getLogger(__name__)
+
+BPF_SOURCE_DIR = Path(__file__).parent / "bpf"
+LINKS_DIR = "links"
+PROGRAM_PREFIX = "kpng_"
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One sock_addr program and where it attaches."""
+
+    name: str          # the pin under links/, and what the docs call it
+    function: str      # the C function (and the kernel's program name)
+    attach_type: int   # enum bpf_attach_type
+
+
+HOOKS = (
+    Hook("connect4", "kpng_connect4", 10),        # BPF_CGROUP_INET4_CONNECT
+    Hook("connect6", "kpng_connect6", 11),        # BPF_CGROUP_INET6_CONNECT
+    Hook("sendmsg4", "kpng_sendmsg4", 14),        # BPF_CGROUP_UDP4_SENDMSG
+    Hook("sendmsg6", "kpng_sendmsg6", 15),        # BPF_CGROUP_UDP6_SENDMSG
+    Hook("recvmsg4", "kpng_recvmsg4", 19),        # BPF_CGROUP_UDP4_RECVMSG
+    Hook("recvmsg6", "kpng_recvmsg6", 20),        # BPF_CGROUP_UDP6_RECVMSG
+    Hook("getpeername4", "kpng_getpeer4", 29),    # BPF_CGROUP_INET4_GETPEERNAME
+    Hook("getpeername6", "kpng_getpeer6", 30),    # BPF_CGROUP_INET6_GETPEERNAME
+)
+
+
+def mount_point(fstype: str, under: Path | None = None) -> Path | None:
+    """The mount point of a filesystem type (the one holding `under`, if given)."""
+    candidates = []
+    with open("/proc/mounts", encoding="utf-8") as mounts:
+        for line in mounts:
+            parts = line.split()
+            if len(parts) >= 3 and parts[2] == fstype:
+                candidates.append(Path(parts[1].replace("\\040", " ")))
+    if under is None:
+        return candidates[0] if candidates else None
+    holding = [m for m in candidates if under == m or m in under.parents]
+    return max(holding, key=lambda m: len(m.parts), default=None)
+
+
+def default_cgroup() -> Path:
+    """The node's cgroup v2 root, from /proc/mounts."""
+    root = mount_point("cgroup2")
+    if root is None:
+        raise BackendSetupError("no cgroup v2 filesystem is mounted; mount one "
+                                "(mount -t cgroup2 none /sys/fs/cgroup) or pass --cgroup")
+    return root
+
+
+def cgroup_id(cgroup: Path) -> int:
+    """The kernel's id of a cgroup v2 directory (its inode number)."""
+    return os.stat(cgroup).st_ino
+
+
+@dataclass(frozen=True)
+class DatapathConfig:
+    bpffs_dir: Path
+    cgroup: Path
+    # Entries per map, by MapSpec.pin.
+    map_sizes: Mapping[str, int] = field(default_factory=dict)
+    # Reject with EPERM instead of ECONNREFUSED (what kernels without
+    # bpf_set_retval get; chosen automatically when loading needs it).
+    reject_with_eperm: bool = False
+
+    def size(self, spec: MapSpec) -> int:
+        return self.map_sizes.get(spec.pin, spec.default_size)
+
+    def check(self) -> None:
+        """Fail early, naming the flag and the fix."""
+        if mount_point("bpf", self.bpffs_dir) is None:
+            raise BackendSetupError(f"--bpffs-dir {self.bpffs_dir} is not on a bpf filesystem; "
+                                    "mount one (mount -t bpf bpf /sys/fs/bpf) or pick a "
+                                    "directory under it")
+        if any(c in str(self.bpffs_dir) for c in '"\\\n'):
+            raise BackendSetupError(f"--bpffs-dir {self.bpffs_dir!s} has a quote, backslash or "
+                                    "newline; pick a plain path")
+        if not (self.cgroup / "cgroup.procs").exists() or mount_point(
+                "cgroup2", self.cgroup) is None:
+            raise BackendSetupError(f"--cgroup {self.cgroup} is not a cgroup v2 directory; "
+                                    "pass one under the cgroup2 mount")
+
+
+class Datapath:
+    """The loaded programs and the pinned maps they share, in this process."""
+
+    def __init__(self, config: DatapathConfig, bpf: object,
+                 maps: dict[str, libbpf.BpfMap], programs: dict[str, int]) -> None:
+        self.config = config
+        self._bpf = bpf
+        self.maps = maps
+        self._programs = programs  # hook name -> program fd (owned by BCC)
+
+    @classmethod
+    def load(cls, config: DatapathConfig) -> Datapath:
+        """Adopt or create the pinned maps, then compile and load the programs.
+        Nothing is attached yet: the caller fills the maps first."""
+        config.check()
+        try:
+            config.bpffs_dir.mkdir(parents=True, exist_ok=True)
+            (config.bpffs_dir / LINKS_DIR).mkdir(exist_ok=True)
+            replaced = {spec.pin: old for spec in MAP_SPECS
+                        if (old := _set_aside_incompatible(config, spec)) is not None}
+            bpf, programs = _compile_and_load(config)
+            maps = {spec.pin: libbpf.BpfMap.open_pinned(config.bpffs_dir / spec.pin, spec.key,
+                                                        spec.value, spec.pin)
+                    for spec in MAP_SPECS}
+        except OSError as err:
+            raise BackendSetupError(f"cannot set up the datapath under {config.bpffs_dir}: "
+                                    f"{err} (needs root)") from err
+        for spec in MAP_SPECS:
+            if not spec.matches(maps[spec.pin].info(), config.size(spec)):
+                raise BackendSetupError(
+                    f"map {config.bpffs_dir / spec.pin} does not have the expected layout "
+                    f"after loading; run `kpng-py ebpf cleanup --bpffs-dir {config.bpffs_dir}`")
+        for pin, old in replaced.items():
+            _copy_entries(old, maps[pin])
+        return cls(config, bpf, maps, programs)
+
+    def attach(self) -> None:
+        """Attach every program to the cgroup, replacing the previous ones
+        without a gap."""
+        cgroup_fd = os.open(self.config.cgroup, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            target = cgroup_id(self.config.cgroup)
+            for hook in HOOKS:
+                _attach_hook(self.config.bpffs_dir / LINKS_DIR / hook.name, hook,
+                             self._programs[hook.name], cgroup_fd, target)
+        finally:
+            os.close(cgroup_fd)
+        log.info("datapath attached", extra=fields(cgroup=self.config.cgroup,
+                                                   bpffs_dir=self.config.bpffs_dir))
+
+    def close(self) -> None:
+        """Release this process's handles; links and maps stay pinned, so the
+        datapath keeps working (BCC's own exit handler only closes fds)."""
+        for bpf_map in self.maps.values():
+            bpf_map.close()
+        self._bpf.cleanup()
+
+
+def _set_aside_incompatible(config: DatapathConfig, spec: MapSpec) -> libbpf.BpfMap | None:
+    """BCC reuses any map pinned at a path, whatever its layout or size. A pin
+    that does not match this build and these flags is unpinned (the programs
+    still running keep it until their links are updated) so that BCC creates a
+    fresh one; it is returned when its entries can be copied over."""
+    path = config.bpffs_dir / spec.pin
+    if not path.exists():
+        return None
+    old = libbpf.BpfMap.open_pinned(path, spec.key, spec.value, spec.pin)
+    info = old.info()
+    if spec.matches(info, config.size(spec)):
+        old.close()
+        return None
+    log.warning("pinned map does not match; replacing it", extra=fields(
+        map=spec.pin, pinned_entries=info.max_entries, wanted_entries=config.size(spec),
+        same_layout=spec.same_layout(info)))
+    path.unlink()
+    if spec.same_layout(info):
+        return old
+    old.close()
+    return None
+
+
+def _copy_entries(old: libbpf.BpfMap, new: libbpf.BpfMap) -> None:
+    items = list(old.items())
+    old.close()
+    try:
+        new.put_many([k for k, _ in items], [v for _, v in items])
+    except libbpf.MapFullError as err:
+        log.warning("the resized map could not take every entry of the old one",
+                    extra=fields(map=new.name, error=err))
+
+
+def _cflags(config: DatapathConfig, reject_with_eperm: bool) -> list[str]:
+    flags = [f"-I{BPF_SOURCE_DIR}", f'-DKPNG_PIN_DIR="{config.bpffs_dir}"']
+    flags += [f"-D{spec.size_macro}={config.size(spec)}" for spec in MAP_SPECS]
+    if reject_with_eperm:
+        flags.append("-DKPNG_REJECT_WITH_EPERM")
+    return flags
+
+
+def _compile_and_load(config: DatapathConfig) -> tuple[object, dict[str, int]]:
+    """BCC compile and load. Kernels before 5.18 lack bpf_set_retval: their
+    verifier rejects the program, which is then rebuilt to reject with EPERM."""
+    errors: list[Exception] = []
+    for reject_with_eperm in (True,) if config.reject_with_eperm else (False, True):
+        if errors:
+            log.warning("loading failed; retrying without bpf_set_retval (services without "
+                        "endpoints will fail with EPERM)", extra=fields(error=errors[0]))
+        try:
+            return _compile_and_load_once(config, reject_with_eperm)
+        except Exception as err:  # BCC raises bare Exceptions
+            errors.append(err)
+    raise BackendSetupError(f"cannot load the eBPF programs: {errors[0]} (needs root, kernel "
+                            "headers for BCC and cgroup sock_addr hooks; see docs/ebpf.md)"
+                            ) from errors[0]
+
+
+def _compile_and_load_once(config: DatapathConfig,
+                           reject_with_eperm: bool) -> tuple[object, dict[str, int]]:
+    from bcc import BPF  # imported here: the CLI must not need BCC to start
+
+    bpf = BPF(src_file=str(BPF_SOURCE_DIR / "sock_lb.c").encode(),
+              cflags=_cflags(config, reject_with_eperm))
+    programs = {hook.name: bpf.load_func(hook.function.encode(), BPF.CGROUP_SOCK_ADDR,
+                                         attach_type=hook.attach_type).fd
+                for hook in HOOKS}
+    return bpf, programs
+
+
+def _attach_hook(pin: Path, hook: Hook, prog_fd: int, cgroup_fd: int, target: int) -> None:
+    previous = _open_link(pin)
+    try:
+        if previous is not None:
+            info = libbpf.obj_info(previous, libbpf.LinkInfo)
+            if info.cgroup_id == target and info.attach_type == hook.attach_type:
+                libbpf.link_update(previous, prog_fd)
+                return
+        # First start, or another cgroup: the new link is attached and pinned
+        # before the old one goes, so that no connect() runs untranslated.
+        link = libbpf.link_create(prog_fd, cgroup_fd, hook.attach_type)
+        try:
+            staging = pin.with_name(pin.name + "_next")  # bpffs names have no dots
+            staging.unlink(missing_ok=True)
+            libbpf.obj_pin(link, staging)
+            staging.rename(pin)
+        finally:
+            os.close(link)
+        if previous is not None:
+            _detach_quietly(previous)
+    finally:
+        if previous is not None:
+            os.close(previous)
+
+
+def _open_link(pin: Path) -> int | None:
+    try:
+        return libbpf.obj_get(pin)
+    except FileNotFoundError:
+        return None
+
+
+def _detach_quietly(link_fd: int) -> None:
+    try:
+        libbpf.link_detach(link_fd)
+    except OSError as err:  # already detached (its cgroup was removed)
+        log.debug("link already detached", extra=fields(error=err))
+
+
+@dataclass(frozen=True)
+class AttachedLink:
+    hook: str
+    link_id: int
+    prog_id: int
+    cgroup_id: int
+
+
+def pinned_links(bpffs_dir: Path) -> Iterator[AttachedLink]:
+    for hook in HOOKS:
+        fd = _open_link(bpffs_dir / LINKS_DIR / hook.name)
+        if fd is None:
+            continue
+        try:
+            info = libbpf.obj_info(fd, libbpf.LinkInfo)
+        finally:
+            os.close(fd)
+        yield AttachedLink(hook.name, info.id, info.prog_id, info.cgroup_id)
+
+
+def cleanup(bpffs_dir: Path, cgroup: Path | None = None) -> list[str]:
+    """Detach and unpin everything a datapath installed under bpffs_dir. With
+    a cgroup, also detach every kpng-py program attached to it, whichever
+    directory pins it (an installation with another --bpffs-dir). Returns
+    what was removed."""
+    removed: list[str] = []
+    links_dir = bpffs_dir / LINKS_DIR
+    for pin in sorted(links_dir.glob("*")) if links_dir.is_dir() else ():
+        fd = _open_link(pin)
+        if fd is not None:
+            _detach_quietly(fd)
+            os.close(fd)
+        pin.unlink()
+        removed.append(str(pin))
+    if cgroup is not None:
+        removed += _detach_kpng_links(cgroup_id(cgroup))
+    for spec in MAP_SPECS:
+        pin = bpffs_dir / spec.pin
+        if pin.exists():
+            pin.unlink()
+            removed.append(str(pin))
+    for directory in (links_dir, bpffs_dir):
+        if directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()
+            removed.append(str(directory))
+    return removed
+
+
+def _detach_kpng_links(target: int) -> list[str]:
+    removed = []
+    for link_id in list(libbpf.link_ids()):
+        try:
+            fd = libbpf.link_fd_by_id(link_id)
+        except OSError:
+            continue  # gone meanwhile
+        try:
+            info = libbpf.obj_info(fd, libbpf.LinkInfo)
+            if (info.type == libbpf.BPF_LINK_TYPE_CGROUP and info.cgroup_id == target
+                    and libbpf.prog_name(info.prog_id).startswith(PROGRAM_PREFIX)):
+                _detach_quietly(fd)
+                removed.append(f"link {link_id}")
+        finally:
+            os.close(fd)
+    return removed

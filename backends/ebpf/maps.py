@@ -1,0 +1,169 @@
+"""ctypes mirrors of bpf/lb_maps.h, and the specification of every map.
+
+This is the only Python definition of the map layouts; tests/ebpf/test_layout.py
+checks every size and offset against the C header compiled by gcc.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import ipaddress
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kpng_py.model import IPAddress, format_host_port
+
+if TYPE_CHECKING:
+    from backends.ebpf.libbpf import MapInfo
+
+# Where the maps and links are pinned unless --bpffs-dir says otherwise.
+DEFAULT_PIN_DIR = Path("/sys/fs/bpf/kpng-py")
+
+# enum bpf_map_type and map flags (uapi/linux/bpf.h)
+BPF_MAP_TYPE_HASH = 1
+BPF_MAP_TYPE_LRU_HASH = 9
+BPF_F_NO_PREALLOC = 1
+
+_V4_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+
+
+def packed_address(ip: IPAddress) -> bytes:
+    """The 16-byte address format of every map: IPv4 as ::ffff:a.b.c.d."""
+    if ip.version == 4:
+        return ipaddress.IPv6Address(b"\0" * 10 + b"\xff\xff" + ip.packed).packed
+    return ip.packed
+
+
+def unpacked_address(raw: bytes) -> IPAddress:
+    ip = ipaddress.IPv6Address(raw)
+    return ip.ipv4_mapped if ip in _V4_MAPPED else ip
+
+
+class L4Addr(ct.Structure):
+    """struct lb_l4addr (20 bytes): address words and port in network order."""
+
+    _fields_ = [("addr", ct.c_uint32 * 4), ("port", ct.c_uint16), ("pad", ct.c_uint16)]
+
+    @classmethod
+    def of(cls, ip: IPAddress, port: int) -> L4Addr:
+        value = cls()
+        ct.memmove(value.addr, packed_address(ip), 16)
+        value.port = socket.htons(port)
+        return value
+
+    @property
+    def ip(self) -> IPAddress:
+        return unpacked_address(bytes(self.addr))
+
+    @property
+    def host_port(self) -> int:
+        return socket.ntohs(self.port)
+
+    def __str__(self) -> str:
+        return format_host_port(self.ip, self.host_port)
+
+
+class ServiceKey(ct.Structure):
+    """struct lb_service_key (24 bytes)."""
+
+    _fields_ = [("vip", L4Addr), ("proto", ct.c_uint8), ("pad", ct.c_uint8),
+                ("slot", ct.c_uint16)]
+
+
+class ServiceValue(ct.Structure):
+    """struct lb_service_value (16 bytes): a master entry or a slot."""
+
+    _fields_ = [("id", ct.c_uint32), ("count", ct.c_uint32),
+                ("affinity_timeout", ct.c_uint32), ("flags", ct.c_uint32)]
+
+
+# Master entry flags (LB_SVC_F_*).
+SVC_F_AFFINITY = 0x1
+
+BackendKey = ct.c_uint32
+
+
+class Backend(ct.Structure):
+    """struct lb_backend (24 bytes)."""
+
+    _fields_ = [("addr", L4Addr), ("service_id", ct.c_uint32)]
+
+
+class RevNatKey(ct.Structure):
+    """struct lb_revnat_key (32 bytes)."""
+
+    _fields_ = [("cookie", ct.c_uint64), ("backend", L4Addr), ("pad", ct.c_uint32)]
+
+
+class RevNatValue(ct.Structure):
+    """struct lb_revnat_value (24 bytes)."""
+
+    _fields_ = [("vip", L4Addr), ("service_id", ct.c_uint32)]
+
+
+class AffinityKey(ct.Structure):
+    """struct lb_affinity_key (16 bytes)."""
+
+    _fields_ = [("netns_cookie", ct.c_uint64), ("service_id", ct.c_uint32),
+                ("pad", ct.c_uint32)]
+
+
+class AffinityValue(ct.Structure):
+    """struct lb_affinity_value (16 bytes)."""
+
+    _fields_ = [("last_used_ns", ct.c_uint64), ("backend_id", ct.c_uint32),
+                ("pad", ct.c_uint32)]
+
+
+# Every struct of lb_maps.h and its mirror, for the layout test.
+MIRRORS: dict[str, type[ct.Structure]] = {
+    "lb_l4addr": L4Addr,
+    "lb_service_key": ServiceKey,
+    "lb_service_value": ServiceValue,
+    "lb_backend": Backend,
+    "lb_revnat_key": RevNatKey,
+    "lb_revnat_value": RevNatValue,
+    "lb_affinity_key": AffinityKey,
+    "lb_affinity_value": AffinityValue,
+}
+
+
+@dataclass(frozen=True)
+class MapSpec:
+    """One pinned map: its pin file, layout, kind, and the flag that sizes it."""
+
+    pin: str
+    key: type
+    value: type
+    type: int
+    flags: int
+    size_macro: str
+    default_size: int
+
+    @property
+    def size_flag(self) -> str:
+        return f"--map-size-{self.pin.replace('_', '-')}"
+
+    def matches(self, info: MapInfo, size: int) -> bool:
+        return self.same_layout(info) and info.max_entries == size
+
+    def same_layout(self, info: MapInfo) -> bool:
+        return (info.type, info.key_size, info.value_size, info.map_flags) == (
+            self.type, ct.sizeof(self.key), ct.sizeof(self.value), self.flags)
+
+
+# Defaults: services holds a master per frontend plus a slot per backend, so it
+# is at least as large as backends; Calico's NAT maps are of this order.
+SERVICES = MapSpec("services", ServiceKey, ServiceValue, BPF_MAP_TYPE_HASH,
+                   BPF_F_NO_PREALLOC, "KPNG_SERVICES_MAX", 131072)
+BACKENDS = MapSpec("backends", BackendKey, Backend, BPF_MAP_TYPE_HASH,
+                   BPF_F_NO_PREALLOC, "KPNG_BACKENDS_MAX", 131072)
+# One entry per TCP connection and per UDP (socket, backend) pair; LRU, so a
+# busy node evicts the oldest.
+REVERSE_NAT = MapSpec("reverse_nat", RevNatKey, RevNatValue, BPF_MAP_TYPE_LRU_HASH, 0,
+                      "KPNG_REVNAT_MAX", 131072)
+AFFINITY = MapSpec("affinity", AffinityKey, AffinityValue, BPF_MAP_TYPE_LRU_HASH, 0,
+                   "KPNG_AFFINITY_MAX", 65536)
+MAP_SPECS = (SERVICES, BACKENDS, REVERSE_NAT, AFFINITY)

@@ -1,0 +1,51 @@
+"""Fixtures of the eBPF kernel tests: one lab (namespaces, servers, cgroup,
+bpffs directory) and one loaded backend per test module, so the BPF program
+is compiled once per module."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from backends.ebpf.backend import EbpfBackend
+from backends.ebpf.loader import DatapathConfig
+from kpng_py.metrics import Metrics
+from kpng_py.model import ChangeSet
+from kpng_py.skips import Skips
+from tests.ebpf.lab import Agent, Lab, lab
+from tests.support.kernel import require_root_bpf
+
+# Small maps: LRU maps are preallocated, and tests never need many entries.
+TEST_MAP_SIZES = {"services": 4096, "backends": 4096, "reverse_nat": 4096, "affinity": 1024}
+
+
+@pytest.fixture(scope="module")
+def the_lab() -> Iterator[Lab]:
+    require_root_bpf()
+    with lab() as created:
+        yield created
+
+
+def datapath_config(the_lab: Lab, **sizes: int) -> DatapathConfig:
+    return DatapathConfig(the_lab.bpffs_dir, the_lab.group.path, {**TEST_MAP_SIZES, **sizes})
+
+
+@pytest.fixture(scope="module")
+def metrics() -> Metrics:
+    return Metrics()
+
+
+@pytest.fixture(scope="module")
+def backend(the_lab: Lab, metrics: Metrics) -> Iterator[EbpfBackend]:
+    """A loaded and attached backend, starting from an empty full sync."""
+    ebpf = EbpfBackend(datapath_config(the_lab), metrics, Skips(metrics))
+    ebpf.setup()
+    ebpf.apply(ChangeSet(full=True))
+    yield ebpf
+    ebpf.close()
+
+
+@pytest.fixture(scope="module")
+def agent(the_lab: Lab) -> Agent:
+    return the_lab.agent()

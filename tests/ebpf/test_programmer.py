@@ -1,0 +1,224 @@
+"""Map programming against the real kernel maps (no traffic): no-gap writes,
+no stale entries, stable ids across restarts, full maps, conflicts."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from contextlib import contextmanager
+from typing import Iterator
+
+import pytest
+
+from backends.ebpf import maps
+from backends.ebpf.libbpf import BpfMap
+from backends.ebpf.loader import Datapath, DatapathConfig, cleanup
+from backends.ebpf.maps import ServiceValue
+from backends.ebpf.programmer import Capacity, Frontend, HostPort, ServiceProgrammer
+from kpng_py.metrics import Metrics
+from kpng_py.model import ChangeSet, Protocol
+from kpng_py.skips import Skips
+from tests.ebpf.lab import BPFFS, added, removed, service_port, updated
+from tests.support.kernel import cgroup, require_root_bpf, unique_name
+
+pytestmark = pytest.mark.kernel
+
+
+@contextmanager
+def loaded(**sizes: int) -> Iterator[Datapath]:
+    """A loaded (not attached) datapath in its own bpffs directory."""
+    require_root_bpf()
+    with cgroup() as group:
+        bpffs_dir = BPFFS / unique_name("kpng-py-test-")
+        try:
+            datapath = Datapath.load(DatapathConfig(bpffs_dir, group.path, sizes))
+            try:
+                yield datapath
+            finally:
+                datapath.close()
+        finally:
+            cleanup(bpffs_dir)
+
+
+@pytest.fixture(scope="module")
+def datapath() -> Iterator[Datapath]:
+    with loaded(services=4096, backends=4096, reverse_nat=1024, affinity=1024) as created:
+        yield created
+
+
+class RecordingMap(BpfMap):
+    """The real map, remembering which keys each write touched."""
+
+    def __init__(self, inner: BpfMap) -> None:
+        super().__init__(inner.fd, inner.key_type, inner.value_type, inner.name)
+        self.touched: list = []
+
+    def put_many(self, keys, values) -> None:
+        self.touched += list(keys)
+        super().put_many(keys, values)
+
+    def delete_many(self, keys) -> None:
+        self.touched += list(keys)
+        super().delete_many(keys)
+
+
+def programmer(datapath: Datapath, metrics: Metrics | None = None) -> ServiceProgrammer:
+    """A programmer as a fresh process would make one: recovering from the maps."""
+    services = datapath.maps[maps.SERVICES.pin]
+    backends = datapath.maps[maps.BACKENDS.pin]
+    return ServiceProgrammer(services, backends, Capacity(
+        services.info().max_entries, backends.info().max_entries), Skips(metrics or Metrics()))
+
+
+def frontend_entries(datapath: Datapath, vip: str, port: int,
+                     protocol: Protocol = Protocol.TCP) -> dict[int, tuple]:
+    """slot -> (id, count, timeout, flags) of one frontend, as the map holds it."""
+    frontend = Frontend(HostPort(ipaddress.ip_address(vip), port), protocol)
+    result = {}
+    for key, value in datapath.maps[maps.SERVICES.pin].items():
+        if bytes(key) == bytes(frontend.key(key.slot)):
+            result[key.slot] = (value.id, value.count, value.affinity_timeout, value.flags)
+    return result
+
+
+def skipped(metrics: Metrics, reason: str) -> float | None:
+    return metrics.registry.get_sample_value("kpng_py_skipped_total", {"reason": reason})
+
+
+def backends_of(datapath: Datapath, service_id: int) -> dict[int, str]:
+    return {int(bid): str(b.addr) for bid, b in datapath.maps[maps.BACKENDS.pin].items()
+            if b.service_id == service_id}
+
+
+def test_shrinking_and_removing_leave_no_stale_entries(datapath: Datapath) -> None:
+    p = programmer(datapath)
+    big = service_port("shrink", ["10.96.1.1", "fd00:96::1:1"], 80, backends=[1, 2, 3, 4])
+    p.apply(added(big))
+    master = frontend_entries(datapath, "10.96.1.1", 80)[0]
+    assert master[1] == 4
+    assert sorted(backends_of(datapath, master[0]).values()) == [
+        "10.244.0.2:8080", "10.244.0.3:8080", "10.244.0.4:8080", "10.244.0.5:8080"]
+
+    small = service_port("shrink", ["10.96.1.1", "fd00:96::1:1"], 80, backends=[3])
+    p.apply(updated(big, small))
+    for vip, address in (("10.96.1.1", "10.244.0.4:8080"), ("fd00:96::1:1", "[fd00:244::4]:8080")):
+        entries = frontend_entries(datapath, vip, 80)
+        assert sorted(entries) == [0, 1] and entries[0][1] == 1
+        assert list(backends_of(datapath, entries[0][0]).values()) == [address]
+
+    p.apply(removed(small))
+    assert frontend_entries(datapath, "10.96.1.1", 80) == {}
+    assert frontend_entries(datapath, "fd00:96::1:1", 80) == {}
+    assert backends_of(datapath, master[0]) == {}
+
+
+def test_services_sharing_endpoints_never_share_backend_entries(datapath: Datapath) -> None:
+    p = programmer(datapath)
+    a = service_port("share-a", ["10.96.2.1"], 80, backends=[1, 2], families=(4,))
+    b = service_port("share-b", ["10.96.2.2"], 80, backends=[1, 2], families=(4,))
+    p.apply(added(a, b))
+    id_a = frontend_entries(datapath, "10.96.2.1", 80)[0][0]
+    id_b = frontend_entries(datapath, "10.96.2.2", 80)[0][0]
+    assert id_a != id_b
+    backends_b = backends_of(datapath, id_b)
+    assert set(backends_b).isdisjoint(backends_of(datapath, id_a))
+    before = frontend_entries(datapath, "10.96.2.2", 80)
+
+    p.apply(removed(a))
+    assert frontend_entries(datapath, "10.96.2.2", 80) == before
+    assert backends_of(datapath, id_b) == backends_b
+    p.apply(removed(b))
+
+
+def test_ids_survive_a_restart_and_a_full_sync_removes_the_rest(datapath: Datapath) -> None:
+    keep = service_port("keep", ["10.96.3.1"], 80, backends=[1, 2], families=(4,))
+    drop = service_port("drop", ["10.96.3.2"], 80, backends=[3], families=(4,))
+    programmer(datapath).apply(added(keep, drop))
+    master = frontend_entries(datapath, "10.96.3.1", 80)
+    backends = backends_of(datapath, master[0][0])
+
+    restarted = programmer(datapath)
+    restarted.apply(ChangeSet(added=(keep,), full=True))
+    assert frontend_entries(datapath, "10.96.3.1", 80) == master
+    assert backends_of(datapath, master[0][0]) == backends
+    assert frontend_entries(datapath, "10.96.3.2", 80) == {}
+    # A new service gets an id no earlier one used.
+    more = service_port("more", ["10.96.3.3"], 80, backends=[1], families=(4,))
+    restarted.apply(added(more))
+    assert frontend_entries(datapath, "10.96.3.3", 80)[0][0] > master[0][0]
+    restarted.apply(ChangeSet(full=True))
+    assert len(datapath.maps[maps.SERVICES.pin]) == 0
+    assert len(datapath.maps[maps.BACKENDS.pin]) == 0
+
+
+def test_a_full_sync_removes_entries_no_frontend_explains(datapath: Datapath) -> None:
+    svc = service_port("stray", ["10.96.4.1"], 80, backends=[1], families=(4,))
+    programmer(datapath).apply(added(svc))
+    frontend = Frontend(HostPort(svc.cluster_ips[0], 80), Protocol.TCP)
+    services, backends = datapath.maps[maps.SERVICES.pin], datapath.maps[maps.BACKENDS.pin]
+    # What a crash between two write steps can leave: slots above the count,
+    # a backend no slot names.
+    services.put_many([frontend.key(2), frontend.key(5)], [ServiceValue(id=4242)] * 2)
+    backends.put_many([4242], [maps.Backend(addr=maps.L4Addr.of(svc.cluster_ips[0], 1))])
+
+    grown = service_port("stray", ["10.96.4.1"], 80, backends=[1, 2], families=(4,))
+    programmer(datapath).apply(ChangeSet(added=(grown,), full=True))
+    entries = frontend_entries(datapath, "10.96.4.1", 80)
+    assert sorted(entries) == [0, 1, 2]
+    assert sorted(backends_of(datapath, entries[0][0])) == sorted(
+        entries[slot][0] for slot in (1, 2))
+    assert backends.get(4242) is None
+    programmer(datapath).apply(ChangeSet(full=True))
+
+
+def test_an_incremental_change_writes_only_what_changed(datapath: Datapath) -> None:
+    ports = [service_port(f"many-{i}", [f"10.96.5.{i}"], 80, backends=[1, 2], families=(4,))
+             for i in range(1, 51)]
+    p = programmer(datapath)
+    p.apply(ChangeSet(added=tuple(ports), full=True))
+    recording = {pin: RecordingMap(datapath.maps[pin]) for pin in (maps.SERVICES.pin,
+                                                                     maps.BACKENDS.pin)}
+    p._services, p._backends_map = recording[maps.SERVICES.pin], recording[maps.BACKENDS.pin]
+    grown = service_port("many-7", ["10.96.5.7"], 80, backends=[1, 2, 3], families=(4,))
+    p.apply(updated(ports[6], grown))
+    # One new backend, its slot, and the master with the new count.
+    assert len(recording[maps.BACKENDS.pin].touched) == 1
+    assert sorted(k.slot for k in recording[maps.SERVICES.pin].touched) == [0, 3]
+    p.apply(ChangeSet(full=True))
+
+
+def test_a_clusterip_port_claimed_twice_is_skipped_once(datapath: Datapath) -> None:
+    metrics = Metrics()
+    first = service_port("first", ["10.96.6.1"], 80, backends=[1], families=(4,))
+    second = service_port("second", ["10.96.6.1"], 80, backends=[2], families=(4,))
+    p = programmer(datapath, metrics)
+    p.apply(added(first, second))
+    master = frontend_entries(datapath, "10.96.6.1", 80)[0]
+    assert list(backends_of(datapath, master[0]).values()) == ["10.244.0.2:8080"]
+    assert skipped(metrics, "duplicate-port") == 1
+    # When the owner goes, the waiting one takes over.
+    p.apply(removed(first))
+    master = frontend_entries(datapath, "10.96.6.1", 80)[0]
+    assert list(backends_of(datapath, master[0]).values()) == ["10.244.0.3:8080"]
+    p.apply(ChangeSet(full=True))
+
+
+def test_a_full_map_skips_that_service_port_only_and_retries_it_later(
+        caplog: pytest.LogCaptureFixture) -> None:
+    metrics = Metrics()
+    # Each port below needs 4 services entries (master + 3 slots).
+    with loaded(services=8, backends=64, reverse_nat=16, affinity=16) as small:
+        p = programmer(small, metrics)
+        a, b, c = (service_port(name, [vip], 80, backends=[1, 2, 3], families=(4,))
+                   for name, vip in (("a", "10.96.7.1"), ("b", "10.96.7.2"), ("c", "10.96.7.3")))
+        with caplog.at_level(logging.WARNING):
+            p.apply(ChangeSet(added=(a, b, c), full=True))
+        assert frontend_entries(small, "10.96.7.1", 80) and frontend_entries(
+            small, "10.96.7.2", 80)
+        assert frontend_entries(small, "10.96.7.3", 80) == {}
+        assert skipped(metrics, "capacity") == 1
+        assert "map services is full" in caplog.text and "--map-size-services" in caplog.text
+
+        p.apply(removed(a))  # frees room: c is programmed by the same apply
+        assert sorted(frontend_entries(small, "10.96.7.3", 80)) == [0, 1, 2, 3]
+        assert skipped(metrics, "capacity") == 1

@@ -1,0 +1,48 @@
+"""Slot assignment and id allocation of the map programmer (pure Python)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from backends.ebpf.programmer import MAX_ID, IdAllocator, assign_slots
+
+ids = st.lists(st.integers(1, 40), unique=True, max_size=20)
+
+
+@given(previous=ids, wanted=ids)
+def test_slots_hold_exactly_the_wanted_backends(previous: list[int], wanted: list[int]) -> None:
+    slots = assign_slots(previous, wanted)
+    assert sorted(slots) == sorted(wanted)
+
+
+@given(previous=ids, wanted=ids)
+def test_a_backend_that_stays_keeps_its_slot_unless_the_slot_goes(
+        previous: list[int], wanted: list[int]) -> None:
+    slots = assign_slots(previous, wanted)
+    for slot, backend in enumerate(previous):
+        if backend in wanted and slot < len(wanted):
+            assert slots[slot] == backend
+
+
+def test_removed_backends_are_replaced_in_place_and_the_tail_fills_holes() -> None:
+    assert assign_slots([1, 2, 3, 4], [1, 3, 4, 5]) == [1, 5, 3, 4]
+    assert assign_slots([1, 2, 3, 4], [1, 3, 4]) == [1, 4, 3]
+    assert assign_slots([1, 2, 3, 4], [4]) == [4]
+    assert assign_slots([], [7, 8]) == [7, 8]
+    # Recovered slots that were missing (0) are refilled.
+    assert assign_slots([0, 2], [2, 9]) == [9, 2]
+
+
+def test_ids_increase_and_skip_those_in_use() -> None:
+    pool = IdAllocator([1, 2, 5])
+    assert [pool.allocate() for _ in range(3)] == [6, 7, 8]
+
+
+def test_a_released_id_is_not_reused_before_settle_and_ids_wrap() -> None:
+    pool = IdAllocator([MAX_ID - 1])
+    assert pool.allocate() == MAX_ID
+    pool.release(MAX_ID - 1)
+    assert pool.allocate() == 1  # wrapped; MAX_ID - 1 is still settling
+    pool.settle()
+    assert pool.allocate() == 2
