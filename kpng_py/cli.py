@@ -26,6 +26,7 @@ from kpng_py.transport import AddressError, ListenAddress, TLSFiles, dial_target
 # create(args, metrics) -> Backend, and imports its heavy dependencies lazily.
 BACKENDS: dict[str, str] = {
     "to-print": "kpng_py.print_backend",
+    "to-userspace": "backends.userspace.cli",
 }
 
 
