@@ -24,6 +24,7 @@ from backends.userspace.context import (
     ProxyContext,
     ProxyStats,
 )
+from backends.userspace.listener import Listener
 from backends.userspace.picker import EndpointPicker
 from backends.userspace.tcp import TcpListener
 from backends.userspace.udp import UdpListener
@@ -33,8 +34,7 @@ from kpng_py.model import ChangeSet, IPAddress, IPFamily, Protocol, ServicePort,
 
 log = logging.getLogger(__name__)
 
-Listener = TcpListener | UdpListener
-_LISTENERS: dict[Protocol, type[TcpListener] | type[UdpListener]] = {
+_LISTENERS: dict[Protocol, type[Listener]] = {
     Protocol.TCP: TcpListener,
     Protocol.UDP: UdpListener,
 }

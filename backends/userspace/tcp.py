@@ -18,10 +18,11 @@ import os
 import socket
 
 from backends.userspace.context import ProxyContext
+from backends.userspace.listener import Listener
 from backends.userspace.picker import EndpointPicker
-from backends.userspace.sockets import listening_socket, reset, sockaddr, socket_family
+from backends.userspace.sockets import reset, sockaddr, socket_family
 from kpng_py.logs import fields
-from kpng_py.model import Endpoint, IPAddress
+from kpng_py.model import IPAddress
 
 log = logging.getLogger(__name__)
 
@@ -159,42 +160,18 @@ class TcpRelay:
         self._ctx.stats.tcp_connections.dec()
 
 
-class TcpListener:
-    """Accepts on one ClusterIP:port and relays each connection to an endpoint."""
+class TcpListener(Listener):
+    """Accepts on one ClusterIP:port and relays each connection to an endpoint.
+    Closing it or changing its endpoints leaves established connections alone."""
+
+    KIND = socket.SOCK_STREAM
 
     def __init__(self, ctx: ProxyContext, name: str, address: IPAddress, port: int,
                  picker: EndpointPicker) -> None:
-        self._ctx = ctx
-        self._loop = ctx.loop
-        self.name = name
-        self.address = address
-        self.port = port
-        self.picker = picker
-        self._sock: socket.socket | None = None
+        super().__init__(ctx, name, address, port, picker)
         self._connecting: set[asyncio.Task] = set()
 
-    def start(self) -> None:
-        self._sock = listening_socket(self.address, self.port, socket.SOCK_STREAM)
-        self._loop.add_reader(self._sock.fileno(), self._on_acceptable)
-        self._ctx.stats.listeners.inc()
-
-    def update(self, endpoints: tuple[Endpoint, ...], affinity_timeout: int) -> None:
-        """New endpoints apply to new connections; established ones stay."""
-        self.picker.update(endpoints, affinity_timeout)
-
-    def close(self) -> None:
-        """Stop accepting (connections in progress and established stay)."""
-        if self._sock is None:
-            return
-        self._loop.remove_reader(self._sock.fileno())
-        self._sock.close()
-        self._sock = None
-        self._ctx.stats.listeners.dec()
-
-    def expire(self, now: float) -> bool:
-        return self.picker.expire(now) > 0
-
-    def _on_acceptable(self) -> None:
+    def _on_readable(self) -> None:
         assert self._sock is not None
         for _ in range(_ACCEPT_BATCH):
             try:
@@ -219,7 +196,7 @@ class TcpListener:
 
         def resume() -> None:
             if self._sock is sock:
-                self._loop.add_reader(sock.fileno(), self._on_acceptable)
+                self._loop.add_reader(sock.fileno(), self._on_readable)
 
         self._loop.call_later(_ACCEPT_BACKOFF, resume)
 

@@ -17,8 +17,9 @@ import logging
 import socket
 
 from backends.userspace.context import ProxyContext
+from backends.userspace.listener import Listener
 from backends.userspace.picker import EndpointPicker
-from backends.userspace.sockets import listening_socket, sockaddr, socket_family
+from backends.userspace.sockets import sockaddr, socket_family
 from kpng_py.logs import fields
 from kpng_py.model import Endpoint, IPAddress
 
@@ -43,52 +44,41 @@ class _Session:
         self.last_used = now
 
 
-class UdpListener:
+class UdpListener(Listener):
     """One ClusterIP:port for UDP and its sessions."""
+
+    KIND = socket.SOCK_DGRAM
 
     def __init__(self, ctx: ProxyContext, name: str, address: IPAddress, port: int,
                  picker: EndpointPicker) -> None:
-        self._ctx = ctx
-        self._loop = ctx.loop
-        self.name = name
-        self.address = address
-        self.port = port
-        self.picker = picker
-        self._sock: socket.socket | None = None
+        super().__init__(ctx, name, address, port, picker)
         self._sessions: dict[ClientAddress, _Session] = {}
         # One receive buffer for the listener and its sessions: the loop runs
         # one callback at a time and each sends what it read before returning.
         self._buffer = bytearray(_MAX_DATAGRAM)
         self._view = memoryview(self._buffer)
 
-    def start(self) -> None:
-        self._sock = listening_socket(self.address, self.port, socket.SOCK_DGRAM)
-        self._loop.add_reader(self._sock.fileno(), self._on_client_datagrams)
-        self._ctx.stats.listeners.inc()
-
     def update(self, endpoints: tuple[Endpoint, ...], affinity_timeout: int) -> None:
+        """Sessions to endpoints that went end: the client's next datagram
+        opens one to a live endpoint."""
         gone = self.picker.update(endpoints, affinity_timeout)
         if gone:
             for session in [s for s in self._sessions.values() if s.endpoint in gone]:
                 self._end(session)
 
     def close(self) -> None:
-        if self._sock is None:
-            return
         for session in list(self._sessions.values()):
             self._end(session)
-        self._loop.remove_reader(self._sock.fileno())
-        self._sock.close()
-        self._sock = None
-        self._ctx.stats.listeners.dec()
+        super().close()
 
     def expire(self, now: float) -> bool:
         idle_before = now - self._ctx.config.udp_idle_timeout
         for session in [s for s in self._sessions.values() if s.last_used <= idle_before]:
             self._end(session)
-        return bool(self._sessions) or self.picker.expire(now) > 0
+        return super().expire(now) or bool(self._sessions)
 
-    def _on_client_datagrams(self) -> None:
+    def _on_readable(self) -> None:
+        """Datagrams from clients."""
         assert self._sock is not None
         for _ in range(_BATCH):
             try:
