@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -50,6 +51,9 @@ def main() -> None:
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
+    # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the namespaces and
+    # processes are removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     results: dict[str, dict[str, float]] = {}
     with cluster() as the_cluster:
         node, client, server = the_cluster.node, the_cluster.client, the_cluster.server
