@@ -32,6 +32,7 @@ from kpng_py.transport import AddressError, ListenAddress, TLSFiles, dial_target
 BACKENDS: dict[str, str] = {
     "to-print": "kpng_py.print_backend",
     "to-ebpf": "backends.ebpf.cli",
+    "to-userspace": "backends.userspace.cli",
 }
 
 

@@ -28,6 +28,14 @@ def unique_name(prefix: str) -> str:
     return f"{prefix}{os.getpid()}x{next(_counter)}"
 
 
+def require_root() -> None:
+    """Skip (a failure under CI=true) where network namespaces cannot be made."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for network namespaces")
+    if shutil.which("ip") is None:
+        pytest.skip("needs iproute2 (`ip`)")
+
+
 def require_root_bpf() -> None:
     """Skip (a failure under CI=true) where kernel tests cannot run."""
     if os.geteuid() != 0:

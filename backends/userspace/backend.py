@@ -1,0 +1,212 @@
+"""The userspace backend: change sets in, addresses and listeners out.
+
+Addresses are changed with netlink from the caller's thread; listeners live
+on an asyncio loop (uvloop when installed) in a thread of their own, and
+`apply` waits until the loop has applied the change. Order per change set:
+new ClusterIPs first, then listeners, then ClusterIPs no longer used, so a
+client never finds a ClusterIP it may use missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import threading
+from collections import Counter
+from typing import Callable, Iterable, TypeVar
+
+from backends.userspace.addresses import ClusterIPAddresses
+from backends.userspace.context import (
+    MAX_HOUSEKEEPING_INTERVAL,
+    Housekeeping,
+    ProxyConfig,
+    ProxyContext,
+    ProxyStats,
+)
+from backends.userspace.listener import Listener
+from backends.userspace.picker import EndpointPicker
+from backends.userspace.tcp import TcpListener
+from backends.userspace.udp import UdpListener
+from kpng_py.logs import fields
+from kpng_py.metrics import Metrics
+from kpng_py.model import ChangeSet, IPAddress, IPFamily, Protocol, ServicePort, ServicePortName
+
+log = logging.getLogger(__name__)
+
+_LISTENERS: dict[Protocol, type[Listener]] = {
+    Protocol.TCP: TcpListener,
+    Protocol.UDP: UdpListener,
+}
+T = TypeVar("T")
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        log.info("uvloop is not installed; using asyncio's default event loop")
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def raise_open_files_limit() -> None:
+    """Each proxied TCP connection holds six descriptors (two sockets, two
+    pipes); allow as many as the hard limit does."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        log.info("raised the open files limit", extra=fields(before=soft, after=hard))
+
+
+class ServicePortListeners:
+    """The listeners of one service port: one per ClusterIP that has endpoints
+    of its own family. No endpoints, no listener: the kernel refuses clients."""
+
+    def __init__(self, ctx: ProxyContext, name: ServicePortName) -> None:
+        self._ctx = ctx
+        self.name = name
+        self._listeners: dict[IPFamily, Listener] = {}
+
+    def update(self, port: ServicePort) -> None:
+        for family in IPFamily:
+            address = port.cluster_ip(family)
+            endpoints = port.cluster_endpoints(family)
+            listener = self._listeners.get(family)
+            if listener is not None and (not endpoints or (listener.address, listener.port)
+                                         != (address, port.port)):
+                listener.close()
+                del self._listeners[family]
+                listener = None
+            if address is None or not endpoints:
+                continue
+            if listener is not None:
+                listener.update(endpoints, port.affinity_timeout_seconds)
+            else:
+                self._open(address, port, endpoints)
+
+    def _open(self, address: IPAddress, port: ServicePort, endpoints: tuple) -> None:
+        label = f"{self.name}/{port.protocol.value} {address}:{port.port}"
+        picker = EndpointPicker(label, endpoints, port.affinity_timeout_seconds)
+        listener = _LISTENERS[port.protocol](self._ctx, label, address, port.port, picker)
+        try:
+            listener.start()
+        except OSError as err:
+            # E.g. two services claiming one ClusterIP:port (bad input): keep
+            # the rest working; the next update of this port retries.
+            self._ctx.stats.error("listen")
+            log.error("cannot listen; this service port is not served on this address",
+                      extra=fields(service_port=str(self.name), listener=label,
+                                   error=err.strerror or str(err)))
+            return
+        self._listeners[IPFamily(address.version)] = listener
+
+    def close(self) -> None:
+        for listener in self._listeners.values():
+            listener.close()
+        self._listeners.clear()
+
+
+class _LoopThread:
+    """An event loop running in its own thread, and a way to run code on it."""
+
+    def __init__(self) -> None:
+        self.loop = new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever,
+                                        name="kpng-py-userspace", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def call(self, func: Callable[[], T]) -> T:
+        """Run `func` on the loop and wait for its result (or exception)."""
+        async def run() -> T:
+            return func()
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.call(_cancel_tasks)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()
+        self.loop.close()
+
+
+def _cancel_tasks() -> None:
+    current = asyncio.current_task()
+    for task in asyncio.all_tasks():
+        if task is not current:
+            task.cancel()
+
+
+class UserspaceBackend:
+    """`to-userspace`: see the package docstring and docs/userspace.md."""
+
+    def __init__(self, config: ProxyConfig, metrics: Metrics) -> None:
+        self.config = config
+        self._metrics = metrics
+        self._stats = ProxyStats(metrics)
+        self._addresses = ClusterIPAddresses(config.interface)
+        self._loop_thread = _LoopThread()
+        interval = min(MAX_HOUSEKEEPING_INTERVAL, config.udp_idle_timeout / 4)
+        self._ctx = ProxyContext(self._loop_thread.loop, config, self._stats,
+                                 Housekeeping(self._loop_thread.loop, interval))
+        # What is programmed: the service ports, and how many use each ClusterIP.
+        self._ports: dict[ServicePortName, ServicePortListeners] = {}
+        self._address_users: Counter[IPAddress] = Counter()
+
+    def setup(self) -> None:
+        raise_open_files_limit()
+        self._addresses.setup()
+        self._loop_thread.start()
+        self._loop_thread.call(self._ctx.housekeeping.start)
+
+    def apply(self, changes: ChangeSet) -> None:
+        before = set(self._address_users)
+        if changes.full:
+            self._address_users = Counter(ip for p in changes.added for ip in p.cluster_ips)
+        else:
+            for old in changes.removed + tuple(old for old, _ in changes.updated):
+                self._address_users.subtract(old.cluster_ips)
+            for new in changes.current():
+                self._address_users.update(new.cluster_ips)
+            self._address_users = +self._address_users  # drop the zero counts
+        wanted = set(self._address_users)
+        self._addresses.add(wanted if changes.full else wanted - before)
+        self._loop_thread.call(lambda: self._apply_listeners(changes))
+        if changes.full:
+            self._addresses.retain_only(wanted)
+        else:
+            self._addresses.remove(before - wanted)
+        self._stats.cluster_ips.set(len(self._addresses.present))
+        self._metrics.service_ports.set(len(self._ports))
+
+    def _apply_listeners(self, changes: ChangeSet) -> None:
+        """On the loop: removals first, so a ClusterIP:port that moves from one
+        service port to another is free to bind."""
+        gone: Iterable[ServicePortName] = (
+            set(self._ports) - {p.name for p in changes.added} if changes.full
+            else (p.name for p in changes.removed))
+        for name in list(gone):
+            listeners = self._ports.pop(name, None)
+            if listeners is not None:
+                listeners.close()
+        for port in changes.current():
+            listeners = self._ports.get(port.name)
+            if listeners is None:
+                listeners = self._ports[port.name] = ServicePortListeners(self._ctx, port.name)
+            listeners.update(port)
+
+    def close(self) -> None:
+        """Close listeners and connections; the ClusterIPs stay (see addresses)."""
+        def close_all() -> None:
+            for listeners in self._ports.values():
+                listeners.close()
+            for connection in list(self._ctx.connections):
+                connection.close()
+            self._ctx.housekeeping.stop()
+
+        if self._loop_thread.loop.is_running():
+            self._loop_thread.call(close_all)
+        self._loop_thread.stop()
+        self._addresses.close()

@@ -1,0 +1,74 @@
+"""`kpng-py local ... to-userspace [flags]`."""
+
+from __future__ import annotations
+
+import argparse
+
+from kpng_py.cli import _positive_float, _size
+from kpng_py.metrics import Metrics
+
+HELP = ("userspace proxy: each ClusterIP on a local interface, a TCP/UDP listener per "
+        "ClusterIP:port, Maglev load balancing (no eBPF, no iptables)")
+
+# Linux's IFNAMSIZ less the terminating NUL.
+_MAX_INTERFACE_NAME = 15
+
+
+def _interface_name(text: str) -> str:
+    if not text or len(text) > _MAX_INTERFACE_NAME or any(c in text for c in "/: \t\n"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an interface name: use 1 to {_MAX_INTERFACE_NAME} characters "
+            "without '/', ':' or spaces (e.g. kpng-py0)")
+    return text
+
+
+def _attempts(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 16:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of attempts from 1 to 16")
+    return int(text)
+
+
+def _pipe_size(text: str) -> int:
+    size = _size(text)
+    if not 4096 <= size <= 64 << 20:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a pipe size from 4K to 64M (e.g. 1M)")
+    return size
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from backends.userspace.context import DEFAULT_INTERFACE, DEFAULT_UDP_IDLE_TIMEOUT, ProxyConfig
+
+    defaults = ProxyConfig()
+    parser.add_argument("--interface", type=_interface_name, default=DEFAULT_INTERFACE,
+                        help="interface that holds the ClusterIPs: created if missing (a dummy "
+                             "link, or a bridge with no ports where the kernel lacks the dummy "
+                             "driver); addresses on it that no service uses are removed "
+                             f"(default: {DEFAULT_INTERFACE})")
+    parser.add_argument("--udp-idle-timeout", type=_positive_float, default=DEFAULT_UDP_IDLE_TIMEOUT,
+                        help="seconds without traffic after which a UDP session ends "
+                             f"(default: {DEFAULT_UDP_IDLE_TIMEOUT:g})")
+    parser.add_argument("--tcp-connect-timeout", type=_positive_float,
+                        default=defaults.tcp_connect_timeout,
+                        help="seconds to wait for an endpoint to accept a connection before "
+                             f"trying the next (default: {defaults.tcp_connect_timeout:g})")
+    parser.add_argument("--tcp-connect-attempts", type=_attempts,
+                        default=defaults.tcp_connect_attempts,
+                        help="endpoints tried, in Maglev order, before a client connection is "
+                             f"reset (default: {defaults.tcp_connect_attempts})")
+    parser.add_argument("--tcp-pipe-size", type=_pipe_size, default=defaults.pipe_size,
+                        help="capacity of each splice pipe, i.e. bytes moved per event-loop "
+                             "wake-up, per connection and direction (default: 1M)")
+
+
+def create(args: argparse.Namespace, metrics: Metrics):
+    from backends.userspace.backend import UserspaceBackend
+    from backends.userspace.context import ProxyConfig
+
+    config = ProxyConfig(
+        interface=args.interface,
+        udp_idle_timeout=args.udp_idle_timeout,
+        tcp_connect_timeout=args.tcp_connect_timeout,
+        tcp_connect_attempts=args.tcp_connect_attempts,
+        pipe_size=args.tcp_pipe_size,
+    )
+    return UserspaceBackend(config, metrics)

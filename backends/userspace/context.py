@@ -1,0 +1,93 @@
+"""What every listener of the proxy shares: settings, metrics, the event loop
+and the periodic expiry of per-client state."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kpng_py.metrics import Metrics
+
+DEFAULT_INTERFACE = "kpng-py0"
+# VPP's default flow timeout; longer than most UDP request/response exchanges
+# and DNS retries, short enough to bound the session table.
+DEFAULT_UDP_IDLE_TIMEOUT = 40.0
+# The longest pause between expiry rounds; shorter when the UDP timeout is.
+MAX_HOUSEKEEPING_INTERVAL = 1.0
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    interface: str = DEFAULT_INTERFACE
+    udp_idle_timeout: float = DEFAULT_UDP_IDLE_TIMEOUT
+    tcp_connect_timeout: float = 2.0
+    tcp_connect_attempts: int = 3
+    # Capacity of each splice pipe (one per TCP direction): the most bytes
+    # moved per wake-up of the event loop.
+    pipe_size: int = 1 << 20
+
+
+class ProxyStats:
+    """The proxy's table sizes and failures, as kpng-py's metrics."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        entries = metrics.map_entries
+        self.listeners = entries.labels("userspace_listeners")
+        self.cluster_ips = entries.labels("userspace_cluster_ips")
+        self.tcp_connections = entries.labels("userspace_tcp_connections")
+        self.udp_sessions = entries.labels("userspace_udp_sessions")
+        self._errors = metrics.dataplane_errors
+
+    def error(self, kind: str) -> None:
+        self._errors.labels(kind).inc()
+
+
+class Expiring(Protocol):
+    def expire(self, now: float) -> bool:
+        """Drop state idle past its timeout; False once nothing is left."""
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+class Housekeeping:
+    """Expires per-client state (UDP sessions, affinity entries) of the
+    listeners that have some, so the cost follows the state, not the number
+    of services."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
+        self._loop = loop
+        self._interval = interval
+        self._items: set[Expiring] = set()
+        self._task: asyncio.Task | None = None
+
+    def watch(self, item: Expiring) -> None:
+        self._items.add(item)
+
+    def start(self) -> None:
+        self._task = self._loop.create_task(self._run())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            now = self._loop.time()
+            for item in list(self._items):
+                if not item.expire(now):
+                    self._items.discard(item)
+
+
+@dataclass
+class ProxyContext:
+    loop: asyncio.AbstractEventLoop
+    config: ProxyConfig
+    stats: ProxyStats
+    housekeeping: Housekeeping
+    # Established TCP relays: they outlive their listener, so the backend
+    # closes them on shutdown.
+    connections: set[Closeable] = field(default_factory=set)

@@ -1,0 +1,134 @@
+"""Endpoint choice for one listener (one ClusterIP:port, one family):
+Maglev consistent hashing on the client's address and port, with
+sessionAffinity ClientIP on top.
+
+The Maglev table is built lazily, on the first new flow after the endpoints
+changed: a full sync of many services costs nothing here, and services that
+see no traffic never build one.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterable
+
+from backends.userspace.maglev import MaglevTable, table_size
+from kpng_py.logs import fields
+from kpng_py.model import Endpoint, IPAddress
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Affinity:
+    endpoint: Endpoint
+    expires_at: float
+
+
+class AffinityTable:
+    """sessionAffinity ClientIP: client IP -> endpoint, as kube-proxy keeps it.
+
+    A client's entry is refreshed each time it starts a flow (a TCP connection
+    or a UDP session, as iptables' `recent` match does on new connections) and
+    forgotten after `timeout` seconds without one, or when its endpoint goes.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._entries: dict[IPAddress, _Affinity] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, client: IPAddress, now: float) -> Endpoint | None:
+        entry = self._entries.get(client)
+        if entry is None:
+            return None
+        if entry.expires_at <= now:
+            del self._entries[client]
+            return None
+        return entry.endpoint
+
+    def remember(self, client: IPAddress, endpoint: Endpoint, now: float) -> None:
+        self._entries[client] = _Affinity(endpoint, now + self.timeout)
+
+    def forget_endpoints(self, gone: set[Endpoint]) -> None:
+        for client in [c for c, e in self._entries.items() if e.endpoint in gone]:
+            del self._entries[client]
+
+    def expire(self, now: float) -> None:
+        for client in [c for c, e in self._entries.items() if e.expires_at <= now]:
+            del self._entries[client]
+
+
+def client_key(address: IPAddress, port: int) -> bytes:
+    """What Maglev hashes: the client's packed address and port."""
+    return address.packed + port.to_bytes(2, "big")
+
+
+class EndpointPicker:
+    """Chooses endpoints for new flows to one listener."""
+
+    def __init__(self, name: str, endpoints: Iterable[Endpoint], affinity_timeout: int) -> None:
+        self.name = name
+        self.endpoints: tuple[Endpoint, ...] = ()
+        self._table: MaglevTable[Endpoint] | None = None
+        self._table_size = 0
+        self.affinity: AffinityTable | None = None
+        self.update(endpoints, affinity_timeout)
+
+    def update(self, endpoints: Iterable[Endpoint], affinity_timeout: int) -> set[Endpoint]:
+        """Take new endpoints and affinity setting; returns the endpoints that went."""
+        endpoints = tuple(endpoints)
+        gone = set(self.endpoints) - set(endpoints)
+        if endpoints != self.endpoints:
+            self.endpoints = endpoints
+            self._table = None
+        if not affinity_timeout:
+            self.affinity = None
+        elif self.affinity is None or self.affinity.timeout != affinity_timeout:
+            self.affinity = AffinityTable(affinity_timeout)
+        elif gone:
+            self.affinity.forget_endpoints(gone)
+        return gone
+
+    def _maglev(self) -> MaglevTable[Endpoint]:
+        if self._table is None:
+            self._table_size = table_size(len(self.endpoints), self._table_size)
+            self._table = MaglevTable(self.endpoints, self._table_size)
+            counts = self._table.slot_counts()
+            log.debug("maglev table built", extra=fields(
+                listener=self.name, endpoints=len(self.endpoints), size=self._table_size,
+                min_slots=min(counts), max_slots=max(counts)))
+        return self._table
+
+    def candidates(self, address: IPAddress, port: int, now: float, limit: int) -> list[Endpoint]:
+        """Up to `limit` distinct endpoints for a new flow from address:port,
+        best first: the client's affine endpoint if it has a live one, then
+        Maglev's order for the client's address and port."""
+        if not self.endpoints:
+            return []
+        chosen: list[Endpoint] = []
+        if self.affinity is not None:
+            affine = self.affinity.get(address, now)
+            if affine is not None:
+                chosen.append(affine)
+        for endpoint in self._maglev().preference(client_key(address, port)):
+            if len(chosen) >= limit:
+                break
+            if endpoint not in chosen:
+                chosen.append(endpoint)
+        return chosen
+
+    def served(self, address: IPAddress, endpoint: Endpoint, now: float) -> None:
+        """A flow from `address` now runs to `endpoint`: refresh its affinity."""
+        if self.affinity is not None:
+            self.affinity.remember(address, endpoint, now)
+
+    def expire(self, now: float) -> int:
+        """Drop expired affinity entries; returns how many remain."""
+        if self.affinity is None:
+            return 0
+        self.affinity.expire(now)
+        return len(self.affinity)

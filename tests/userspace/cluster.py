@@ -1,0 +1,156 @@
+"""A node, a client and a server in network namespaces, for the proxy tests.
+
+    client (10.244.0.2, fd00:10:244::2) --veth-- node --veth-- server
+    routes 10.96.0.0/16 and fd00:10:96::/112     (10.244.1.10-12 and
+    to the node                                   fd00:10:244:1::10-12,
+                                                  echo_server on ENDPOINT_PORT)
+
+The node runs the userspace backend (`node_driver`), fed ChangeSets built from
+model objects. No namespace has a route anywhere else.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import pickle
+import struct
+import subprocess
+import sys
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from kpng_py.model import ChangeSet, Endpoint, Protocol, ServicePort, ServicePortName
+from tests.support.kernel import NetNS, netns
+
+REPO = Path(__file__).resolve().parents[2]
+ENDPOINT_PORT = 8080
+# Nothing listens there: connections to it are refused.
+CLOSED_PORT = 9999
+SERVER_V4 = ("10.244.1.10", "10.244.1.11", "10.244.1.12")
+SERVER_V6 = ("fd00:10:244:1::10", "fd00:10:244:1::11", "fd00:10:244:1::12")
+READY_TIMEOUT = 20
+
+
+def _start(args: list[str], **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(args, cwd=REPO, text=True, stdout=subprocess.PIPE, **kwargs)
+
+
+def _wait_ready(proc: subprocess.Popen, what: str) -> None:
+    line = proc.stdout.readline()
+    if line.strip() != "ready":
+        proc.kill()
+        raise RuntimeError(f"{what} did not start (said {line!r}, exit code {proc.wait()})")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+@dataclass
+class Cluster:
+    node: NetNS
+    client: NetNS
+    server: NetNS
+
+    def python(self, ns: NetNS, module: str, *args: str) -> list[str]:
+        return ns.exec_args(sys.executable, "-m", module, *args)
+
+
+def _link(node: NetNS, peer: NetNS, node_side: str, node_ips: tuple[str, str],
+          peer_ips: tuple[str, ...]) -> None:
+    node.ip("link", "add", node_side, "type", "veth", "peer", "name", "eth0", "netns", peer.name)
+    for ip in node_ips:
+        node.ip("addr", "add", ip, "dev", node_side, *(["nodad"] if ":" in ip else []))
+    for ip in peer_ips:
+        peer.ip("addr", "add", ip, "dev", "eth0", *(["nodad"] if ":" in ip else []))
+    node.ip("link", "set", node_side, "up")
+    peer.ip("link", "set", "eth0", "up")
+
+
+@contextmanager
+def cluster() -> Iterator[Cluster]:
+    with ExitStack() as stack:
+        node = stack.enter_context(netns("kpn"))
+        client = stack.enter_context(netns("kpc"))
+        server = stack.enter_context(netns("kps"))
+        _link(node, client, "c0", ("10.244.0.1/24", "fd00:10:244::1/64"),
+              ("10.244.0.2/24", "fd00:10:244::2/64"))
+        client.ip("route", "add", "10.96.0.0/16", "via", "10.244.0.1")
+        client.ip("-6", "route", "add", "fd00:10:96::/112", "via", "fd00:10:244::1")
+        _link(node, server, "s0", ("10.244.1.1/24", "fd00:10:244:1::1/64"),
+              tuple(f"{ip}/24" for ip in SERVER_V4) + tuple(f"{ip}/64" for ip in SERVER_V6))
+        the_cluster = Cluster(node, client, server)
+        echo = _start(the_cluster.python(server, "tests.userspace.echo_server",
+                                         str(ENDPOINT_PORT), *SERVER_V4, *SERVER_V6))
+        stack.callback(_stop, echo)
+        _wait_ready(echo, "echo_server")
+        yield the_cluster
+
+
+class NodeBackend:
+    """The backend process in the node namespace."""
+
+    def __init__(self, cluster: Cluster, *flags: str) -> None:
+        self._proc = subprocess.Popen(
+            cluster.python(cluster.node, "tests.userspace.node_driver", *flags),
+            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        line = self._proc.stdout.readline()
+        if line.strip() != b"ready":
+            self.close()
+            raise RuntimeError(f"node_driver did not start (said {line!r})")
+
+    def apply(self, changes: ChangeSet) -> None:
+        data = pickle.dumps(changes)
+        self._proc.stdin.write(struct.pack(">I", len(data)) + data)
+        self._proc.stdin.flush()
+        answer = self._proc.stdout.readline().decode().strip()
+        assert answer == "applied", f"the backend failed to apply {changes}: {answer!r}"
+
+    def close(self) -> None:
+        """EOF on stdin: the backend closes (as at shutdown) and exits."""
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+
+class ClientAgent:
+    """`client_agent` in the client namespace."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self._proc = _start(cluster.python(cluster.client, "tests.userspace.client_agent"),
+                            stdin=subprocess.PIPE)
+
+    def __call__(self, op: str, **args):
+        self._proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self._proc.stdin.flush()
+        line = self._proc.stdout.readline()
+        assert line, f"client_agent exited (code {self._proc.wait()}) on {op} {args}"
+        return json.loads(line)
+
+    def close(self) -> None:
+        _stop(self._proc)
+
+
+def service_port(name: str, protocol: Protocol, cluster_ips: tuple[str, ...], port: int,
+                 endpoints: tuple[str | tuple[str, int], ...] = (),
+                 affinity_timeout_seconds: int = 0, port_name: str = "p") -> ServicePort:
+    """A ServicePort `default/NAME:PORT_NAME` as the state model would build it;
+    endpoints are "ip" (on ENDPOINT_PORT) or ("ip", port)."""
+    pairs = [(e, ENDPOINT_PORT) if isinstance(e, str) else e for e in endpoints]
+    return ServicePort(
+        name=ServicePortName("default", name, port_name, protocol),
+        type="ClusterIP",
+        cluster_ips=tuple(ipaddress.ip_address(ip) for ip in cluster_ips),
+        port=port,
+        affinity_timeout_seconds=affinity_timeout_seconds,
+        endpoints=tuple(Endpoint(ipaddress.ip_address(ip), port) for ip, port in pairs),
+    )

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import pytest
+
+from tests.support.kernel import require_root
+from tests.userspace.cluster import Cluster, ClientAgent, NodeBackend, cluster
+
+
+@pytest.fixture(scope="module")
+def netns_cluster() -> Iterator[Cluster]:
+    require_root()
+    with cluster() as the_cluster:
+        yield the_cluster
+
+
+@pytest.fixture
+def start_node(netns_cluster: Cluster) -> Iterator[Callable[..., NodeBackend]]:
+    """Starts the backend in the node namespace with the given flags."""
+    started: list[NodeBackend] = []
+
+    def start(*flags: str) -> NodeBackend:
+        started.append(NodeBackend(netns_cluster, *flags))
+        return started[-1]
+
+    yield start
+    for node in started:
+        node.close()
+
+
+@pytest.fixture
+def client(netns_cluster: Cluster) -> Iterator[ClientAgent]:
+    agent = ClientAgent(netns_cluster)
+    yield agent
+    agent.close()
