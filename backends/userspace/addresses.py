@@ -22,12 +22,13 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
 
 from kpng_py.logs import fields
+from kpng_py.backend import BackendSetupError
 from kpng_py.model import IPAddress
 
 log = logging.getLogger(__name__)
 
 
-class AddressSetupError(RuntimeError):
+class AddressSetupError(BackendSetupError):
     """The interface for ClusterIPs cannot be created or brought up."""
 
 
