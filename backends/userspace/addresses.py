@@ -21,8 +21,8 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
 
-from kpng_py.logs import fields
 from kpng_py.backend import BackendSetupError
+from kpng_py.logs import fields
 from kpng_py.model import IPAddress
 
 log = logging.getLogger(__name__)
