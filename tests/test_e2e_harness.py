@@ -78,7 +78,8 @@ def test_service_options_affinity_local_headless_externalname_single_stack():
         Service("headless", 9, (HTTP,), headless=True),
         Service("extname", 10, (HTTP,), type="ExternalName"),
         Service("v6only", 14, (HTTP,), only_family=Family.IPV6).with_endpoints(pod)))
-    assert _service(state, "sticky")["service"]["clientip"] == {"timeoutseconds": 2}
+    assert _service(state, "sticky")["service"]["sessionaffinity"] == {
+        "clientip": {"timeoutseconds": 2}}
     local = _service(state, "local")
     assert local["service"]["internaltraffictolocal"] is True
     assert local["endpoints"][0]["topology"]["node"] == "node-b"

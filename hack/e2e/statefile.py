@@ -98,7 +98,7 @@ class Service:
             service["ips"] = {"clusterips": _ip_set(self.cluster_ip(f) for f in families)}
         service["ports"] = [p.to_yaml() for p in self.ports]
         if self.affinity_timeout is not None:
-            service["clientip"] = {"timeoutseconds": self.affinity_timeout}
+            service["sessionaffinity"] = {"clientip": {"timeoutseconds": self.affinity_timeout}}
         if self.internal_traffic_local:
             service["internaltraffictolocal"] = True
         return {"service": service,
