@@ -17,10 +17,10 @@ from typing import Callable, Sequence
 from e2e import clients
 from e2e.clients import Sample, StreamingProbe, host_literal
 from e2e.cluster import Family, Pod
-from e2e.expect import CheckFailed, CheckRun, Env, eventually
+from e2e.expect import CheckRun, eventually
 from e2e.procs import wait_until
 from e2e.servers import ContainerPort
-from e2e.statefile import (REMOTE_NODE, ClusterState, EndpointRef, Service, ServicePort)
+from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, Service, ServicePort
 
 HTTP = ServicePort("http", "TCP", 80, ContainerPort.HTTP)
 ALT = ServicePort("alt", "TCP", 81, ContainerPort.ALT)
