@@ -116,7 +116,7 @@ def test_names_carry_the_pid_and_fit_interface_names():
     assert owner_pid(names.netns("srv-0")) == 4194304
     assert owner_pid(names.cgroup.name) == owner_pid(names.bpffs_dir.name) == 4194304
     assert owner_pid(names.workdir_prefix + "abc") == 4194304
-    assert len(names.bridge) <= 15 and len(names.veth(99)) <= 15
+    assert max(len(n) for n in (names.bridge, names.veth(99), names.service_interface)) <= 15
     assert owner_pid("kpe2e-x") is None and owner_pid("other-123") is None
     assert owner_pid("kpe2e-123") == 123
 

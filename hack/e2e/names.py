@@ -61,6 +61,11 @@ class RunNames:
     def veth(self, index: int) -> str:
         return f"kpe{self.pid}p{index}"
 
+    @property
+    def service_interface(self) -> str:
+        """The node's interface for ClusterIPs (userspace backend)."""
+        return f"kpe{self.pid}svc"
+
     def make_workdir(self) -> Path:
         return Path(tempfile.mkdtemp(prefix=self.workdir_prefix))
 

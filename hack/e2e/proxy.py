@@ -53,8 +53,9 @@ BACKENDS = {
         lambda names: ["to-ebpf", "--cgroup", str(names.cgroup),
                        "--bpffs-dir", str(names.bpffs_dir)],
         ebpf_cleanup, translates_in_pod=True),
-    "userspace": BackendKind("userspace", lambda names: ["to-userspace"], None,
-                             translates_in_pod=False),
+    "userspace": BackendKind(
+        "userspace", lambda names: ["to-userspace", "--interface", names.service_interface],
+        None, translates_in_pod=False),
 }
 
 
