@@ -1,7 +1,9 @@
 """Processes inside the cluster: servers, clients, the brain and the backend.
 
-A process runs in a network namespace (`ip netns exec`) and, for pods, in the
-pod's cgroup. It joins the cgroup before it execs, so every socket it creates
+A process runs in a network namespace and, for pods, in the pod's cgroup.
+It enters the namespace with `nsenter --net`, not `ip netns exec`: the latter
+also mounts a fresh /sys, which hides /sys/fs/bpf and the cgroup2 mount that
+the eBPF backend works with. It joins the cgroup before it execs, so every socket it creates
 belongs to that cgroup (a cgroup sock_addr program sees a socket by the cgroup
 it was created in). Long-running processes get a session of their own, so a
 Ctrl-C on the terminal reaches only the harness, which then stops them in
@@ -18,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-# `sh` moves itself into the cgroup, then execs `ip netns exec`, which execs
-# the command: one pid from start to end, inside the cgroup from the start.
+# `sh` moves itself into the cgroup, then execs `nsenter`, which execs the
+# command: one pid from start to end, inside the cgroup from the start.
 _JOIN_CGROUP = 'echo 0 >"$0/cgroup.procs" && exec "$@"'
 
 
 def in_namespace(netns: str, argv: Sequence[str], cgroup: Path | None = None) -> list[str]:
-    command = ["ip", "netns", "exec", netns, *argv]
+    command = ["nsenter", f"--net=/run/netns/{netns}", "--", *argv]
     if cgroup is None:
         return command
     return ["sh", "-c", _JOIN_CGROUP, str(cgroup), *command]

@@ -211,7 +211,8 @@ def _poke_help(env: Env) -> str:
         #!/bin/sh
         # in-pod POD COMMAND...: run COMMAND in POD's network namespace and cgroup
         pod="$1"; shift
-        echo 0 >"{names.cgroup}/$pod/cgroup.procs" && exec ip netns exec "{names.tag}-$pod" "$@"
+        echo 0 >"{names.cgroup}/$pod/cgroup.procs" &&
+            exec nsenter --net="/run/netns/{names.tag}-$pod" -- "$@"
         """))
     in_pod.chmod(0o755)
     web, dns = env.shared("web"), env.shared("dns")

@@ -19,7 +19,7 @@ import enum
 from pathlib import Path
 
 from e2e.cluster import Cluster, Pod
-from e2e.procs import Proc, run, wait_until
+from e2e.procs import Proc, in_namespace, run, wait_until
 
 WHOAMI_NAME = "whoami.e2e"
 
@@ -84,7 +84,7 @@ def _expected_sockets(pod: Pod) -> set[tuple[str, int]]:
 
 
 def _open_sockets(pod: Pod) -> set[tuple[str, int]]:
-    out = run(["ip", "netns", "exec", pod.netns, "ss", "-Hlntu"]).stdout
+    out = run(in_namespace(pod.netns, ["ss", "-Hlntu"])).stdout
     sockets = set()
     for line in out.splitlines():
         cols = line.split()
