@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 from e2e import clients
 from e2e.clients import Sample, StreamingProbe, host_literal
 from e2e.cluster import Family, Pod
-from e2e.expect import CheckRun, eventually
+from e2e.expect import CheckFailed, CheckRun, eventually
 from e2e.procs import wait_until
 from e2e.servers import ContainerPort
 from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, Service, ServicePort
@@ -282,6 +282,17 @@ def _tcp_peer(t: CheckRun, vip: str, port: int) -> None:
 
 
 # -- S9 ------------------------------------------------------------------
+def _await(probe: StreamingProbe, what: str, ready: Callable[[], bool], timeout: float,
+           seen: Callable[[], str]) -> None:
+    """Wait for what a streaming probe shows; CheckFailed with what it showed."""
+    try:
+        wait_until(what, ready, timeout)
+    except TimeoutError:
+        crash = probe.crash()
+        raise CheckFailed(f"{what}: not within {timeout:.0f} s; {seen()}"
+                          + (f"; {crash}" if crash else "")) from None
+
+
 def _udp_follows_new_endpoint(t: CheckRun, connected: bool) -> None:
     old, new = t.env.servers[0], t.env.servers[1]
     cycle = Service("cycle", 7, (DNS_UDP,))
@@ -289,28 +300,21 @@ def _udp_follows_new_endpoint(t: CheckRun, connected: bool) -> None:
     extra = ["--connected"] if connected else []
     probes = {f: StreamingProbe(t.env.client, "dns-follow", str(cycle.cluster_ip(f)),
                                 str(DNS_UDP.port), *extra) for f in t.active()}
+
+    def answers_from(pod: Pod, family: Family, timeout: float) -> None:
+        probe = probes[family]
+        _await(probe, f"answers from {pod.name}",
+               lambda: _last_answers(probe, 3) == [pod.name] * 3, timeout,
+               lambda: f"last answers {_last_answers(probe, 5)}{_errors(probe)}")
+
     try:
-        for family, probe in probes.items():
-            try:
-                wait_until(f"answers from {old.name}",
-                           lambda p=probe: _last_answers(p, 3) == [old.name] * 3, 10.0)
-            except TimeoutError:
-                t.fail(family, f"before the change, answers were {_last_answers(probe, 5)}"
-                               f"{_errors(probe)}, expected {old.name}")
+        t.each_family("before the change", lambda f: answers_from(old, f, 10.0))
         # The pod cycles: its replacement has another address. The old server
         # keeps answering: only the proxy can move the socket on.
         t.apply(cycle.with_endpoints(new))
         changed = time.monotonic()
-        for family in t.active():
-            probe = probes[family]
-            try:
-                wait_until(f"answers from {new.name}",
-                           lambda p=probe: _last_answers(p, 3) == [new.name] * 3,
-                           UDP_FOLLOW_TIMEOUT - (time.monotonic() - changed))
-            except TimeoutError:
-                t.fail(family, f"{UDP_FOLLOW_TIMEOUT:.0f} s after {old.name} was replaced by "
-                               f"{new.name}, the socket's last answers were "
-                               f"{_last_answers(probe, 5)}{_errors(probe)}")
+        t.each_family(f"{old.name} replaced by {new.name}", lambda f: answers_from(
+            new, f, UDP_FOLLOW_TIMEOUT - (time.monotonic() - changed)))
     finally:
         for probe in probes.values():
             probe.stop()
@@ -322,11 +326,11 @@ def _last_answers(probe: StreamingProbe, count: int) -> list[str | None]:
 
 
 def _errors(probe: StreamingProbe) -> str:
-    reopened = [line for line in probe.lines() if line.get("reason")]
+    dropped = [line for line in probe.lines() if line.get("event") == "socket-dropped"]
     errors = Counter(line["error"] for line in probe.lines() if "error" in line)
     text = ", ".join(f"{e} x{n}" for e, n in errors.items())
-    if reopened:
-        text += f"; socket re-created {len(reopened)} times ({reopened[-1]['reason']})"
+    if dropped:
+        text += f"; socket re-created {len(dropped)} times ({dropped[-1]['reason']})"
     return f" (errors: {text})" if text else ""
 
 
@@ -407,9 +411,23 @@ def _restart(t: CheckRun, signum: signal.Signals) -> None:
     loops = {f: StreamingProbe(t.env.client, "http-loop", str(web.cluster_ip(f)), str(HTTP.port),
                                str(echo.cluster_ip(f)), str(ECHO_TCP.port))
              for f in t.active()}
+
+    def under_way(family: Family) -> None:
+        loop = loops[family]
+        _await(loop, "the client loop under way", lambda: _served(loop) >= 10, 20.0,
+               lambda: f"last lines {loop.lines()[-3:]}")
+
+    def change_applied(family: Family) -> None:
+        loop = loops[family]
+        _await(loop, f"the change made while the backend was down ({srv[2].name} removed)",
+               lambda: bool(_recent_pods(loop, restarted))
+               and srv[2].name not in _recent_pods(loop, restarted), 20.0,
+               lambda: f"recent answers {sorted(_recent_pods(loop, restarted))}")
+
     try:
-        for loop in loops.values():
-            wait_until("the client loop under way", lambda lp=loop: _served(lp) >= 10, 20.0)
+        t.each_family("before the restart", under_way)
+        if not t.active():
+            return
         assert control.backend is not None
         control.backend.signal(signum)
         control.backend.popen.wait(30)
@@ -418,15 +436,7 @@ def _restart(t: CheckRun, signum: signal.Signals) -> None:
         control.write_while_backend_down(control.state.with_service(web.with_endpoints(*srv[:2])))
         restarted = time.monotonic()
         control.start_backend()
-        for family, loop in loops.items():
-            try:
-                wait_until(f"{srv[2].name} gone after the restart",
-                           lambda lp=loop: _recent_pods(lp, restarted) and
-                           srv[2].name not in _recent_pods(lp, restarted), 20.0)
-            except TimeoutError:
-                t.fail(family, f"the change made while the backend was down was not applied "
-                               f"after the restart: recent answers "
-                               f"{sorted(_recent_pods(loop, restarted))}")
+        t.each_family("after the restart", change_applied)
     finally:
         lines = {f: loop.stop() for f, loop in loops.items()}
     for family in t.active():
@@ -453,7 +463,7 @@ def _judge_restart_loop(t: CheckRun, family: Family, lines: list[dict]) -> None:
     if failed_established:
         first = failed_established[0]
         t.fail(family, f"the established connection broke "
-                       f"({first.get('errno', 'echo differed')}); "
+                       f"({first['errno']}); "
                        f"{len(failed_established)} of {len(established)} exchanges failed")
 
 

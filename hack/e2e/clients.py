@@ -62,7 +62,7 @@ def http(client: Pod, ip: IPAddress | str, port: int, attempts: int = 1,
     """`attempts` GETs, each on a new connection (curl), at once or one by one."""
     url = f"http://{host_literal(ip)}:{port}/"
     done = _run_in(client, [
-        "curl", "-sS", "--globoff", *(["--parallel", "--parallel-max", "32"] if parallel else []),
+        "curl", "--silent", "--show-error", "--no-progress-meter", "--globoff", *(["--parallel", "--parallel-max", "32"] if parallel else []),
         "--connect-timeout", str(CONNECT_TIMEOUT), "--max-time", str(CONNECT_TIMEOUT + 1),
         "--header", "Connection: close",  # no reuse: every attempt is a new connection
         *([url] * attempts)])
@@ -143,11 +143,12 @@ class StreamingProbe:
             self._popen.kill()
             self._popen.wait()
         self._reader.join(5)
-        if self._popen.returncode:
-            assert self._popen.stderr is not None
-            raise CommandError(f"probe.py exited {self._popen.returncode}: "
-                               f"{self._popen.stderr.read()[-500:]}")
         return self.lines()
 
-    def running(self) -> bool:
-        return self._popen.poll() is None
+    def crash(self) -> str:
+        """Why the probe ended on its own (empty while it runs or ended well)."""
+        code = self._popen.poll()
+        if not code:
+            return ""
+        assert self._popen.stderr is not None
+        return f"probe.py exited {code}: {self._popen.stderr.read().strip()[-300:]}"

@@ -137,8 +137,10 @@ class Cluster:
     def _build_node(self) -> None:
         ns = self.node_netns
         run(["ip", "netns", "add", ns])
+        # No rate limit on ICMP errors: every escaped packet gets its error at
+        # once, so a client that should not have been sent there fails fast.
         _sysctl(ns, "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1",
-                *_NO_DAD)
+                "net.ipv4.icmp_ratelimit=0", "net.ipv6.icmp.ratelimit=0", *_NO_DAD)
         bridge = self.names.bridge
         commands = [
             "link set lo up",

@@ -134,13 +134,15 @@ def dns_follow(host: str, port: int, name: str, connected: bool, interval: float
     error. The socket is replaced only when the kernel makes it unusable
     (e.g. a proxy destroyed it), as a resolver library would do."""
     done = _until_stdin_closes()
-    sock = _dns_socket(host, port, connected)
-    emit(event="socket", connected=connected)
+    sock: socket.socket | None = None
     query_id = 0
     while not done.is_set():
         query_id = (query_id + 1) & 0xFFFF
         started = time.monotonic()
         try:
+            if sock is None:
+                sock = _dns_socket(host, port, connected)
+                emit(event="socket", connected=connected)
             query = dns_query(name, query_id)
             if connected:
                 sock.send(query)
@@ -150,12 +152,13 @@ def dns_follow(host: str, port: int, name: str, connected: bool, interval: float
             emit(t=started, pod=answer)
         except OSError as err:
             emit(t=started, error=_errno_name(err))
-            if err.errno not in (errno.ECONNREFUSED, None):
+            if sock is not None and err.errno not in (errno.ECONNREFUSED, None):
                 sock.close()
-                sock = _dns_socket(host, port, connected)
-                emit(event="socket", connected=connected, reason=_errno_name(err))
+                sock = None
+                emit(event="socket-dropped", reason=_errno_name(err))
         done.wait(max(0.0, interval - (time.monotonic() - started)))
-    sock.close()
+    if sock is not None:
+        sock.close()
 
 
 def _dns_socket(host: str, port: int, connected: bool) -> socket.socket:
@@ -181,22 +184,30 @@ def http_loop(host: str, port: int, echo_host: str, echo_port: int, interval: fl
     """New HTTP connections every `interval` s, plus one established TCP
     connection that exchanges a line every `interval` s."""
     done = _until_stdin_closes()
-    established = socket.create_connection((echo_host, echo_port), timeout=2)
-    emit(event="established")
+    try:
+        established: socket.socket | None = socket.create_connection((echo_host, echo_port), 2)
+    except OSError as err:
+        established = None
+        emit(t=time.monotonic(), kind="established", ok=False, errno=_errno_name(err))
     count = 0
     while not done.is_set():
         started = time.monotonic()
         emit(t=started, kind="new", **_http_get(host, port))
         count += 1
-        line = f"ping {count}\n".encode()
-        try:
-            established.sendall(line)
-            echoed = _recv_exactly(established, len(line))
-            emit(t=started, kind="established", ok=echoed == line)
-        except OSError as err:
-            emit(t=started, kind="established", ok=False, errno=_errno_name(err))
+        if established is not None:
+            emit(t=started, kind="established", **_exchange(established, f"ping {count}\n"))
         done.wait(max(0.0, interval - (time.monotonic() - started)))
-    established.close()
+    if established is not None:
+        established.close()
+
+
+def _exchange(sock: socket.socket, line: str) -> dict[str, Any]:
+    try:
+        sock.sendall(line.encode())
+        echoed = _recv_exactly(sock, len(line))
+    except OSError as err:
+        return {"ok": False, "errno": _errno_name(err)}
+    return {"ok": True} if echoed == line.encode() else {"ok": False, "errno": "echo differed"}
 
 
 def _http_get(host: str, port: int) -> dict[str, Any]:
