@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 from e2e import clients
 from e2e.clients import Sample, StreamingProbe, host_literal
 from e2e.cluster import Family, Pod
-from e2e.expect import CheckFailed, CheckRun, eventually
+from e2e.expect import CheckFailed, CheckRun
 from e2e.procs import wait_until
 from e2e.servers import ContainerPort
 from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, Service, ServicePort
@@ -174,7 +174,7 @@ def _one_pod(t: CheckRun, service: Service, family: Family, among: Sequence[Pod]
         return None
 
     target = service.cluster_ip(family)
-    sample = eventually(f"{host_literal(target)}:{HTTP.port} with ClientIP affinity",
+    sample = t.eventually(f"{host_literal(target)}:{HTTP.port} with ClientIP affinity",
                         lambda: clients.http(t.env.client, target, HTTP.port, attempts=12,
                                              parallel=False), problem)
     return next(iter(sample.pods))
@@ -264,7 +264,7 @@ def _udp_echo(t: CheckRun, vip: str, connected: bool) -> None:
             return f"getpeername() says {answer['peer']}, expected {want}"
         return None
 
-    eventually(f"{host_literal(vip)}:{ECHO_UDP.port}/UDP",
+    t.eventually(f"{host_literal(vip)}:{ECHO_UDP.port}/UDP",
                lambda: clients.probe(t.env.client, *args, *(["--connected"] if connected
                                                             else [])), problem)
 
@@ -277,7 +277,7 @@ def _tcp_peer(t: CheckRun, vip: str, port: int) -> None:
             return f"connect failed: {answer['errno']}"
         return None if answer["peer"] == want else f"getpeername() says {answer['peer']}"
 
-    eventually(f"{host_literal(vip)}:{port}/TCP",
+    t.eventually(f"{host_literal(vip)}:{port}/TCP",
                lambda: clients.probe(t.env.client, "connect", vip, str(port)), problem)
 
 
@@ -308,7 +308,7 @@ def _udp_follows_new_endpoint(t: CheckRun, connected: bool) -> None:
                lambda: f"last answers {_last_answers(probe, 5)}{_errors(probe)}")
 
     try:
-        t.each_family("before the change", lambda f: answers_from(old, f, 10.0))
+        t.each_family("before the change", lambda f: answers_from(old, f, 5.0))
         # The pod cycles: its replacement has another address. The old server
         # keeps answering: only the proxy can move the socket on.
         t.apply(cycle.with_endpoints(new))
@@ -361,7 +361,7 @@ def internal_traffic_local(t: CheckRun) -> None:
 
 def _connect_fails(t: CheckRun, service: Service, family: Family) -> None:
     target = str(service.cluster_ip(family))
-    eventually(f"{host_literal(target)}:{HTTP.port} must fail",
+    t.eventually(f"{host_literal(target)}:{HTTP.port} must fail",
                lambda: clients.probe(t.env.client, "connect", target, str(HTTP.port)),
                lambda a: f"connected to {a['peer']}" if a["ok"] else None)
 
@@ -414,8 +414,8 @@ def _restart(t: CheckRun, signum: signal.Signals) -> None:
 
     def under_way(family: Family) -> None:
         loop = loops[family]
-        _await(loop, "the client loop under way", lambda: _served(loop) >= 10, 20.0,
-               lambda: f"last lines {loop.lines()[-3:]}")
+        _await(loop, "the client loop under way", lambda: _served(loop) >= 10, 10.0,
+               lambda: _loop_summary(loop.lines()))
 
     def change_applied(family: Family) -> None:
         loop = loops[family]
@@ -441,6 +441,12 @@ def _restart(t: CheckRun, signum: signal.Signals) -> None:
         lines = {f: loop.stop() for f, loop in loops.items()}
     for family in t.active():
         _judge_restart_loop(t, family, lines[family])
+
+
+def _loop_summary(lines: list[dict]) -> str:
+    outcomes = Counter(f"{line['kind']} {line.get('pod', 'ok') if line['ok'] else line['errno']}"
+                       for line in lines if "kind" in line)
+    return ", ".join(f"{what} x{n}" for what, n in sorted(outcomes.items())) or "no lines"
 
 
 def _served(loop: StreamingProbe) -> int:

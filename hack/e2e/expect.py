@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from e2e import clients
 from e2e.clients import Sample
@@ -19,9 +19,17 @@ from e2e.cluster import Cluster, Family, IPAddress, Pod
 from e2e.proxy import BackendKind, ControlPlane, SyncTimeout
 from e2e.statefile import ClusterState, Service, ServicePort
 
-EFFECT_TIMEOUT = 5.0  # after the backend logged the sync
+# An expectation keeps sampling until EFFECT_TIMEOUT seconds after the backend
+# logged its last sync, and at least MIN_RETRY seconds: a change shows at once
+# after the sync, but a proxy may finish the work its sync started a moment
+# later (e.g. open a listener); nothing else is waited for.
+EFFECT_TIMEOUT = 3.0
+MIN_RETRY = 1.0
 DNS_PORT = 53  # service ports numbered 53 speak DNS, other TCP ports HTTP
 SPREAD_ATTEMPTS = 24  # P(one of 3 endpoints unseen) = 3 * (2/3)^24 < 2e-4 per try
+
+
+T = TypeVar("T")
 
 
 class CheckFailed(Exception):
@@ -90,6 +98,21 @@ class CheckRun:
             raise CheckFailed(str(err)) from err
 
     # -- expectations -----------------------------------------------------
+    def eventually(self, what: str, sample: Callable[[], T],
+                   problem: Callable[[T], str | None]) -> T:
+        """Sample until `problem(sample)` is None and return that sample;
+        CheckFailed with the last problem once the deadline passed."""
+        deadline = max(self.env.control.synced_at + EFFECT_TIMEOUT,
+                       time.monotonic() + MIN_RETRY)
+        while True:
+            seen = sample()
+            trouble = problem(seen)
+            if trouble is None:
+                return seen
+            if time.monotonic() > deadline:
+                raise CheckFailed(f"{what}: {trouble}")
+            time.sleep(0.1)
+
     def expect_http(self, service: Service, port: ServicePort, family: Family,
                     pods: Sequence[Pod], client: Pod | None = None,
                     ip: IPAddress | str | None = None) -> Sample:
@@ -112,7 +135,7 @@ class CheckRun:
             return None
 
         attempts = SPREAD_ATTEMPTS if len(pods) > 1 else 4
-        return eventually(
+        return self.eventually(
             f"{_where(target, port)} from {(client or self.env.client).name}",
             lambda: clients.http(client or self.env.client, target, port.port, attempts), problem)
 
@@ -128,7 +151,7 @@ class CheckRun:
             return None
 
         attempts = SPREAD_ATTEMPTS if len(pods) > 1 else 4
-        return eventually(
+        return self.eventually(
             f"dig {'+tcp ' if port.protocol == 'TCP' else ''}{_where(target, port)}",
             lambda: clients.dns(self.env.client, target, port.port, port.protocol == "TCP",
                                 attempts), problem)
@@ -147,7 +170,7 @@ class CheckRun:
                                    tcp=port.protocol == "TCP", attempts=2)
             return clients.http(self.env.client, target, port.port, attempts=2)
 
-        return eventually(f"{_where(target, port)} no longer served", sample,
+        return self.eventually(f"{_where(target, port)} no longer served", sample,
                           lambda s: s.describe() if s.pods else None)
 
     def expect_rejected(self, service: Service, port: ServicePort, family: Family) -> dict:
@@ -163,25 +186,10 @@ class CheckRun:
                 return f"failed with {answer['errno']} after {answer['seconds']:.2f} s"
             return None
 
-        return eventually(f"{_where(target, port)} rejected with ECONNREFUSED within 1 s",
+        return self.eventually(f"{_where(target, port)} rejected with ECONNREFUSED within 1 s",
                           lambda: clients.probe(self.env.client, "connect", str(target),
                                                 str(port.port), *udp), problem)
 
 
 def _where(ip: IPAddress | str, port: ServicePort) -> str:
     return f"{clients.host_literal(ip)}:{port.port}/{port.protocol}"
-
-
-def eventually(what: str, sample: Callable[[], object],
-               problem: Callable[[object], str | None], timeout: float = EFFECT_TIMEOUT):
-    """Sample until `problem(sample)` is None; CheckFailed with the last
-    problem after `timeout` seconds. Returns the good sample."""
-    deadline = time.monotonic() + timeout
-    while True:
-        seen = sample()
-        trouble = problem(seen)
-        if trouble is None:
-            return seen
-        if time.monotonic() > deadline:
-            raise CheckFailed(f"{what}: {trouble}")
-        time.sleep(0.1)

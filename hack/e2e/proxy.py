@@ -110,6 +110,7 @@ class ControlPlane:
         self.backend: Proc | None = None
         self._backend_log: JsonLog | None = None
         self._starts = 0
+        self.synced_at = 0.0  # time.monotonic() when the last awaited sync was seen
 
     # -- processes --------------------------------------------------------
     def start(self) -> None:
@@ -174,6 +175,7 @@ class ControlPlane:
                     f"file changed; brain log:\n{self.brain.log_tail() if self.brain else ''}"
                     f"\nbackend log:\n{backend.log_tail()}")
             time.sleep(0.02)
+        self.synced_at = time.monotonic()
 
     def apply(self, state: ClusterState) -> None:
         """Write `state` and wait for the backend to apply it."""
