@@ -29,6 +29,10 @@ from typing import Any
 
 _TXT = 16
 _IN = 1
+# What a UDP socket answers once the kernel aborted it (sock_destroy: the
+# error, then "not connected"); ICMP errors (refused, unreachable) are
+# reported by a socket that stays usable.
+_SOCKET_UNUSABLE = (errno.ECONNABORTED, errno.EDESTADDRREQ, errno.ENOTCONN, errno.EBADF)
 
 
 def _family(host: str) -> int:
@@ -152,7 +156,7 @@ def dns_follow(host: str, port: int, name: str, connected: bool, interval: float
             emit(t=started, pod=answer)
         except OSError as err:
             emit(t=started, error=_errno_name(err))
-            if sock is not None and err.errno not in (errno.ECONNREFUSED, None):
+            if sock is not None and err.errno in _SOCKET_UNUSABLE:
                 sock.close()
                 sock = None
                 emit(event="socket-dropped", reason=_errno_name(err))
