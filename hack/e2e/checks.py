@@ -414,15 +414,19 @@ def _restart(t: CheckRun, signum: signal.Signals) -> None:
 
     def under_way(family: Family) -> None:
         loop = loops[family]
-        _await(loop, "the client loop under way", lambda: _served(loop) >= 10, 10.0,
+        _await(loop, "the client loop under way", lambda: len(_served(loop)) >= 10, 10.0,
                lambda: _loop_summary(loop.lines()))
 
-    def change_applied(family: Family) -> None:
+    def served_and_changed(family: Family) -> None:
+        """Ten new connections after the restart, none to the pod removed
+        while the backend was down."""
         loop = loops[family]
-        _await(loop, f"the change made while the backend was down ({srv[2].name} removed)",
-               lambda: bool(_recent_pods(loop, restarted))
-               and srv[2].name not in _recent_pods(loop, restarted), 20.0,
-               lambda: f"recent answers {sorted(_recent_pods(loop, restarted))}")
+        _await(loop, f"ten new connections after the restart, none to {srv[2].name} "
+                     f"(removed while the backend was down)",
+               lambda: len(_served(loop, restarted)) >= 10
+               and srv[2].name not in _served(loop, restarted)[-10:], 20.0,
+               lambda: _loop_summary([line for line in loop.lines()
+                                      if line.get("t", 0) > restarted]))
 
     try:
         t.each_family("before the restart", under_way)
@@ -436,7 +440,7 @@ def _restart(t: CheckRun, signum: signal.Signals) -> None:
         control.write_while_backend_down(control.state.with_service(web.with_endpoints(*srv[:2])))
         restarted = time.monotonic()
         control.start_backend()
-        t.each_family("after the restart", change_applied)
+        t.each_family("after the restart", served_and_changed)
     finally:
         lines = {f: loop.stop() for f, loop in loops.items()}
     for family in t.active():
@@ -449,13 +453,10 @@ def _loop_summary(lines: list[dict]) -> str:
     return ", ".join(f"{what} x{n}" for what, n in sorted(outcomes.items())) or "no lines"
 
 
-def _served(loop: StreamingProbe) -> int:
-    return sum(1 for line in loop.lines() if line.get("kind") == "new" and line["ok"])
-
-
-def _recent_pods(loop: StreamingProbe, since: float) -> set[str]:
-    new = [line for line in loop.lines() if line.get("kind") == "new" and line["t"] > since]
-    return {line["pod"] for line in new[-10:] if line["ok"]}
+def _served(loop: StreamingProbe, since: float = 0.0) -> list[str]:
+    """Pods that answered the loop's new connections made after `since`."""
+    return [line["pod"] for line in loop.lines()
+            if line.get("kind") == "new" and line["ok"] and line["t"] > since]
 
 
 def _judge_restart_loop(t: CheckRun, family: Family, lines: list[dict]) -> None:
@@ -463,14 +464,16 @@ def _judge_restart_loop(t: CheckRun, family: Family, lines: list[dict]) -> None:
     established = [line for line in lines if line.get("kind") == "established"]
     failed_new = [line for line in new if not line["ok"]]
     failed_established = [line for line in established if not line["ok"]]
+    problems = []
     if failed_new:
-        t.fail(family, f"{len(failed_new)} of {len(new)} new connections failed "
-                       f"({Counter(line['errno'] for line in failed_new)})")
+        errors = Counter(line["errno"] for line in failed_new)
+        problems.append(f"{len(failed_new)} of {len(new)} new connections failed ("
+                        + ", ".join(f"{e} x{n}" for e, n in errors.items()) + ")")
     if failed_established:
-        first = failed_established[0]
-        t.fail(family, f"the established connection broke "
-                       f"({first['errno']}); "
-                       f"{len(failed_established)} of {len(established)} exchanges failed")
+        problems.append(f"the established connection broke ({failed_established[0]['errno']}): "
+                        f"{len(failed_established)} of {len(established)} exchanges failed")
+    if problems:
+        t.fail(family, "; ".join(problems))
 
 
 @check("S13/restart-sigterm", "should work after restarting kube-proxy (SIGTERM)",
