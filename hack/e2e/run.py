@@ -235,9 +235,13 @@ def _poke_help(env: Env) -> str:
 
 
 def _wait_while_debugging(env: Env) -> None:
+    """Until Ctrl-C or SIGTERM: here they are the way to end, not a failure."""
     print(_poke_help(env), file=sys.stderr, flush=True)
-    while True:
-        signal.pause()
+    try:
+        while True:
+            signal.pause()
+    except Interrupted as stop:
+        log.info("%s: tearing down", stop)
 
 
 def _finish(options: Options, names: RunNames, cluster: Cluster | None,
