@@ -50,8 +50,8 @@ class SetupError(Exception):
     pass
 
 
-class Interrupted(Exception):
-    pass
+class Interrupted(BaseException):
+    """Ctrl-C or SIGTERM: like KeyboardInterrupt, not caught as a check's error."""
 
 
 def _interrupt(signum: int, _frame: object) -> None:
