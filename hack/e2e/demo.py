@@ -16,7 +16,7 @@ from typing import Sequence
 
 from e2e import clients, procs, teardown
 from e2e.checks import base_state
-from e2e.cluster import Cluster, families_of_mode
+from e2e.cluster import Cluster, IPAddress, Pod, families_of_mode
 from e2e.names import RunNames
 from e2e.proxy import BACKENDS, KPNG_PY, ControlPlane, built_in_backends
 from e2e.run import build_cluster
@@ -55,18 +55,18 @@ def demo(ip_mode: str) -> int:
         say(f"   first sync applied {time.monotonic() - began:.1f} s after the start")
         web, dns = (s for s in control.state.services if s.name in ("web", "dns"))
         for family in cluster.families:
-            vip = web.cluster_ip(family)
-            say(f"== client pod: curl http://{clients.host_literal(vip)}/ (6 new connections)")
-            sample = clients.http(client, vip, 80, attempts=6, parallel=False)
-            for answer in sample.answers:
-                say(f"   {answer.pod} answered (port {answer.port}, address {answer.server_ip})")
-            for error in sample.errors:
-                say(f"   error: {error}")
+            _curl(client, web.cluster_ip(family))
             dns_vip = dns.cluster_ip(family)
             say(f"== client pod: dig @{dns_vip} whoami.e2e TXT")
             answers = clients.dns(client, dns_vip, attempts=3)
             say("   " + (", ".join(f"{pod} x{n}" for pod, n in answers.pods.items())
                          or "no answer: " + "; ".join(answers.errors)))
+        say(f"== edit {control.state_path.name}: web loses {servers[2].name}; the brain "
+            f"publishes the change, the backend applies it")
+        edited = time.monotonic()
+        control.apply(control.state.with_service(web.with_endpoints(*servers[:2])))
+        say(f"   sync applied {time.monotonic() - edited:.1f} s after the save")
+        _curl(client, web.cluster_ip(cluster.families[0]))
         say(f"== kpng-py ebpf dump --bpffs-dir {names.bpffs_dir}")
         dump = procs.run([KPNG_PY, "ebpf", "dump", "--bpffs-dir", str(names.bpffs_dir)],
                          check=False)
@@ -84,6 +84,15 @@ def demo(ip_mode: str) -> int:
         for problem in problems:
             say(f"   {problem}")
         say(f"   done in {time.monotonic() - began:.1f} s in all")
+
+
+def _curl(client: Pod, vip: IPAddress) -> None:
+    say(f"== client pod: curl http://{clients.host_literal(vip)}/ (6 new connections)")
+    sample = clients.http(client, vip, 80, attempts=6, parallel=False)
+    for answer in sample.answers:
+        say(f"   {answer.pod} answered (port {answer.port}, address {answer.server_ip})")
+    for error in sample.errors:
+        say(f"   error: {error}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
