@@ -211,7 +211,9 @@ def _exchange(sock: socket.socket, line: str) -> dict[str, Any]:
         echoed = _recv_exactly(sock, len(line))
     except OSError as err:
         return {"ok": False, "errno": _errno_name(err)}
-    return {"ok": True} if echoed == line.encode() else {"ok": False, "errno": "echo differed"}
+    if echoed == line.encode():
+        return {"ok": True}
+    return {"ok": False, "errno": "closed by the peer" if len(echoed) < len(line) else "echo differed"}
 
 
 def _http_get(host: str, port: int) -> dict[str, Any]:
