@@ -213,7 +213,8 @@ def _exchange(sock: socket.socket, line: str) -> dict[str, Any]:
         return {"ok": False, "errno": _errno_name(err)}
     if echoed == line.encode():
         return {"ok": True}
-    return {"ok": False, "errno": "closed by the peer" if len(echoed) < len(line) else "echo differed"}
+    short = len(echoed) < len(line)
+    return {"ok": False, "errno": "closed by the peer" if short else "echo differed"}
 
 
 def _http_get(host: str, port: int) -> dict[str, Any]:
