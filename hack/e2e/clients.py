@@ -62,7 +62,8 @@ def http(client: Pod, ip: IPAddress | str, port: int, attempts: int = 1,
     """`attempts` GETs, each on a new connection (curl), at once or one by one."""
     url = f"http://{host_literal(ip)}:{port}/"
     done = _run_in(client, [
-        "curl", "--silent", "--show-error", "--no-progress-meter", "--globoff", *(["--parallel", "--parallel-max", "32"] if parallel else []),
+        "curl", "--silent", "--show-error", "--no-progress-meter", "--globoff",
+        *(["--parallel", "--parallel-max", "32"] if parallel else []),
         "--connect-timeout", str(CONNECT_TIMEOUT), "--max-time", str(CONNECT_TIMEOUT + 1),
         "--header", "Connection: close",  # no reuse: every attempt is a new connection
         *([url] * attempts)])

@@ -129,8 +129,8 @@ class Cluster:
     def escaped_packets(self, family: Family) -> int:
         """Packets to the family's service CIDR that reached the node (i.e.
         left a pod untranslated) since the cluster was built."""
-        out = run(in_namespace(self.node_netns, [
-            "nft", "-j", "list", "counter", "inet", _ESCAPES_TABLE, _escape_counter(family)])).stdout
+        counter = ["nft", "-j", "list", "counter", "inet", _ESCAPES_TABLE, _escape_counter(family)]
+        out = run(in_namespace(self.node_netns, counter)).stdout
         counters = [item["counter"] for item in json.loads(out)["nftables"] if "counter" in item]
         return int(counters[0]["packets"])
 

@@ -96,7 +96,8 @@ def spawn(name: str, argv: Sequence[str], log: Path) -> Proc:
     return Proc(name, popen, log)
 
 
-def wait_until(what: str, ready: Callable[[], bool], timeout: float, interval: float = 0.05) -> None:
+def wait_until(what: str, ready: Callable[[], bool], timeout: float,
+               interval: float = 0.05) -> None:
     """Poll `ready()` until it is true; TimeoutError naming `what` otherwise."""
     deadline = time.monotonic() + timeout
     while not ready():

@@ -40,9 +40,10 @@ class ContainerPort(str, enum.Enum):
 
 
 def _nginx_conf(pod: Pod, prefix: Path) -> str:
+    answer = f'"{pod.name} $server_port $server_addr\\n"'
     listens = "".join(
         f"    server {{ listen 0.0.0.0:{port}; listen [::]:{port} ipv6only=on;\n"
-        f"             location / {{ return 200 \"{pod.name} $server_port $server_addr\\n\"; }} }}\n"
+        f"             location / {{ return 200 {answer}; }} }}\n"
         for port in (ContainerPort.HTTP.number(pod), ContainerPort.ALT.number(pod)))
     temp = "".join(f"    {kind}_temp_path {prefix}/{kind};\n"
                    for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
