@@ -18,7 +18,7 @@ from e2e import clients, procs, teardown
 from e2e.checks import base_state
 from e2e.cluster import Cluster, IPAddress, Pod, families_of_mode
 from e2e.names import RunNames
-from e2e.proxy import BACKENDS, KPNG_PY, ControlPlane, built_in_backends
+from e2e.proxy import BACKENDS, ControlPlane, built_in_backends
 from e2e.run import build_cluster
 
 
@@ -68,8 +68,7 @@ def demo(ip_mode: str) -> int:
         say(f"   sync applied {time.monotonic() - edited:.1f} s after the save")
         _curl(client, web.cluster_ip(cluster.families[0]))
         say(f"== kpng-py ebpf dump --bpffs-dir {names.bpffs_dir}")
-        dump = procs.run([KPNG_PY, "ebpf", "dump", "--bpffs-dir", str(names.bpffs_dir)],
-                         check=False)
+        dump = procs.run(kind.inspect(names), check=False)
         say("   " + (dump.stdout + dump.stderr).strip().replace("\n", "\n   "))
         return 0
     except KeyboardInterrupt:

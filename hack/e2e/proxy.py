@@ -41,6 +41,8 @@ def ebpf_cleanup(names: RunNames) -> None:
 class BackendKind:
     name: str
     sink_args: Callable[[RunNames], list[str]]
+    # A command that shows what the backend programmed (saved with the logs).
+    inspect: Callable[[RunNames], list[str]]
     dataplane_cleanup: Callable[[RunNames], None] | None
     # Whether every packet to a ClusterIP must be translated inside the pod
     # (a socket-level balancer), so that none may ever reach the node.
@@ -50,12 +52,16 @@ class BackendKind:
 BACKENDS = {
     "ebpf": BackendKind(
         "ebpf",
-        lambda names: ["to-ebpf", "--cgroup", str(names.cgroup),
-                       "--bpffs-dir", str(names.bpffs_dir)],
-        ebpf_cleanup, translates_in_pod=True),
+        sink_args=lambda names: ["to-ebpf", "--cgroup", str(names.cgroup),
+                                 "--bpffs-dir", str(names.bpffs_dir)],
+        inspect=lambda names: [KPNG_PY, "ebpf", "dump", "--bpffs-dir", str(names.bpffs_dir)],
+        dataplane_cleanup=ebpf_cleanup, translates_in_pod=True),
     "userspace": BackendKind(
-        "userspace", lambda names: ["to-userspace", "--interface", names.service_interface],
-        None, translates_in_pod=False),
+        "userspace",
+        sink_args=lambda names: ["to-userspace", "--interface", names.service_interface],
+        inspect=lambda names: ["ip", "-n", names.netns("node"), "addr", "show",
+                               "dev", names.service_interface],
+        dataplane_cleanup=None, translates_in_pod=False),
 }
 
 

@@ -12,17 +12,15 @@ import sys
 import textwrap
 import time
 import traceback
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from e2e import clients, procs, teardown
 from e2e.checks import CHECKS, Check, base_state
 from e2e.cluster import Cluster, Family, Pod, families_of_mode
 from e2e.expect import CheckFailed, CheckRun, Env
 from e2e.names import CGROUP2_ROOT, RunNames
-from e2e.proxy import BACKENDS, KPNG_PY, ControlPlane, SyncTimeout, built_in_backends
+from e2e.proxy import BACKENDS, ControlPlane, SyncTimeout, built_in_backends
 from e2e.report import Report, Result
 from e2e.servers import ContainerPort, start_servers, wait_listening
 from e2e.statefile import ClusterState
@@ -58,14 +56,7 @@ def _interrupt(signum: int, _frame: object) -> None:
     raise Interrupted(f"interrupted by {signal.Signals(signum).name}")
 
 
-@contextmanager
-def _signals(handler) -> Iterator[None]:
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def run(options: Options) -> int:
@@ -75,26 +66,32 @@ def run(options: Options) -> int:
     cluster: Cluster | None = None
     control: ControlPlane | None = None
     started = time.monotonic()
-    with _signals(_interrupt):
-        try:
-            _preflight(options)
-            for line in teardown.remove_stale_runs(_stale_dataplane_cleanup):
-                log.info(line)
-            cluster = Cluster(names, families_of_mode(options.ip_mode), names.make_workdir())
-            servers, client = build_cluster(cluster)
-            control = ControlPlane(cluster, kind, base_state(cluster.families, servers))
-            _start_control_plane(control)
-            env = Env(cluster, control, kind, servers, client, control.state)
-            run_checks(env, report)
-            if options.debug:
-                _wait_while_debugging(env)
-        except (SetupError, SyncTimeout, TimeoutError, RuntimeError, OSError) as err:
-            report.add(Result("setup", str(err), time.monotonic() - started))
-        except Interrupted as err:
-            report.add(Result("interrupted", str(err), time.monotonic() - started))
-    # A second Ctrl-C must not leave half a cluster behind.
-    with _signals(signal.SIG_IGN):
+    previous = {s: signal.signal(s, _interrupt) for s in _STOP_SIGNALS}
+    try:
+        _preflight(options)
+        for line in teardown.remove_stale_runs(_stale_dataplane_cleanup):
+            log.info(line)
+        cluster = Cluster(names, families_of_mode(options.ip_mode), names.make_workdir())
+        servers, client = build_cluster(cluster)
+        control = ControlPlane(cluster, kind, base_state(cluster.families, servers))
+        _start_control_plane(control)
+        env = Env(cluster, control, kind, servers, client, control.state)
+        run_checks(env, report)
+        if options.debug:
+            _wait_while_debugging(env)
+    except Interrupted as err:
+        report.add(Result("interrupted", str(err), time.monotonic() - started))
+    except Exception as err:  # checks catch their own: this is the cluster or the proxy
+        if not isinstance(err, (SetupError, SyncTimeout, TimeoutError)):
+            log.error("set-up failed: %s", traceback.format_exc())
+        report.add(Result("setup", f"{err}", time.monotonic() - started))
+    finally:
+        # A second Ctrl-C must not leave half a cluster behind.
+        for s in _STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
         _finish(options, names, cluster, control, report)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     return 0 if report.failed == 0 else 1
 
 
@@ -125,8 +122,8 @@ def build_cluster(cluster: Cluster) -> tuple[tuple[Pod, ...], Pod]:
     cluster.build([*SERVER_PODS, CLIENT_POD])
     servers = tuple(cluster.pods[name] for name in SERVER_PODS)
     running = {pod: start_servers(cluster, pod) for pod in servers}
-    for pod, procs in running.items():
-        wait_listening(pod, procs)
+    for pod, pod_servers in running.items():
+        wait_listening(pod, pod_servers)
     client = cluster.pods[CLIENT_POD]
     for family in cluster.families:
         _check_pod_network(client, servers, family)
@@ -228,8 +225,7 @@ def _poke_help(env: Env) -> str:
         f"  state file (edit it; the brain re-reads it): {control.state_path}",
         f"  logs: {cluster.workdir}/*.log",
     ]
-    if control.kind.name == "ebpf":
-        lines.append(f"  {KPNG_PY} ebpf dump --bpffs-dir {names.bpffs_dir}")
+    lines.append(f"  {' '.join(control.kind.inspect(names))}      # the dataplane")
     lines.append(f"Ctrl-C (or kill {os.getpid()}) tears it down.")
     return "\n".join(lines)
 
@@ -251,10 +247,8 @@ def _finish(options: Options, names: RunNames, cluster: Cluster | None,
     logs.mkdir(parents=True)
     problems: list[str] = []
     if control is not None:
-        if control.kind.name == "ebpf" and names.bpffs_dir.exists():
-            dump = procs.run([KPNG_PY, "ebpf", "dump", "--bpffs-dir", str(names.bpffs_dir)],
-                             check=False)
-            (logs / "ebpf-dump.txt").write_text(dump.stdout + dump.stderr)
+        dataplane = procs.run(control.kind.inspect(names), check=False)
+        (logs / "dataplane.txt").write_text(dataplane.stdout + dataplane.stderr)
         problems += control.stop()
     if cluster is not None:
         for path in [*cluster.workdir.glob("*.log"), cluster.workdir / "state.yaml"]:
