@@ -432,9 +432,16 @@ def _restart(t: CheckRun, signum: signal.Signals) -> None:
         t.each_family("before the restart", under_way)
         if not t.active():
             return
-        assert control.backend is not None
-        control.backend.signal(signum)
-        control.backend.popen.wait(30)
+        backend = control.backend
+        assert backend is not None
+        backend.signal(signum)
+        code = backend.wait_exit(30.0)
+        if code is None or (signum == signal.SIGTERM and code != 0):
+            backend.stop()
+            for family in t.active():
+                t.fail(family, f"on {signum.name} the backend "
+                               + ("did not exit within 30 s" if code is None
+                                  else f"exited with code {code}"))
         # While no backend runs, the service changes: the new process must
         # pick that up too.
         control.write_while_backend_down(control.state.with_service(web.with_endpoints(*srv[:2])))

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Sequence, TypeVar
 from e2e import clients
 from e2e.clients import Sample
 from e2e.cluster import Cluster, Family, IPAddress, Pod
-from e2e.proxy import BackendKind, ControlPlane, SyncTimeout
+from e2e.proxy import BackendKind, ControlPlane, SyncError
 from e2e.statefile import ClusterState, Service, ServicePort
 
 # An expectation keeps sampling until EFFECT_TIMEOUT seconds after the backend
@@ -36,7 +36,7 @@ class CheckFailed(Exception):
     pass
 
 
-@dataclass
+@dataclass(frozen=True)
 class Env:
     cluster: Cluster
     control: ControlPlane
@@ -54,6 +54,8 @@ class Env:
 
 
 class CheckRun:
+    """One check's run: its families, their verdicts so far, its actions."""
+
     def __init__(self, env: Env, families: Sequence[Family]) -> None:
         self.env = env
         self.families = tuple(families)
@@ -94,7 +96,7 @@ class CheckRun:
             state = state.with_service(service)
         try:
             self.env.control.apply(state)
-        except SyncTimeout as err:
+        except SyncError as err:
             raise CheckFailed(str(err)) from err
 
     # -- expectations -----------------------------------------------------

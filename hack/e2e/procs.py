@@ -68,6 +68,13 @@ class Proc:
         if self.running():
             os.kill(self.pid, signum)
 
+    def wait_exit(self, timeout: float) -> int | None:
+        """The exit code, or None if it still runs after `timeout` seconds."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def stop(self, timeout: float = 5.0) -> int | None:
         """SIGTERM, then SIGKILL after `timeout` seconds; returns the exit code."""
         self.signal(signal.SIGTERM)

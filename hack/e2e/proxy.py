@@ -99,8 +99,8 @@ class JsonLog:
                 self.syncs += 1
 
 
-class SyncTimeout(Exception):
-    pass
+class SyncError(Exception):
+    """The backend did not apply a change set in time, or brain or backend died."""
 
 
 class ControlPlane:
@@ -155,9 +155,6 @@ class ControlPlane:
                                 f"code {proc.popen.returncode}")
         return problems
 
-    def log_paths(self) -> list[Path]:
-        return sorted(self.cluster.workdir.glob("*.log"))
-
     # -- state ------------------------------------------------------------
     @property
     def syncs(self) -> int:
@@ -172,11 +169,11 @@ class ControlPlane:
         deadline = time.monotonic() + timeout
         while self.syncs <= after:
             if not backend.running():
-                raise SyncTimeout(f"backend died: {backend.describe_exit()}")
+                raise SyncError(f"backend died: {backend.describe_exit()}")
             if self.brain is not None and not self.brain.running():
-                raise SyncTimeout(f"brain died: {self.brain.describe_exit()}")
+                raise SyncError(f"brain died: {self.brain.describe_exit()}")
             if time.monotonic() > deadline:
-                raise SyncTimeout(
+                raise SyncError(
                     f"the backend applied no change set within {timeout} s after the state "
                     f"file changed; brain log:\n{self.brain.log_tail() if self.brain else ''}"
                     f"\nbackend log:\n{backend.log_tail()}")

@@ -20,7 +20,7 @@ from e2e.checks import CHECKS, Check, base_state
 from e2e.cluster import Cluster, Family, Pod, families_of_mode
 from e2e.expect import CheckFailed, CheckRun, Env
 from e2e.names import CGROUP2_ROOT, RunNames
-from e2e.proxy import BACKENDS, ControlPlane, SyncTimeout, built_in_backends
+from e2e.proxy import BACKENDS, ControlPlane, SyncError, built_in_backends
 from e2e.report import Report, Result
 from e2e.servers import ContainerPort, start_servers, wait_listening
 from e2e.statefile import ClusterState
@@ -82,7 +82,7 @@ def run(options: Options) -> int:
     except Interrupted as err:
         report.add(Result("interrupted", str(err), time.monotonic() - started))
     except Exception as err:  # checks catch their own: this is the cluster or the proxy
-        if not isinstance(err, (SetupError, SyncTimeout, TimeoutError)):
+        if not isinstance(err, (SetupError, SyncError, TimeoutError)):
             log.error("set-up failed: %s", traceback.format_exc())
         report.add(Result("setup", f"{err}", time.monotonic() - started))
     finally:
@@ -173,7 +173,7 @@ def _run_check(env: Env, check: Check, families: tuple[Family, ...], report: Rep
     began = time.monotonic()
     try:
         check.body(t)
-    except CheckFailed as err:
+    except (CheckFailed, SyncError) as err:
         for family in families:
             t.fail(family, str(err))
     except Exception as err:  # a harness bug must not stop the other checks
@@ -196,7 +196,7 @@ def _restore_shared_services(env: Env) -> None:
         state = state.with_service(service)
     try:
         env.control.apply(state)
-    except SyncTimeout as err:
+    except SyncError as err:
         log.error("could not restore the shared services: %s", err)
 
 
