@@ -57,12 +57,15 @@ def dual_only(families: tuple[Family, ...]) -> tuple[Family, ...]:
     return families if len(families) == 2 else ()
 
 
+FamilyFilter = Callable[[tuple[Family, ...]], tuple[Family, ...]]
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
-    upstream: str
+    upstream: str  # the Kubernetes e2e test(s) it mirrors
     body: Callable[[CheckRun], None]
-    families: Callable[[tuple[Family, ...]], tuple[Family, ...]] = all_families
+    families: FamilyFilter = all_families
     # Every packet of this check must be translated in the pod: none may
     # reach the node when the backend balances at the socket level.
     translated: bool = False
@@ -71,7 +74,9 @@ class Check:
 CHECKS: list[Check] = []
 
 
-def check(name: str, upstream: str, families=all_families, translated: bool = False):
+def check(name: str, upstream: str, families: FamilyFilter = all_families,
+          translated: bool = False) -> Callable[[Callable[[CheckRun], None]],
+                                                Callable[[CheckRun], None]]:
     def register(body: Callable[[CheckRun], None]) -> Callable[[CheckRun], None]:
         CHECKS.append(Check(name, upstream, body, families, translated))
         return body

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from e2e.checks import CHECKS
 from e2e.proxy import BACKENDS, built_in_backends
 from e2e.run import Options, run
 
@@ -36,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="keep the logs also when every check passed")
     parser.add_argument("--logs-dir", type=Path, default=ROOT / "hack" / "e2e-logs",
                         help="where logs and JUnit XML go (default: hack/e2e-logs)")
+    parser.add_argument("--list", action="store_true",
+                        help="list the checks and the upstream tests they mirror")
     return parser
 
 
@@ -67,6 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="e2e: %(message)s", stream=sys.stderr)
+    if args.list:
+        for check in CHECKS:
+            print(f"{check.name}: {check.upstream}")
+        return 0
     if args.all:
         if args.ip or args.backend or args.debug:
             parser.error("-a runs every mode: no -i, -b or -d with it")
