@@ -31,7 +31,7 @@ ECHO_UDP = ServicePort("echo-udp", "UDP", 7001, ContainerPort.ECHO_UDP)
 ECHO_TCP = ServicePort("echo-tcp", "TCP", 7000, ContainerPort.ECHO_TCP)
 
 AFFINITY_TIMEOUT = 2          # seconds; e2e uses short timeouts too
-AFFINITY_EXPIRY_ROUNDS = 8    # P(the same of 3 pods 8 times in a row) < 1e-3
+AFFINITY_EXPIRY_ROUNDS = 10   # P(the same of 3 pods 10 times in a row) < 1e-4
 UDP_FOLLOW_TIMEOUT = 60.0     # "within about a minute"
 LARGE_DATAGRAM = 2000
 

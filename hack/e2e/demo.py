@@ -15,11 +15,12 @@ import time
 from typing import Sequence
 
 from e2e import clients, procs, teardown
-from e2e.checks import base_state
+from e2e.checks import HTTP, base_state
 from e2e.cluster import Cluster, IPAddress, Pod, families_of_mode
 from e2e.names import RunNames
 from e2e.proxy import BACKENDS, ControlPlane, built_in_backends
 from e2e.run import build_cluster
+from e2e.statefile import Service
 
 
 def say(text: str) -> None:
@@ -61,12 +62,21 @@ def demo(ip_mode: str) -> int:
             answers = clients.dns(client, dns_vip, attempts=3)
             say("   " + (", ".join(f"{pod} x{n}" for pod, n in answers.pods.items())
                          or "no answer: " + "; ".join(answers.errors)))
-        say(f"== edit {control.state_path.name}: web loses {servers[2].name}; the brain "
-            f"publishes the change, the backend applies it")
+        empty = Service("empty", 5, (HTTP,))
+        say(f"== edit {control.state_path.name}: web loses {servers[2].name}, a service "
+            f"without endpoints appears; the brain publishes, the backend applies")
         edited = time.monotonic()
-        control.apply(control.state.with_service(web.with_endpoints(*servers[:2])))
+        control.apply(control.state.with_service(web.with_endpoints(*servers[:2]))
+                      .with_service(empty))
         say(f"   sync applied {time.monotonic() - edited:.1f} s after the save")
-        _curl(client, web.cluster_ip(cluster.families[0]))
+        family = cluster.families[0]
+        _curl(client, web.cluster_ip(family))
+        vip = empty.cluster_ip(family)
+        answer = clients.probe(client, "connect", str(vip), str(HTTP.port))
+        outcome = ("connected?!" if answer["ok"] else
+                   f"{answer['errno']} after {answer['seconds'] * 1000:.1f} ms")
+        say(f"== client pod: connect() to {clients.host_literal(vip)}:{HTTP.port} (no "
+            f"endpoints): {outcome}")
         say(f"== kpng-py ebpf dump --bpffs-dir {names.bpffs_dir}")
         dump = procs.run(kind.inspect(names), check=False)
         say("   " + (dump.stdout + dump.stderr).strip().replace("\n", "\n   "))
