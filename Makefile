@@ -15,6 +15,11 @@ demo: setup
 # Everything CI runs: unit and stream tests, kernel tests, the e2e suite.
 test: setup
 	$(PYTEST) -q -ra
+	hack/test_e2e.sh -a
+
+# The end-to-end suite: every IP mode with every built-in backend (docs/e2e.md).
+e2e: setup
+	hack/test_e2e.sh -a
 
 unit: setup
 	$(PYTEST) -q -ra -m "not kernel"

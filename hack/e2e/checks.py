@@ -1,0 +1,519 @@
+"""The checks: service-semantics.md S1-S15, as the Kubernetes e2e tests for
+Services run them (upstream test names in each check's `upstream`).
+
+Three services exist from the start (web, dns, echo: the first full sync);
+checks that change them get them back afterwards. Every other service is
+created by the check that needs it, as an e2e test creates its objects.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from e2e import clients
+from e2e.clients import Sample, StreamingProbe, host_literal
+from e2e.cluster import Family, Pod
+from e2e.expect import CheckFailed, CheckRun
+from e2e.procs import wait_until
+from e2e.servers import ContainerPort
+from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, Service, ServicePort
+
+HTTP = ServicePort("http", "TCP", 80, ContainerPort.HTTP)
+ALT = ServicePort("alt", "TCP", 81, ContainerPort.ALT)
+EXTRA = ServicePort("extra", "TCP", 82, ContainerPort.ALT)
+DNS_UDP = ServicePort("dns", "UDP", 53, target_number=53)
+DNS_TCP = ServicePort("dns-tcp", "TCP", 53, target_number=53)
+ECHO_UDP = ServicePort("echo-udp", "UDP", 7001, ContainerPort.ECHO_UDP)
+ECHO_TCP = ServicePort("echo-tcp", "TCP", 7000, ContainerPort.ECHO_TCP)
+
+AFFINITY_TIMEOUT = 2          # seconds; e2e uses short timeouts too
+AFFINITY_EXPIRY_ROUNDS = 10   # P(the same of 3 pods 10 times in a row) < 1e-4
+UDP_FOLLOW_TIMEOUT = 60.0     # "within about a minute"
+LARGE_DATAGRAM = 2000
+
+
+def base_state(families: tuple[Family, ...], servers: Sequence[Pod]) -> ClusterState:
+    """The state of the first sync: services several checks use."""
+    return ClusterState(families, (
+        Service("web", 0, (HTTP,)).with_endpoints(*servers),
+        Service("dns", 1, (DNS_UDP, DNS_TCP)).with_endpoints(*servers),
+        Service("echo", 2, (ECHO_UDP, ECHO_TCP)).with_endpoints(*servers),
+    ))
+
+
+def all_families(families: tuple[Family, ...]) -> tuple[Family, ...]:
+    return families
+
+
+def ipv4_only(families: tuple[Family, ...]) -> tuple[Family, ...]:
+    return tuple(f for f in families if f is Family.IPV4)
+
+
+def dual_only(families: tuple[Family, ...]) -> tuple[Family, ...]:
+    return families if len(families) == 2 else ()
+
+
+FamilyFilter = Callable[[tuple[Family, ...]], tuple[Family, ...]]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    upstream: str  # the Kubernetes e2e test(s) it mirrors
+    body: Callable[[CheckRun], None]
+    families: FamilyFilter = all_families
+    # Every packet of this check must be translated in the pod: none may
+    # reach the node when the backend balances at the socket level.
+    translated: bool = False
+
+
+CHECKS: list[Check] = []
+
+
+def check(name: str, upstream: str, families: FamilyFilter = all_families,
+          translated: bool = False) -> Callable[[Callable[[CheckRun], None]],
+                                                Callable[[CheckRun], None]]:
+    def register(body: Callable[[CheckRun], None]) -> Callable[[CheckRun], None]:
+        CHECKS.append(Check(name, upstream, body, families, translated))
+        return body
+    return register
+
+
+# -- S1 ------------------------------------------------------------------
+@check("S1/basic-endpoint", "should serve a basic endpoint from pods", translated=True)
+def basic_endpoint(t: CheckRun) -> None:
+    web, srv = t.env.shared("web"), t.env.servers
+    t.each_family("3 endpoints", lambda f: t.expect_http(web, HTTP, f, srv))
+    t.apply(web.with_endpoints(*srv[:2]))
+    t.each_family(f"{srv[2].name} removed", lambda f: t.expect_http(web, HTTP, f, srv[:2]))
+    t.apply(web)
+    t.each_family(f"{srv[2].name} added back", lambda f: t.expect_http(web, HTTP, f, srv))
+
+
+# -- S2, S3 --------------------------------------------------------------
+def _multiport(t: CheckRun) -> Service:
+    return Service("multi", 3, (HTTP, ALT)).with_endpoints(*t.env.servers)
+
+
+@check("S2/multiport-endpoints", "should serve multiport endpoints from pods", translated=True)
+def multiport(t: CheckRun) -> None:
+    multi, srv = _multiport(t), t.env.servers
+    t.apply(multi)
+    t.each_family("port http (named, 8080+i)", lambda f: t.expect_http(multi, HTTP, f, srv))
+    t.each_family("port alt (named, 9080+i)", lambda f: t.expect_http(multi, ALT, f, srv))
+
+
+@check("S3/ports-added-and-deleted", "should be updated after adding or deleting ports")
+def ports_added_and_deleted(t: CheckRun) -> None:
+    multi, srv = _multiport(t), t.env.servers
+    t.apply(multi)
+    t.apply(multi.with_ports(HTTP))
+    t.each_family("alt deleted: http still served", lambda f: t.expect_http(multi, HTTP, f, srv))
+    t.each_family("alt deleted", lambda f: t.expect_not_served(multi, ALT, f))
+    t.apply(multi.with_ports(HTTP, EXTRA))
+    t.each_family("extra added", lambda f: t.expect_http(multi, EXTRA, f, srv))
+    t.each_family("extra added: http still served", lambda f: t.expect_http(multi, HTTP, f, srv))
+
+
+# -- S4 ------------------------------------------------------------------
+@check("S4/same-port-tcp-and-udp", "should serve endpoints on same port and different protocols")
+def same_port_tcp_and_udp(t: CheckRun) -> None:
+    dns, srv = t.env.shared("dns"), t.env.servers
+    t.each_family("dns over UDP", lambda f: t.expect_dns(dns, DNS_UDP, f, srv))
+    t.each_family("dns over TCP", lambda f: t.expect_dns(dns, DNS_TCP, f, srv))
+    t.apply(dns.with_ports(DNS_UDP))
+    t.each_family("TCP port removed: UDP", lambda f: t.expect_dns(dns, DNS_UDP, f, srv))
+    t.each_family("TCP port removed: TCP", lambda f: t.expect_not_served(dns, DNS_TCP, f))
+    t.apply(dns.with_ports(DNS_TCP))
+    t.each_family("UDP port removed: TCP", lambda f: t.expect_dns(dns, DNS_TCP, f, srv))
+    t.each_family("UDP port removed: UDP", lambda f: t.expect_not_served(dns, DNS_UDP, f))
+
+
+# -- S5 ------------------------------------------------------------------
+@check("S5/service-down-and-up", "should be able to up and down services; "
+       "should work after the service has been recreated")
+def service_down_and_up(t: CheckRun) -> None:
+    updown, srv = Service("updown", 4, (HTTP,)).with_endpoints(*t.env.servers), t.env.servers
+    t.apply(updown)
+    t.each_family("created", lambda f: t.expect_http(updown, HTTP, f, srv))
+    t.apply(delete=["updown"])
+    t.each_family("deleted", lambda f: t.expect_not_served(updown, HTTP, f))
+    t.apply(updown)
+    t.each_family("re-created", lambda f: t.expect_http(updown, HTTP, f, srv))
+
+
+# -- S6 ------------------------------------------------------------------
+@check("S6/no-endpoints-rejected", "should be rejected when no endpoints exist", translated=True)
+def no_endpoints_rejected(t: CheckRun) -> None:
+    srv0 = t.env.servers[0]
+    empty = Service("empty", 5, (HTTP, DNS_UDP))
+    t.apply(empty)
+    t.each_family("no endpoints: TCP", lambda f: t.expect_rejected(empty, HTTP, f))
+    t.each_family("no endpoints: UDP", lambda f: t.expect_rejected(empty, DNS_UDP, f))
+    t.apply(empty.with_endpoints(srv0))
+    t.each_family("endpoint added", lambda f: t.expect_http(empty, HTTP, f, [srv0]))
+    t.each_family("endpoint added: UDP", lambda f: t.expect_dns(empty, DNS_UDP, f, [srv0]))
+    t.apply(empty.with_endpoints(EndpointRef(srv0, ready=False)))
+    t.each_family("only endpoint not ready", lambda f: t.expect_rejected(empty, HTTP, f))
+
+
+# -- S7 ------------------------------------------------------------------
+def _sticky(t: CheckRun) -> Service:
+    sticky = Service("sticky", 6, (HTTP,), affinity_timeout=AFFINITY_TIMEOUT)
+    return sticky.with_endpoints(*t.env.servers)
+
+
+def _one_pod(t: CheckRun, service: Service, family: Family, among: Sequence[Pod]) -> str:
+    """The one pod that a burst of new connections (one after the other) all reach."""
+    names = {p.name for p in among}
+
+    def problem(sample: Sample) -> str | None:
+        if sample.failures or len(sample.pods) != 1:
+            return f"expected every connection to reach the same pod; {sample.describe()}"
+        if not set(sample.pods) <= names:
+            return f"expected one of {', '.join(sorted(names))}; {sample.describe()}"
+        return None
+
+    target = service.cluster_ip(family)
+    sample = t.eventually(f"{host_literal(target)}:{HTTP.port} with ClientIP affinity",
+                        lambda: clients.http(t.env.client, target, HTTP.port, attempts=12,
+                                             parallel=False), problem)
+    return next(iter(sample.pods))
+
+
+@check("S7/client-ip-affinity", "should have session affinity work for service with type "
+       "clusterIP", translated=True)
+def client_ip_affinity(t: CheckRun) -> None:
+    sticky, srv = _sticky(t), t.env.servers
+    t.apply(sticky)
+    chosen: dict[Family, str] = {}
+
+    def sticks(family: Family) -> None:
+        chosen[family] = _one_pod(t, sticky, family, srv)
+
+    t.each_family("burst of new connections", sticks)
+    for family in t.active():  # affinity to a removed endpoint must go
+        remaining = [p for p in srv if p.name != chosen[family]]
+        t.apply(sticky.with_endpoints(*remaining))
+        t.step(family, f"{chosen[family]} removed",
+               lambda f=family, r=remaining: _one_pod(t, sticky, f, r))
+        t.apply(sticky)
+
+
+@check("S7/affinity-timeout", "should have session affinity timeout work for service with "
+       "type clusterIP", translated=True)
+def affinity_timeout(t: CheckRun) -> None:
+    sticky = _sticky(t)
+    t.apply(sticky)
+    seen: dict[Family, Counter[str]] = {f: Counter() for f in t.families}
+    for _ in range(AFFINITY_EXPIRY_ROUNDS):
+        pending = [f for f in t.active() if len(seen[f]) < 2]
+        if not pending:
+            return
+        # Waiting out the affinity timeout is the behaviour under test.
+        time.sleep(AFFINITY_TIMEOUT + 0.5)
+        for family in pending:
+            sample = clients.http(t.env.client, sticky.cluster_ip(family), HTTP.port)
+            if sample.failures:
+                t.fail(family, f"after {AFFINITY_TIMEOUT + 0.5} s idle: {sample.describe()}")
+            seen[family].update(sample.pods)
+    for family in t.active():
+        if len(seen[family]) < 2:
+            t.fail(family, f"after {AFFINITY_EXPIRY_ROUNDS} idle periods longer than the "
+                           f"{AFFINITY_TIMEOUT} s timeout, every new connection still went to "
+                           f"{', '.join(seen[family])}: affinity never expired")
+
+
+# -- S8 ------------------------------------------------------------------
+@check("S8/udp-recvfrom-shows-vip", "should function for pod-Service: udp; should be able to "
+       "handle large requests: udp", translated=True)
+def udp_recvfrom(t: CheckRun) -> None:
+    echo = t.env.shared("echo")
+    t.each_family(f"unconnected {LARGE_DATAGRAM}-byte datagram",
+                  lambda f: _udp_echo(t, str(echo.cluster_ip(f)), connected=False))
+
+
+@check("S8/getpeername-shows-vip", "should function for pod-Service: udp (connected "
+       "sockets), tcp", translated=True)
+def getpeername(t: CheckRun) -> None:
+    echo = t.env.shared("echo")
+    t.each_family(f"connected UDP, {LARGE_DATAGRAM}-byte datagram",
+                  lambda f: _udp_echo(t, str(echo.cluster_ip(f)), connected=True))
+    t.each_family("TCP", lambda f: _tcp_peer(t, str(echo.cluster_ip(f)), ECHO_TCP.port))
+
+
+@check("S8/udp-spread", "should function for pod-Service: udp (new sockets spread over "
+       "endpoints)", translated=True)
+def udp_spread(t: CheckRun) -> None:
+    dns = t.env.shared("dns")
+    t.each_family("dig, a socket per query", lambda f: t.expect_dns(dns, DNS_UDP, f,
+                                                                   t.env.servers))
+
+
+def _udp_echo(t: CheckRun, vip: str, connected: bool) -> None:
+    args = ["udp-echo", vip, str(ECHO_UDP.port), "--size", str(LARGE_DATAGRAM)]
+    want = [vip, ECHO_UDP.port]
+
+    def problem(answer: dict) -> str | None:
+        if not answer["ok"]:
+            return f"no echo: {answer['errno']}"
+        if not answer["equal"]:
+            return f"echo differs from what was sent ({answer['size']} bytes back)"
+        if answer["source"] != want:
+            return f"recvfrom() says the reply came from {answer['source']}, expected {want}"
+        if connected and answer["peer"] != want:
+            return f"getpeername() says {answer['peer']}, expected {want}"
+        return None
+
+    t.eventually(f"{host_literal(vip)}:{ECHO_UDP.port}/UDP",
+               lambda: clients.probe(t.env.client, *args, *(["--connected"] if connected
+                                                            else [])), problem)
+
+
+def _tcp_peer(t: CheckRun, vip: str, port: int) -> None:
+    want = [vip, port]
+
+    def problem(answer: dict) -> str | None:
+        if not answer["ok"]:
+            return f"connect failed: {answer['errno']}"
+        return None if answer["peer"] == want else f"getpeername() says {answer['peer']}"
+
+    t.eventually(f"{host_literal(vip)}:{port}/TCP",
+               lambda: clients.probe(t.env.client, "connect", vip, str(port)), problem)
+
+
+# -- S9 ------------------------------------------------------------------
+def _await(probe: StreamingProbe, what: str, ready: Callable[[], bool], timeout: float,
+           seen: Callable[[], str]) -> None:
+    """Wait for what a streaming probe shows; CheckFailed with what it showed."""
+    try:
+        wait_until(what, ready, timeout)
+    except TimeoutError:
+        crash = probe.crash()
+        raise CheckFailed(f"{what}: not within {timeout:.0f} s; {seen()}"
+                          + (f"; {crash}" if crash else "")) from None
+
+
+def _udp_follows_new_endpoint(t: CheckRun, connected: bool) -> None:
+    old, new = t.env.servers[0], t.env.servers[1]
+    cycle = Service("cycle", 7, (DNS_UDP,))
+    t.apply(cycle.with_endpoints(old))
+    extra = ["--connected"] if connected else []
+    probes = {f: StreamingProbe(t.env.client, "dns-follow", str(cycle.cluster_ip(f)),
+                                str(DNS_UDP.port), *extra) for f in t.active()}
+
+    def answers_from(pod: Pod, family: Family, timeout: float) -> None:
+        probe = probes[family]
+        _await(probe, f"answers from {pod.name}",
+               lambda: _last_answers(probe, 3) == [pod.name] * 3, timeout,
+               lambda: f"last answers {_last_answers(probe, 5)}{_errors(probe)}")
+
+    try:
+        t.each_family("before the change", lambda f: answers_from(old, f, 5.0))
+        # The pod cycles: its replacement has another address. The old server
+        # keeps answering: only the proxy can move the socket on.
+        t.apply(cycle.with_endpoints(new))
+        changed = time.monotonic()
+        t.each_family(f"{old.name} replaced by {new.name}", lambda f: answers_from(
+            new, f, UDP_FOLLOW_TIMEOUT - (time.monotonic() - changed)))
+    finally:
+        for probe in probes.values():
+            probe.stop()
+
+
+def _last_answers(probe: StreamingProbe, count: int) -> list[str | None]:
+    answers = [line.get("pod", line.get("error")) for line in probe.lines() if "t" in line]
+    return answers[-count:]
+
+
+def _errors(probe: StreamingProbe) -> str:
+    dropped = [line for line in probe.lines() if line.get("event") == "socket-dropped"]
+    errors = Counter(line["error"] for line in probe.lines() if "error" in line)
+    text = ", ".join(f"{e} x{n}" for e, n in errors.items())
+    if dropped:
+        text += f"; socket re-created {len(dropped)} times ({dropped[-1]['reason']})"
+    return f" (errors: {text})" if text else ""
+
+
+@check("S9/udp-connected-socket-follows-endpoint", "should be able to preserve UDP traffic "
+       "when server pod cycles for a ClusterIP service (connected socket)", translated=True)
+def udp_connected_follows(t: CheckRun) -> None:
+    _udp_follows_new_endpoint(t, connected=True)
+
+
+@check("S9/udp-unconnected-socket-follows-endpoint", "should be able to preserve UDP traffic "
+       "when server pod cycles for a ClusterIP service (unconnected socket)", translated=True)
+def udp_unconnected_follows(t: CheckRun) -> None:
+    _udp_follows_new_endpoint(t, connected=False)
+
+
+# -- S10 -----------------------------------------------------------------
+@check("S10/internal-traffic-policy-local", "should respect internalTrafficPolicy=Local "
+       "Pod to Pod", translated=True)
+def internal_traffic_local(t: CheckRun) -> None:
+    srv0, srv1, srv2 = t.env.servers
+    local = Service("local", 8, (HTTP,), internal_traffic_local=True)
+    t.apply(local.with_endpoints(srv0, EndpointRef(srv1, REMOTE_NODE),
+                                 EndpointRef(srv2, REMOTE_NODE)))
+    t.each_family("one local endpoint of three", lambda f: t.expect_http(local, HTTP, f, [srv0]))
+    t.apply(local.with_endpoints(*(EndpointRef(p, REMOTE_NODE) for p in t.env.servers)))
+    t.each_family("no local endpoint, three remote", lambda f: _connect_fails(t, local, f))
+
+
+def _connect_fails(t: CheckRun, service: Service, family: Family) -> None:
+    target = str(service.cluster_ip(family))
+    t.eventually(f"{host_literal(target)}:{HTTP.port} must fail",
+               lambda: clients.probe(t.env.client, "connect", target, str(HTTP.port)),
+               lambda a: f"connected to {a['peer']}" if a["ok"] else None)
+
+
+# -- S11 -----------------------------------------------------------------
+@check("S11/headless-and-externalname-ignored", "Headless / ExternalName ignored")
+def headless_and_externalname(t: CheckRun) -> None:
+    web, srv = t.env.shared("web"), t.env.servers
+    headless = Service("headless", 9, (HTTP,), headless=True).with_endpoints(*srv)
+    # An ExternalName service has no ClusterIP; this one has one anyway so
+    # that programming it by mistake would show.
+    extname = Service("extname", 10, (HTTP,), type="ExternalName").with_endpoints(*srv)
+    t.apply(headless, extname)
+    t.each_family("ExternalName's address", lambda f: t.expect_not_served(extname, HTTP, f))
+    t.each_family("other services", lambda f: t.expect_http(web, HTTP, f, srv))
+
+
+# -- S12 -----------------------------------------------------------------
+@check("S12/ipv4-mapped-address", "Granular Checks: Services Secondary IP Family "
+       "(IPv4 ClusterIP through an AF_INET6 socket)", families=ipv4_only, translated=True)
+def ipv4_mapped(t: CheckRun) -> None:
+    web, echo, srv = t.env.shared("web"), t.env.shared("echo"), t.env.servers
+
+    def mapped(service: Service) -> str:
+        return f"::ffff:{service.cluster_ip(Family.IPV4)}"
+
+    t.each_family("TCP (curl)", lambda f: t.expect_http(web, HTTP, f, srv, ip=mapped(web)))
+    t.each_family("UDP recvfrom", lambda f: _udp_echo(t, mapped(echo), connected=False))
+    t.each_family("UDP getpeername", lambda f: _udp_echo(t, mapped(echo), connected=True))
+
+
+@check("S12/single-stack-services", "Granular Checks: Services Secondary IP Family "
+       "(single-stack services in a dual-stack cluster)", families=dual_only, translated=True)
+def single_stack_services(t: CheckRun) -> None:
+    srv = t.env.servers
+    single = {Family.IPV4: Service("v4only", 13, (HTTP,), only_family=Family.IPV4),
+              Family.IPV6: Service("v6only", 14, (HTTP,), only_family=Family.IPV6)}
+    single = {f: s.with_endpoints(*srv) for f, s in single.items()}
+    t.apply(*single.values())
+    t.each_family("own family", lambda f: t.expect_http(single[f], HTTP, f, srv))
+
+
+# -- S13 -----------------------------------------------------------------
+def _restart(t: CheckRun, signum: signal.Signals) -> None:
+    web, echo, srv = t.env.shared("web"), t.env.shared("echo"), t.env.servers
+    control = t.env.control
+    loops = {f: StreamingProbe(t.env.client, "http-loop", str(web.cluster_ip(f)), str(HTTP.port),
+                               str(echo.cluster_ip(f)), str(ECHO_TCP.port))
+             for f in t.active()}
+
+    def under_way(family: Family) -> None:
+        loop = loops[family]
+        _await(loop, "the client loop under way", lambda: len(_served(loop)) >= 10, 10.0,
+               lambda: _loop_summary(loop.lines()))
+
+    def served_and_changed(family: Family) -> None:
+        """Ten new connections after the restart, none to the pod removed
+        while the backend was down."""
+        loop = loops[family]
+        _await(loop, f"ten new connections after the restart, none to {srv[2].name} "
+                     f"(removed while the backend was down)",
+               lambda: len(_served(loop, restarted)) >= 10
+               and srv[2].name not in _served(loop, restarted)[-10:], 20.0,
+               lambda: _loop_summary([line for line in loop.lines()
+                                      if line.get("t", 0) > restarted]))
+
+    try:
+        t.each_family("before the restart", under_way)
+        if not t.active():
+            return
+        backend = control.backend
+        assert backend is not None
+        backend.signal(signum)
+        code = backend.wait_exit(30.0)
+        if code is None or (signum == signal.SIGTERM and code != 0):
+            backend.stop()
+            for family in t.active():
+                t.fail(family, f"on {signum.name} the backend "
+                               + ("did not exit within 30 s" if code is None
+                                  else f"exited with code {code}"))
+        # While no backend runs, the service changes: the new process must
+        # pick that up too.
+        control.write_while_backend_down(control.state.with_service(web.with_endpoints(*srv[:2])))
+        restarted = time.monotonic()
+        control.start_backend()
+        t.each_family("after the restart", served_and_changed)
+    finally:
+        lines = {f: loop.stop() for f, loop in loops.items()}
+    for family in t.active():
+        _judge_restart_loop(t, family, lines[family])
+
+
+def _loop_summary(lines: list[dict]) -> str:
+    outcomes = Counter(f"{line['kind']} {line.get('pod', 'ok') if line['ok'] else line['errno']}"
+                       for line in lines if "kind" in line)
+    return ", ".join(f"{what} x{n}" for what, n in sorted(outcomes.items())) or "no lines"
+
+
+def _served(loop: StreamingProbe, since: float = 0.0) -> list[str]:
+    """Pods that answered the loop's new connections made after `since`."""
+    return [line["pod"] for line in loop.lines()
+            if line.get("kind") == "new" and line["ok"] and line["t"] > since]
+
+
+def _judge_restart_loop(t: CheckRun, family: Family, lines: list[dict]) -> None:
+    new = [line for line in lines if line.get("kind") == "new"]
+    established = [line for line in lines if line.get("kind") == "established"]
+    failed_new = [line for line in new if not line["ok"]]
+    failed_established = [line for line in established if not line["ok"]]
+    problems = []
+    if failed_new:
+        errors = Counter(line["errno"] for line in failed_new)
+        problems.append(f"{len(failed_new)} of {len(new)} new connections failed ("
+                        + ", ".join(f"{e} x{n}" for e, n in errors.items()) + ")")
+    if failed_established:
+        problems.append(f"the established connection broke ({failed_established[0]['errno']}): "
+                        f"{len(failed_established)} of {len(established)} exchanges failed")
+    if problems:
+        t.fail(family, "; ".join(problems))
+
+
+@check("S13/restart-sigterm", "should work after restarting kube-proxy (SIGTERM)",
+       translated=True)
+def restart_sigterm(t: CheckRun) -> None:
+    _restart(t, signal.SIGTERM)
+
+
+@check("S13/restart-sigkill", "should work after restarting kube-proxy (crash: SIGKILL)",
+       translated=True)
+def restart_sigkill(t: CheckRun) -> None:
+    _restart(t, signal.SIGKILL)
+
+
+# -- S14, S15 ------------------------------------------------------------
+@check("S14/services-sharing-endpoints", "multiple services, same endpoints")
+def services_sharing_endpoints(t: CheckRun) -> None:
+    web, srv = t.env.shared("web"), t.env.servers
+    web2 = Service("web2", 11, (HTTP,)).with_endpoints(*srv)
+    t.apply(web2)
+    t.each_family("both", lambda f: t.expect_http(web2, HTTP, f, srv))
+    t.apply(delete=["web2"])
+    t.each_family("web2 deleted: web", lambda f: t.expect_http(web, HTTP, f, srv))
+    t.each_family("web2 deleted: web2", lambda f: t.expect_not_served(web2, HTTP, f))
+
+
+@check("S15/hairpin", "a pod reaching its own service may land on itself", translated=True)
+def hairpin(t: CheckRun) -> None:
+    web, srv = t.env.shared("web"), t.env.servers
+    t.each_family(f"from {srv[0].name}", lambda f: t.expect_http(web, HTTP, f, srv,
+                                                                 client=srv[0]))

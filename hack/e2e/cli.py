@@ -1,0 +1,83 @@
+"""`hack/test_e2e.sh -i ipv4|ipv6|dual -b ebpf|userspace [-d] [-k]`, and `-a`
+for every mode with every backend this kpng-py has (what `make e2e` runs)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from e2e.checks import CHECKS
+from e2e.proxy import BACKENDS, built_in_backends
+from e2e.run import Options, run
+
+ROOT = Path(__file__).resolve().parents[2]
+IP_MODES = ("ipv4", "ipv6", "dual")
+# CI must run these (a backend that is missing there is a failure, not a skip).
+REQUIRED_IN_CI = ("ebpf",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hack/test_e2e.sh",
+        description="End-to-end suite: a cluster in network namespaces, real servers and "
+                    "clients, the built-in brain and a backend. See docs/e2e.md.")
+    parser.add_argument("-i", "--ip", choices=IP_MODES, help="IP families of the cluster")
+    parser.add_argument("-b", "--backend", choices=sorted(BACKENDS), help="backend under test")
+    parser.add_argument("-a", "--all", action="store_true",
+                        help="every IP mode with every built-in backend, one after the other")
+    parser.add_argument("-d", "--debug", action="store_true",
+                        help="after the checks, leave the cluster up (Ctrl-C tears it down)")
+    parser.add_argument("-k", "--keep-logs", action="store_true",
+                        help="keep the logs also when every check passed")
+    parser.add_argument("--logs-dir", type=Path, default=ROOT / "hack" / "e2e-logs",
+                        help="where logs and JUnit XML go (default: hack/e2e-logs)")
+    parser.add_argument("--list", action="store_true",
+                        help="list the checks and the upstream tests they mirror")
+    return parser
+
+
+def run_all(args: argparse.Namespace) -> int:
+    backends = built_in_backends()
+    failed = []
+    for required in REQUIRED_IN_CI:
+        if required not in backends:
+            print(f"e2e: kpng-py has no to-{required} backend", file=sys.stderr)
+            if os.environ.get("CI") == "true":
+                failed.append(f"{required} (missing)")
+    for backend in backends:
+        for ip in IP_MODES:
+            began = time.monotonic()
+            argv = [sys.executable, "-m", "e2e", "-i", ip, "-b", backend,
+                    "--logs-dir", str(args.logs_dir), *(["-k"] if args.keep_logs else [])]
+            print(f"== e2e {backend} {ip}", flush=True)
+            code = subprocess.run(argv).returncode
+            print(f"== e2e {backend} {ip}: {'ok' if code == 0 else 'FAILED'} "
+                  f"in {time.monotonic() - began:.0f} s", flush=True)
+            if code:
+                failed.append(f"{backend} {ip}")
+    if failed:
+        print(f"e2e: failed: {', '.join(failed)}", flush=True)
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="e2e: %(message)s", stream=sys.stderr)
+    if args.list:
+        for check in CHECKS:
+            print(f"{check.name}: {check.upstream}")
+        return 0
+    if args.all:
+        if args.ip or args.backend or args.debug:
+            parser.error("-a runs every mode: no -i, -b or -d with it")
+        return run_all(args)
+    if not (args.ip and args.backend):
+        parser.error("-i and -b are required (or -a)")
+    return run(Options(args.ip, args.backend, args.debug, args.keep_logs, args.logs_dir))

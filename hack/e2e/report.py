@@ -1,0 +1,64 @@
+"""Check results: a line per check as it finishes, the final count, JUnit XML."""
+
+from __future__ import annotations
+
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    failure: str | None  # None: passed
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None
+
+    def line(self) -> str:
+        if self.passed:
+            return f"PASS {self.name}"
+        # One line per check: the details' line breaks become " | ".
+        return f"FAIL {self.name}: {' | '.join(self.failure.splitlines())}"
+
+
+class Report:
+    def __init__(self, suite: str, out: TextIO) -> None:
+        self.suite = suite
+        self._out = out
+        self.results: list[Result] = []
+        self._started = time.monotonic()
+
+    def add(self, result: Result) -> None:
+        self.results.append(result)
+        print(result.line(), file=self._out, flush=True)
+
+    @property
+    def failed(self) -> int:
+        return sum(not r.passed for r in self.results)
+
+    @property
+    def passed(self) -> int:
+        return sum(r.passed for r in self.results)
+
+    def summary(self) -> str:
+        return f"{self.passed} passed, {self.failed} failed"
+
+    def junit(self, path: Path) -> None:
+        counts = {"tests": str(len(self.results)), "failures": str(self.failed), "errors": "0"}
+        root = ET.Element("testsuites", counts)
+        suite = ET.SubElement(root, "testsuite", counts, name=self.suite, skipped="0",
+                              time=f"{time.monotonic() - self._started:.3f}")
+        for result in self.results:
+            case = ET.SubElement(suite, "testcase", classname=self.suite, name=result.name,
+                                 time=f"{result.seconds:.3f}")
+            if result.failure is not None:
+                failure = ET.SubElement(case, "failure",
+                                        message=result.failure.splitlines()[0][:500])
+                failure.text = result.failure
+        ET.indent(root)
+        ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)

@@ -1,0 +1,269 @@
+"""One run: clear stale runs, build the cluster, start servers, brain and
+backend, run the checks, report, and tear everything down whatever happens
+(success, failure, Ctrl-C, SIGTERM)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import sys
+import textwrap
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from e2e import clients, procs, teardown
+from e2e.checks import CHECKS, Check, base_state
+from e2e.cluster import Cluster, Family, Pod, families_of_mode
+from e2e.expect import CheckFailed, CheckRun, Env
+from e2e.names import CGROUP2_ROOT, RunNames
+from e2e.proxy import BACKENDS, ControlPlane, SyncError, built_in_backends
+from e2e.report import Report, Result
+from e2e.servers import ContainerPort, start_servers, wait_listening
+from e2e.statefile import ClusterState
+
+log = logging.getLogger("e2e")
+
+SERVER_PODS = ("srv-0", "srv-1", "srv-2")
+CLIENT_POD = "client"
+
+
+@dataclass(frozen=True)
+class Options:
+    ip_mode: str
+    backend: str
+    debug: bool  # leave the cluster up until a signal
+    keep_logs: bool
+    logs_root: Path
+
+    @property
+    def suite(self) -> str:
+        return f"e2e-{self.backend}-{self.ip_mode}"
+
+
+class SetupError(Exception):
+    pass
+
+
+class Interrupted(BaseException):
+    """Ctrl-C or SIGTERM: like KeyboardInterrupt, not caught as a check's error."""
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise Interrupted(f"interrupted by {signal.Signals(signum).name}")
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def run(options: Options) -> int:
+    report = Report(options.suite, sys.stdout)
+    names = RunNames.for_this_process()
+    kind = BACKENDS[options.backend]
+    cluster: Cluster | None = None
+    control: ControlPlane | None = None
+    started = time.monotonic()
+    previous = {s: signal.signal(s, _interrupt) for s in _STOP_SIGNALS}
+    try:
+        _preflight(options)
+        for line in teardown.remove_stale_runs(_stale_dataplane_cleanup):
+            log.info(line)
+        cluster = Cluster(names, families_of_mode(options.ip_mode), names.make_workdir())
+        servers, client = build_cluster(cluster)
+        control = ControlPlane(cluster, kind, base_state(cluster.families, servers))
+        _start_control_plane(control)
+        env = Env(cluster, control, kind, servers, client, control.state)
+        run_checks(env, report)
+        if options.debug:
+            _wait_while_debugging(env)
+    except Interrupted as err:
+        report.add(Result("interrupted", str(err), time.monotonic() - started))
+    except Exception as err:  # checks catch their own: this is the cluster or the proxy
+        if not isinstance(err, (SetupError, SyncError, TimeoutError)):
+            log.error("set-up failed: %s", traceback.format_exc())
+        report.add(Result("setup", f"{err}", time.monotonic() - started))
+    finally:
+        # A second Ctrl-C must not leave half a cluster behind.
+        for s in _STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        _finish(options, names, cluster, control, report)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 0 if report.failed == 0 else 1
+
+
+def _preflight(options: Options) -> None:
+    if os.geteuid() != 0:
+        raise SetupError("needs root (network namespaces, cgroups, BPF)")
+    if not (CGROUP2_ROOT / "cgroup.procs").exists():
+        raise SetupError(f"needs cgroup v2 mounted at {CGROUP2_ROOT}")
+    for tool in ("ip", "nft", "nginx", "dnsmasq", "socat", "curl", "dig", "ss"):
+        if shutil.which(tool) is None:
+            raise SetupError(f"`{tool}` not found: run hack/setup.sh")
+    if options.backend not in built_in_backends():
+        raise SetupError(f"this kpng-py has no to-{options.backend} backend "
+                         f"(has: {', '.join(built_in_backends()) or 'none'})")
+
+
+def _stale_dataplane_cleanup(names: RunNames) -> None:
+    for name in built_in_backends():
+        cleanup = BACKENDS[name].dataplane_cleanup
+        if cleanup is not None:
+            cleanup(names)
+
+
+def build_cluster(cluster: Cluster) -> tuple[tuple[Pod, ...], Pod]:
+    """Namespaces, pods, servers; checks that the client reaches every server
+    directly. Returns the server pods and the client pod."""
+    began = time.monotonic()
+    cluster.build([*SERVER_PODS, CLIENT_POD])
+    servers = tuple(cluster.pods[name] for name in SERVER_PODS)
+    running = {pod: start_servers(cluster, pod) for pod in servers}
+    for pod, pod_servers in running.items():
+        wait_listening(pod, pod_servers)
+    client = cluster.pods[CLIENT_POD]
+    for family in cluster.families:
+        _check_pod_network(client, servers, family)
+    log.info("cluster %s up in %.1f s (%s)", cluster.names.tag, time.monotonic() - began,
+             ", ".join(f.value for f in cluster.families))
+    return servers, client
+
+
+def _check_pod_network(client: Pod, servers: tuple[Pod, ...], family: Family) -> None:
+    """Before any proxy: the client reaches every server directly."""
+    for pod in servers:
+        ip = pod.ip(family)
+        seen = [
+            clients.http(client, ip, ContainerPort.HTTP.number(pod)),
+            clients.http(client, ip, ContainerPort.ALT.number(pod)),
+            clients.dns(client, ip),
+            clients.dns(client, ip, tcp=True),
+        ]
+        for sample in seen:
+            if set(sample.pods) != {pod.name}:
+                raise SetupError(f"the client cannot reach pod {pod.name} at {ip} directly: "
+                                 f"{sample.describe()}")
+        echo = clients.probe(client, "udp-echo", str(ip), str(ContainerPort.ECHO_UDP.number(pod)))
+        if not (echo["ok"] and echo["equal"]):
+            raise SetupError(f"no UDP echo from pod {pod.name} at {ip}: {echo}")
+
+
+def _start_control_plane(control: ControlPlane) -> None:
+    began = time.monotonic()
+    control.start()
+    log.info("brain and %s backend synced in %.1f s", control.kind.name,
+             time.monotonic() - began)
+
+
+def run_checks(env: Env, report: Report) -> None:
+    for check in CHECKS:
+        families = check.families(env.families)
+        if families:
+            _run_check(env, check, families, report)
+            _restore_shared_services(env)
+
+
+def _run_check(env: Env, check: Check, families: tuple[Family, ...], report: Report) -> None:
+    watch_escapes = check.translated and env.kind.translates_in_pod
+    escaped = {f: env.cluster.escaped_packets(f) for f in families} if watch_escapes else {}
+    t = CheckRun(env, families)
+    began = time.monotonic()
+    try:
+        check.body(t)
+    except (CheckFailed, SyncError) as err:
+        for family in families:
+            t.fail(family, str(err))
+    except Exception as err:  # a harness bug must not stop the other checks
+        log.error("check %s: %s", check.name, traceback.format_exc())
+        for family in families:
+            t.fail(family, f"harness error: {type(err).__name__}: {err}")
+    for family, before in escaped.items():
+        leaked = env.cluster.escaped_packets(family) - before
+        if leaked:
+            t.fail(family, f"{leaked} packets to ClusterIPs left the pods untranslated "
+                           f"(counted in the node namespace)")
+    seconds = time.monotonic() - began
+    for family in families:
+        report.add(Result(f"{check.name}/{family.value}", t.failures.get(family), seconds))
+
+
+def _restore_shared_services(env: Env) -> None:
+    state: ClusterState = env.control.state
+    for service in env.base_state.services:
+        state = state.with_service(service)
+    try:
+        env.control.apply(state)
+    except SyncError as err:
+        log.error("could not restore the shared services: %s", err)
+
+
+def _poke_help(env: Env) -> str:
+    cluster, control = env.cluster, env.control
+    names, client = cluster.names, env.client
+    in_pod = cluster.workdir / "in-pod"
+    in_pod.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        # in-pod POD COMMAND...: run COMMAND in POD's network namespace and cgroup
+        pod="$1"; shift
+        echo 0 >"{names.cgroup}/$pod/cgroup.procs" &&
+            exec nsenter --net="/run/netns/{names.tag}-$pod" -- "$@"
+        """))
+    in_pod.chmod(0o755)
+    web, dns = env.shared("web"), env.shared("dns")
+    family = env.families[0]
+    lines = [
+        f"cluster {names.tag} is up ({control.kind.name} backend, "
+        f"{'/'.join(f.value for f in env.families)}). Poke it:",
+        f"  {in_pod} {client.name} curl -s http://{clients.host_literal(web.cluster_ip(family))}/",
+        f"  {in_pod} {client.name} dig +short @{dns.cluster_ip(family)} whoami.e2e TXT",
+        f"  {in_pod} {client.name} bash      # a shell in the client pod",
+        f"  pods: {', '.join(cluster.pods)}; netns: {names.netns('<pod>')}, node: "
+        f"{cluster.node_netns}",
+        f"  state file (edit it; the brain re-reads it): {control.state_path}",
+        f"  logs: {cluster.workdir}/*.log",
+    ]
+    lines.append(f"  {' '.join(control.kind.inspect(names))}      # the dataplane")
+    lines.append(f"Ctrl-C (or kill {os.getpid()}) tears it down.")
+    return "\n".join(lines)
+
+
+def _wait_while_debugging(env: Env) -> None:
+    """Until Ctrl-C or SIGTERM: here they are the way to end, not a failure."""
+    print(_poke_help(env), file=sys.stderr, flush=True)
+    try:
+        while True:
+            signal.pause()
+    except Interrupted as stop:
+        log.info("%s: tearing down", stop)
+
+
+def _finish(options: Options, names: RunNames, cluster: Cluster | None,
+            control: ControlPlane | None, report: Report) -> None:
+    logs = options.logs_root / f"{options.backend}-{options.ip_mode}"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    problems: list[str] = []
+    if control is not None:
+        dataplane = procs.run(control.kind.inspect(names), check=False)
+        (logs / "dataplane.txt").write_text(dataplane.stdout + dataplane.stderr)
+        problems += control.stop()
+    if cluster is not None:
+        for path in [*cluster.workdir.glob("*.log"), cluster.workdir / "state.yaml"]:
+            if path.exists():
+                shutil.copy(path, logs / path.name)
+    problems += teardown.remove_run(names, BACKENDS[options.backend].dataplane_cleanup)
+    if problems:
+        report.add(Result("teardown", "\n".join(problems), 0.0))
+    (logs / "checks.txt").write_text("".join(r.line() + "\n" for r in report.results))
+    junit = options.logs_root / f"junit-{options.backend}-{options.ip_mode}.xml"
+    report.junit(junit)
+    print(report.summary(), flush=True)
+    if options.keep_logs or report.failed:
+        log.info("logs: %s; JUnit: %s", logs, junit)
+    else:
+        shutil.rmtree(logs)
+        log.info("JUnit: %s", junit)
+

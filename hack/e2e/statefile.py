@@ -1,0 +1,152 @@
+"""The cluster state the checks change, written as a KPNG state file
+(../shared/spec/kpng-file-format.md) for the built-in brain.
+
+Values are frozen; a check changes the cluster by building a new state
+(`with_service`, `without_service`, `Service.with_endpoints`...) the way a
+Kubernetes e2e test creates, updates and deletes objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.cluster import ADDRESSING, Family, IPAddress, Pod, ip_family
+from e2e.servers import ContainerPort
+
+LOCAL_NODE = "node-a"   # the node the backend serves (--node-name)
+REMOTE_NODE = "node-b"  # a node with no processes: its endpoints are not Local
+ZONE = "zone-a"
+PROTOCOL_NUMBERS = {"TCP": 1, "UDP": 2}
+
+
+@dataclass(frozen=True)
+class ServicePort:
+    """A service port whose targetPort is a named container port, or a number
+    (`target_number`; then endpoints carry no port override for it)."""
+
+    name: str
+    protocol: str
+    port: int
+    target: ContainerPort | None = None
+    target_number: int = 0
+
+    def backend_port(self, pod: Pod) -> int:
+        return self.target.number(pod) if self.target else self.target_number
+
+    def to_yaml(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "protocol": PROTOCOL_NUMBERS[self.protocol],
+                               "port": self.port}
+        if self.target:
+            out["targetportname"] = self.target.value
+        else:
+            out["targetport"] = self.target_number
+        return out
+
+
+@dataclass(frozen=True)
+class EndpointRef:
+    """A pod backing a service, on the local node unless `node` says otherwise."""
+
+    pod: Pod
+    node: str = LOCAL_NODE
+    ready: bool = True
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    ip_index: int  # the ClusterIP is the service CIDR's address number 10 + ip_index
+    ports: tuple[ServicePort, ...]
+    endpoints: tuple[EndpointRef, ...] = ()
+    type: str = "ClusterIP"
+    headless: bool = False
+    affinity_timeout: int | None = None
+    internal_traffic_local: bool = False
+    # None: every family of the cluster; else a single-stack service.
+    only_family: Family | None = None
+
+    def cluster_ip(self, family: Family) -> IPAddress:
+        return ADDRESSING[family].service_ip(self.ip_index)
+
+    def port(self, name: str) -> ServicePort:
+        return next(p for p in self.ports if p.name == name)
+
+    def with_endpoints(self, *endpoints: EndpointRef | Pod) -> Service:
+        refs = tuple(e if isinstance(e, EndpointRef) else EndpointRef(e) for e in endpoints)
+        return dataclasses.replace(self, endpoints=refs)
+
+    def with_ports(self, *ports: ServicePort) -> Service:
+        return dataclasses.replace(self, ports=ports)
+
+    def families(self, cluster_families: tuple[Family, ...]) -> tuple[Family, ...]:
+        if self.only_family is None:
+            return cluster_families
+        return (self.only_family,) if self.only_family in cluster_families else ()
+
+    def to_yaml(self, cluster_families: tuple[Family, ...]) -> dict[str, Any]:
+        families = self.families(cluster_families)
+        service: dict[str, Any] = {"namespace": "default", "name": self.name, "type": self.type}
+        if self.headless:
+            service["ips"] = {"headless": True}
+        else:
+            service["ips"] = {"clusterips": _ip_set(self.cluster_ip(f) for f in families)}
+        service["ports"] = [p.to_yaml() for p in self.ports]
+        if self.affinity_timeout is not None:
+            service["sessionaffinity"] = {"clientip": {"timeoutseconds": self.affinity_timeout}}
+        if self.internal_traffic_local:
+            service["internaltraffictolocal"] = True
+        return {"service": service,
+                "endpoints": [self._endpoint_yaml(e, families) for e in self.endpoints]}
+
+    def _endpoint_yaml(self, ref: EndpointRef, families: tuple[Family, ...]) -> dict[str, Any]:
+        endpoint: dict[str, Any] = {"ips": _ip_set(ref.pod.ip(f) for f in families)}
+        overrides = [{"name": p.name, "port": p.backend_port(ref.pod)}
+                     for p in self.ports if p.target]
+        if overrides:
+            endpoint["portoverrides"] = overrides
+        return {"podname": ref.pod.name, "endpoint": endpoint,
+                "topology": {"node": ref.node, "zone": ZONE},
+                "conditions": {"ready": ref.ready}}
+
+
+def _ip_set(ips) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for ip in ips:
+        out.setdefault("v4" if ip_family(ip) is Family.IPV4 else "v6", []).append(str(ip))
+    return out
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    families: tuple[Family, ...]
+    services: tuple[Service, ...] = field(default=())
+
+    def with_service(self, service: Service) -> ClusterState:
+        """Create or update (by name)."""
+        kept = tuple(s for s in self.services if s.name != service.name)
+        return dataclasses.replace(self, services=kept + (service,))
+
+    def without_service(self, name: str) -> ClusterState:
+        return dataclasses.replace(self, services=tuple(s for s in self.services
+                                                        if s.name != name))
+
+    def to_yaml(self) -> str:
+        nodes = [{"name": n, "topology": {"node": n, "zone": ZONE}}
+                 for n in (LOCAL_NODE, REMOTE_NODE)]
+        body = {"nodes": nodes,
+                "services": [s.to_yaml(self.families)
+                             for s in sorted(self.services, key=lambda s: s.name)]}
+        return yaml.safe_dump(body, sort_keys=False)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """The brain never sees a half-written file: write a sibling, rename it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,119 @@
+"""Removing what a run created: its processes, namespaces, cgroups, pinned BPF
+objects and temporary files. The same code ends a run and clears the
+leftovers of runs whose process is gone; it only ever touches objects whose
+name carries a run's tag (names.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+from e2e.names import (BPFFS_ROOT, CGROUP2_ROOT, PREFIX, TEMP_ROOT, RunNames, owner_pid,
+                       process_exists)
+from e2e.procs import kill_pids
+
+log = logging.getLogger(__name__)
+
+# Runs before namespaces and cgroups go, e.g. `kpng-py ebpf cleanup`, which
+# needs the cgroup its programs are attached to.
+DataplaneCleanup = Callable[[RunNames], None]
+
+
+def _netns_names() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _netns_pids(netns: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
+def _run_netns(names: RunNames) -> list[str]:
+    return [ns for ns in _netns_names() if ns.startswith(f"{names.tag}-")]
+
+
+def _cgroups_bottom_up(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [root]
+
+
+def _kill_cgroup(root: Path) -> None:
+    kill_file = root / "cgroup.kill"  # kernel 5.14+: kills the whole subtree
+    if kill_file.exists():
+        kill_file.write_text("1")
+        return
+    for cgroup in _cgroups_bottom_up(root):
+        kill_pids([int(p) for p in (cgroup / "cgroup.procs").read_text().split()])
+
+
+def _remove_cgroups(root: Path) -> list[str]:
+    problems = []
+    for cgroup in _cgroups_bottom_up(root):
+        for _ in range(100):  # killed processes take a moment to leave
+            try:
+                cgroup.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.02)
+        else:
+            problems.append(f"cgroup {cgroup} still busy")
+    return problems
+
+
+def remove_run(names: RunNames, dataplane_cleanup: DataplaneCleanup | None = None) -> list[str]:
+    """Remove everything of run `names`; returns what could not be removed."""
+    problems: list[str] = []
+    namespaces = _run_netns(names)
+    for ns in namespaces:  # brain, backend and servers of a run that died
+        kill_pids(_netns_pids(ns))
+    if dataplane_cleanup is not None:
+        try:
+            dataplane_cleanup(names)
+        except Exception as err:  # the generic removal below still runs
+            problems.append(f"dataplane clean-up: {err}")
+    if names.cgroup.is_dir():
+        _kill_cgroup(names.cgroup)
+        problems += _remove_cgroups(names.cgroup)
+    for ns in namespaces:
+        if subprocess.run(["ip", "netns", "del", ns], capture_output=True).returncode:
+            problems.append(f"netns {ns} could not be deleted")
+    for path in (names.bpffs_dir, *names.workdirs()):
+        shutil.rmtree(path, ignore_errors=True)
+        if path.exists():
+            problems.append(f"{path} could not be removed")
+    return problems
+
+
+def stale_runs() -> list[RunNames]:
+    """Runs whose objects exist but whose process is gone."""
+    candidates: Iterable[str] = [
+        *_netns_names(),
+        *(p.name for p in _glob(CGROUP2_ROOT)),
+        *(p.name for p in _glob(BPFFS_ROOT)),
+        *(p.name for p in _glob(TEMP_ROOT)),
+    ]
+    pids = {pid for name in candidates if (pid := owner_pid(name)) is not None}
+    return [RunNames(pid) for pid in sorted(pids) if not process_exists(pid)]
+
+
+def _glob(root: Path) -> list[Path]:
+    return list(root.glob(f"{PREFIX}-*")) if root.is_dir() else []
+
+
+def remove_stale_runs(dataplane_cleanup: DataplaneCleanup | None = None) -> list[str]:
+    """Clear the leftovers of dead runs; returns a line per run cleared."""
+    report = []
+    for names in stale_runs():
+        problems = remove_run(names, dataplane_cleanup)
+        report.append(f"removed leftovers of run {names.tag}"
+                      + (f" (left: {'; '.join(problems)})" if problems else ""))
+    return report

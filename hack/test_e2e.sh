@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The end-to-end suite (docs/e2e.md):
+#   hack/test_e2e.sh -i ipv4|ipv6|dual -b ebpf|userspace [-d] [-k]
+#   hack/test_e2e.sh -a     every mode with every built-in backend
+# Needs root and hack/setup.sh. The logic lives in hack/e2e/ (Python).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="$ROOT/.venv/bin/python"
+if [[ ! -x "$PYTHON" ]]; then
+    echo "test_e2e.sh: $PYTHON is missing; run hack/setup.sh first" >&2
+    exit 2
+fi
+PYTHONPATH="$ROOT/hack${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" -m e2e "$@"

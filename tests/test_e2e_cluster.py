@@ -1,0 +1,94 @@
+"""The e2e cluster itself, before any proxy: servers answer on pod IPs, a
+packet to a ClusterIP dies in the node namespace (and is counted), teardown
+leaves nothing, and the leftovers of a killed run are cleared without
+touching a live one."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from e2e import clients, teardown
+from e2e.cluster import ADDRESSING, Cluster, families_of_mode
+from e2e.names import RunNames
+from e2e.run import build_cluster
+from tests.support.kernel import require_root_bpf
+
+pytestmark = pytest.mark.kernel
+
+HACK = Path(__file__).resolve().parents[1] / "hack"
+
+
+def _require_tools() -> None:
+    require_root_bpf()
+    for tool in ("nginx", "dnsmasq", "socat", "curl", "dig", "nft"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"needs {tool} (hack/setup.sh installs it)")
+
+
+def _leftovers(names: RunNames) -> list[str]:
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    found = [line.split()[0] for line in netns.splitlines() if line.startswith(f"{names.tag}-")]
+    found += [str(p) for p in (names.cgroup, names.bpffs_dir, *names.workdirs()) if p.exists()]
+    return found
+
+
+def test_pods_reach_each_other_and_cluster_ips_die_in_the_node():
+    _require_tools()
+    names = RunNames.for_this_process()
+    cluster = Cluster(names, families_of_mode("dual"), names.make_workdir())
+    try:
+        _servers, client = build_cluster(cluster)  # raises unless every server answers
+        for family in cluster.families:
+            vip = str(ADDRESSING[family].service_ip(0))
+            answer = clients.probe(client, "connect", vip, "80")
+            assert not answer["ok"]
+            # The node's `prohibit` route answers with an ICMP error.
+            assert answer["errno"] in (errno.errorcode[errno.EHOSTUNREACH],
+                                       errno.errorcode[errno.EACCES])
+            assert cluster.escaped_packets(family) >= 1
+    finally:
+        problems = teardown.remove_run(names)
+    assert problems == []
+    assert _leftovers(names) == []
+
+
+def test_stale_run_is_cleared_and_live_run_left_alone():
+    _require_tools()
+    live = RunNames.for_this_process()
+    cluster = Cluster(live, families_of_mode("ipv4"), live.make_workdir())
+    dead_child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            import sys, time
+            from e2e.cluster import Cluster, families_of_mode
+            from e2e.names import RunNames
+            from e2e.run import build_cluster
+            names = RunNames.for_this_process()
+            build_cluster(Cluster(names, families_of_mode("ipv6"), names.make_workdir()))
+            print("up", flush=True)
+            time.sleep(600)
+            """)],
+        env={"PYTHONPATH": str(HACK), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+        stdout=subprocess.PIPE, text=True)
+    dead = RunNames(dead_child.pid)
+    try:
+        cluster.build(["client"])
+        assert dead_child.stdout is not None and dead_child.stdout.readline() == "up\n"
+        dead_child.kill()
+        dead_child.wait()
+        assert _leftovers(dead)
+        assert f"removed leftovers of run {dead.tag}" in teardown.remove_stale_runs()
+        assert _leftovers(dead) == []
+        assert _leftovers(live)  # a run whose process lives is not stale
+    finally:
+        dead_child.kill()
+        dead_child.wait()
+        teardown.remove_run(dead)
+        teardown.remove_run(live)
+    assert _leftovers(live) == []
