@@ -8,6 +8,7 @@ created by the check that needs it, as an e2e test creates its objects.
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from collections import Counter
@@ -21,6 +22,8 @@ from e2e.expect import CheckFailed, CheckRun
 from e2e.procs import wait_until
 from e2e.servers import ContainerPort
 from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, Service, ServicePort
+
+log = logging.getLogger(__name__)
 
 HTTP = ServicePort("http", "TCP", 80, ContainerPort.HTTP)
 ALT = ServicePort("alt", "TCP", 81, ContainerPort.ALT)
@@ -484,8 +487,11 @@ def _judge_restart_loop(t: CheckRun, family: Family, lines: list[dict]) -> None:
     if failed_established:
         problems.append(f"the established connection broke ({failed_established[0]['errno']}): "
                         f"{len(failed_established)} of {len(established)} exchanges failed")
-    if problems:
+    if problems and t.env.kind.survives_restart:
         t.fail(family, "; ".join(problems))
+    elif problems:
+        log.info("S13 %s: expected while a %s proxy restarts: %s", family.name,
+                 t.env.kind.name, "; ".join(problems))
 
 
 @check("S13/restart-sigterm", "should work after restarting kube-proxy (SIGTERM)",

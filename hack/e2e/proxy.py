@@ -47,6 +47,12 @@ class BackendKind:
     # Whether every packet to a ClusterIP must be translated inside the pod
     # (a socket-level balancer), so that none may ever reach the node.
     translates_in_pod: bool
+    # Whether the dataplane outlives the process (kernel state), so that a
+    # restart neither refuses a new connection nor breaks an established one.
+    # A userspace proxy cannot: its sockets die with it (kube-proxy's
+    # userspace mode behaved the same); S13 then asks only that it serves
+    # again, including changes made while it was down.
+    survives_restart: bool
 
 
 BACKENDS = {
@@ -55,13 +61,13 @@ BACKENDS = {
         sink_args=lambda names: ["to-ebpf", "--cgroup", str(names.cgroup),
                                  "--bpffs-dir", str(names.bpffs_dir)],
         inspect=lambda names: [KPNG_PY, "ebpf", "dump", "--bpffs-dir", str(names.bpffs_dir)],
-        dataplane_cleanup=ebpf_cleanup, translates_in_pod=True),
+        dataplane_cleanup=ebpf_cleanup, translates_in_pod=True, survives_restart=True),
     "userspace": BackendKind(
         "userspace",
         sink_args=lambda names: ["to-userspace", "--interface", names.service_interface],
         inspect=lambda names: ["ip", "-n", names.netns("node"), "addr", "show",
                                "dev", names.service_interface],
-        dataplane_cleanup=None, translates_in_pod=False),
+        dataplane_cleanup=None, translates_in_pod=False, survives_restart=False),
 }
 
 
