@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -42,28 +43,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed$")
+
+
+def _run_one(argv: list[str]) -> tuple[int, int, int]:
+    """Run one mode, passing its output through; (exit code, passed, failed)."""
+    passed = failed = 0
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as child:
+        assert child.stdout is not None
+        for line in child.stdout:
+            print(line, end="", flush=True)
+            if match := _SUMMARY.match(line.strip()):
+                passed, failed = int(match[1]), int(match[2])
+    return child.returncode, passed, failed
+
+
 def run_all(args: argparse.Namespace) -> int:
     backends = built_in_backends()
-    failed = []
+    failed_runs = []
+    total_passed = total_failed = 0
     for required in REQUIRED_IN_CI:
         if required not in backends:
             print(f"e2e: kpng-py has no to-{required} backend", file=sys.stderr)
             if os.environ.get("CI") == "true":
-                failed.append(f"{required} (missing)")
+                failed_runs.append(f"{required} (missing)")
     for backend in backends:
         for ip in IP_MODES:
             began = time.monotonic()
             argv = [sys.executable, "-m", "e2e", "-i", ip, "-b", backend,
                     "--logs-dir", str(args.logs_dir), *(["-k"] if args.keep_logs else [])]
             print(f"== e2e {backend} {ip}", flush=True)
-            code = subprocess.run(argv).returncode
+            code, passed, failed = _run_one(argv)
+            if code and not failed:
+                failed = 1  # the run itself failed (set-up, teardown, missing tool)
+            total_passed, total_failed = total_passed + passed, total_failed + failed
             print(f"== e2e {backend} {ip}: {'ok' if code == 0 else 'FAILED'} "
                   f"in {time.monotonic() - began:.0f} s", flush=True)
             if code:
-                failed.append(f"{backend} {ip}")
-    if failed:
-        print(f"e2e: failed: {', '.join(failed)}", flush=True)
-    return 1 if failed else 0
+                failed_runs.append(f"{backend} {ip}")
+    if failed_runs:
+        print(f"e2e: failed: {', '.join(failed_runs)}", flush=True)
+    # The whole suite's count, last, as one line.
+    missing = sum(run.endswith("(missing)") for run in failed_runs)
+    print(f"e2e: {total_passed} passed, {total_failed + missing} failed", flush=True)
+    return 1 if failed_runs else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
