@@ -20,6 +20,7 @@ import grpc
 from kpng_py.api import WATCH_METHOD, localv1
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
+from kpng_py.skips import SkipReason
 from kpng_py.transport import TLSFiles
 
 log = logging.getLogger(__name__)
@@ -151,9 +152,14 @@ class WatchClient:
         return applied
 
     def _stream_failed(self, reason: str, partial: list[localv1.OpItem]) -> None:
+        """One log line; a change set cut short (ops without their Sync) is
+        also counted as skipped: it is never applied, the next stream's full
+        state supersedes it."""
         log.warning("watch stream to the brain failed", extra=fields(
             target=self._config.target, node=self._config.node_name, error=reason,
             discarded_ops=len(partial)))
+        if partial:
+            self._metrics.skipped.labels(SkipReason.INCOMPLETE_CHANGESET.value).inc()
         self._sink.on_stream_error(reason, partial)
 
 

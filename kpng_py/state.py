@@ -25,7 +25,15 @@ from kpng_py.decode import (
     decode_service,
     split_endpoint_path,
 )
-from kpng_py.model import ChangeSet, Endpoint, ServicePort, ServicePortName, sorted_endpoints
+from kpng_py.model import (
+    ChangeSet,
+    Endpoint,
+    IPAddress,
+    ServicePort,
+    ServicePortName,
+    format_host_port,
+    sorted_endpoints,
+)
 from kpng_py.skips import SkipReason, Skips
 
 log = logging.getLogger(__name__)
@@ -44,8 +52,12 @@ class _ServiceEntry:
     endpoints: dict[str, tuple[bytes, EndpointRecord | None]] = field(default_factory=dict)
     # What the backend was last given for this service.
     published: dict[ServicePortName, ServicePort] = field(default_factory=dict)
-    # (port name, endpoint key) pairs already reported as unresolvable.
-    unresolved_reported: set[tuple[str, str]] = field(default_factory=set)
+    # Problems already logged, as (reason, port name or "", endpoint key), so
+    # each is reported once until the service or that endpoint changes.
+    reported: set[tuple[SkipReason, str, str]] = field(default_factory=set)
+
+    def forget_reports(self, key: str) -> None:
+        self.reported = {r for r in self.reported if r[2] != key}
 
     def is_empty(self) -> bool:
         return self.raw is None and not self.endpoints and not self.published
@@ -119,7 +131,7 @@ class NodeState:
             return  # keep the previous version in force
         entry = self._services.setdefault(path, _ServiceEntry())
         entry.raw, entry.record = data, record
-        entry.unresolved_reported.clear()
+        entry.reported.clear()
         self._touch(path, services=1)
 
     def _set_endpoint(self, path: str, data: bytes) -> None:
@@ -138,7 +150,7 @@ class NodeState:
             return  # keep the previous version in force
         entry = self._services.setdefault(service_path, _ServiceEntry())
         entry.endpoints[key] = (data, record)
-        entry.unresolved_reported = {r for r in entry.unresolved_reported if r[1] != key}
+        entry.forget_reports(key)
         self._touch(service_path, endpoints=1)
 
     def _delete(self, ref_set: int, path: str) -> None:
@@ -152,6 +164,7 @@ class NodeState:
             split = split_endpoint_path(path)
             entry = self._services.get(split[0]) if split else None
             if split and entry is not None and entry.endpoints.pop(split[1], None) is not None:
+                entry.forget_reports(split[1])
                 self._touch(split[0], endpoints=1)
                 return
         self._skips.skip(SkipReason.UNKNOWN_DELETE, f"Delete {_set_name(ref_set)} {path!r}",
@@ -173,6 +186,8 @@ class NodeState:
         removed: list[ServicePort] = []
         for path in self._dirty:
             entry = self._services[path]
+            if entry.raw is None:
+                self._report_orphans(path, entry)
             new = self._compute_ports(entry)
             old = entry.published
             for name, port in new.items():
@@ -215,29 +230,45 @@ class NodeState:
 
     def _resolve(self, entry: _ServiceEntry, record: ServiceRecord, port: ServicePort,
                  endpoints: list[EndpointRecord]) -> tuple[Endpoint, ...]:
-        resolved: list[Endpoint] = []
+        resolved: dict[tuple[IPAddress, int], Endpoint] = {}
         for ep in endpoints:
             target = resolve_endpoint_port(port, ep)
             if target is None:
-                self._report_unresolved(entry, port, ep)
+                self._report_once(
+                    entry, (SkipReason.UNRESOLVED_PORT, port.name.port, ep.key),
+                    f"endpoint {ep.key} of {port.name}",
+                    f"no port override named {port.name.port!r}"
+                    + (f" or {port.target_port_name!r}" if port.target_port_name else "")
+                    + " and no numeric targetPort")
                 continue
             internal, external = ep.scopes if ep.scopes is not None else (
                 ep.local or not record.internal_traffic_local,
                 ep.local or not record.external_traffic_local)
-            resolved.extend(Endpoint(ip, target, ep.local, internal, external) for ip in ep.ips)
-        return sorted_endpoints(resolved)
+            for ip in ep.ips:
+                if (ip, target) in resolved:
+                    self._report_once(
+                        entry, (SkipReason.DUPLICATE_ENDPOINT, "", ep.key),
+                        f"endpoint {record.namespace}/{record.name}/{ep.key}",
+                        f"{format_host_port(ip, target)} is already an endpoint of {port.name}; "
+                        "it is programmed once")
+                    continue
+                resolved[(ip, target)] = Endpoint(ip, target, ep.local, internal, external)
+        return sorted_endpoints(resolved.values())
 
-    def _report_unresolved(self, entry: _ServiceEntry, port: ServicePort,
-                           ep: EndpointRecord) -> None:
-        marker = (port.name.port, ep.key)
-        if marker in entry.unresolved_reported:
-            return
-        entry.unresolved_reported.add(marker)
-        self._skips.skip(
-            SkipReason.UNRESOLVED_PORT, f"endpoint {ep.key} of {port.name}",
-            f"no port override named {port.name.port!r}"
-            + (f" or {port.target_port_name!r}" if port.target_port_name else "")
-            + " and no numeric targetPort")
+    def _report_orphans(self, path: str, entry: _ServiceEntry) -> None:
+        """Endpoints whose service is not known are kept (the service may come
+        later), and reported once each."""
+        for key in entry.endpoints:
+            self._report_once(entry, (SkipReason.UNKNOWN_SERVICE, "", key),
+                              f"endpoint {path}/{key}",
+                              f"no service {path} is known (not sent yet, deleted, or "
+                              "undecodable); the endpoint waits for it")
+
+    def _report_once(self, entry: _ServiceEntry, marker: tuple[SkipReason, str, str], obj: str,
+                     detail: str) -> None:
+        if marker not in entry.reported:
+            entry.reported.add(marker)
+            self._skips.skip(marker[0], obj, detail)
 
 
 def resolve_endpoint_port(port: ServicePort, endpoint: EndpointRecord) -> int | None:

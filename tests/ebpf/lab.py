@@ -46,6 +46,12 @@ def backend_ip(index: int, family: int = 4) -> IPAddress:
     return ipaddress.ip_address(f"{V4_NET if family == 4 else V6_NET}{index + 1}")
 
 
+def target(proto: str, host: str, port: int) -> dict:
+    """One target of an agent's loop: a TCP connect or a UDP query to host:port."""
+    return {"proto": proto, "host": host, "port": port,
+            "family": ipaddress.ip_address(host).version}
+
+
 class Agent:
     """A client process in the client netns and the test cgroup."""
 

@@ -25,6 +25,7 @@ from tests.ebpf.lab import (
     brain_ops,
     removed,
     service_port,
+    target,
     updated,
 )
 
@@ -310,7 +311,7 @@ def test_endpoint_churn_under_a_connect_loop_fails_no_connect(backend: EbpfBacke
             time.sleep(0.002)
 
     churner = threading.Thread(target=churn)
-    agent.call("loop_start", host="10.96.14.1", port=80, family=4)
+    agent.call("loop_start", targets=[target("tcp", "10.96.14.1", 80)])
     churner.start()
     try:
         time.sleep(3)
