@@ -38,6 +38,8 @@ class SkipReason(str, enum.Enum):
     # The stream broke before the Sync of a change set: its ops were dropped
     # (the next stream's full state supersedes them).
     INCOMPLETE_CHANGESET = "incomplete-changeset"
+    # A message larger than --max-msg-size: the stream fails (and is retried).
+    OVERSIZED_MESSAGE = "oversized-message"
     # The dataplane could not hold the object (e.g. a full BPF map).
     CAPACITY = "capacity"
 

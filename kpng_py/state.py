@@ -79,6 +79,9 @@ class NodeState:
         self._counts = _Counts()
         # Refs (set, path) re-sent since a Reset; None outside a resync.
         self._resync_seen: set[tuple[int, str]] | None = None
+        # The value last refused at each ref (bad path, unknown set,
+        # undecodable), so a resync that re-sends it is not reported again.
+        self._rejected: dict[tuple[int, str], bytes] = {}
         self._synced = False
 
     # -- reading ---------------------------------------------------------------
@@ -110,50 +113,64 @@ class NodeState:
         return ChangeSet(added=tuple(self.service_ports()), full=True)
 
     def _set(self, value: localv1.Value) -> None:
-        ref_set, path, data = value.Ref.Set, value.Ref.Path, value.Bytes
-        if ref_set not in (_SERVICES, _ENDPOINTS):
+        ref = ref_set, path = value.Ref.Set, value.Ref.Path
+        data = value.Bytes
+        if self._resync_seen is not None:
+            self._resync_seen.add(ref)
+        if self._rejected.get(ref) == data:
+            return  # reported when it first came
+        if ref_set == _SERVICES:
+            accepted = self._set_service(path, data)
+        elif ref_set == _ENDPOINTS:
+            accepted = self._set_endpoint(path, data)
+        else:
             self._skips.skip(SkipReason.UNKNOWN_SET, f"Set {path!r}",
                              f"Ref.Set {_set_name(ref_set)} is not served to backends")
-            return
-        if self._resync_seen is not None:
-            self._resync_seen.add((ref_set, path))
-        if ref_set == _SERVICES:
-            self._set_service(path, data)
+            accepted = False
+        if accepted:
+            self._rejected.pop(ref, None)
         else:
-            self._set_endpoint(path, data)
+            self._rejected[ref] = data
 
-    def _set_service(self, path: str, data: bytes) -> None:
+    def _set_service(self, path: str, data: bytes) -> bool:
+        """False if the value was refused (the previous version stays in force)."""
         entry = self._services.get(path)
         if entry is not None and entry.raw == data:
-            return
+            return True
         record = decode_service(path, data, self._skips)
         if record is None:
-            return  # keep the previous version in force
+            return False
         entry = self._services.setdefault(path, _ServiceEntry())
         entry.raw, entry.record = data, record
         entry.reported.clear()
         self._touch(path, services=1)
+        return True
 
-    def _set_endpoint(self, path: str, data: bytes) -> None:
+    def _set_endpoint(self, path: str, data: bytes) -> bool:
+        """False if the value was refused (the previous version stays in force).
+        An undecodable new endpoint is kept, unused, so that it can be deleted."""
         split = split_endpoint_path(path)
         if split is None:
             self._skips.skip(SkipReason.BAD_PATH, f"endpoint {path!r}",
                              "path is not <namespace>/<service>/<key>")
-            return
+            return False
         service_path, key = split
         entry = self._services.get(service_path)
         previous = entry.endpoints.get(key) if entry else None
         if previous is not None and previous[0] == data:
-            return
+            return True
         record = decode_endpoint(service_path, key, data, self._skips)
         if record is None and previous is not None:
-            return  # keep the previous version in force
+            return False
         entry = self._services.setdefault(service_path, _ServiceEntry())
         entry.endpoints[key] = (data, record)
         entry.forget_reports(key)
         self._touch(service_path, endpoints=1)
+        return True
 
     def _delete(self, ref_set: int, path: str) -> None:
+        # A Delete of a refused value ends it quietly: its Set was reported.
+        rejected = self._rejected.pop((ref_set, path), None) is not None
         if ref_set == _SERVICES:
             entry = self._services.get(path)
             if entry is not None and entry.raw is not None:
@@ -167,6 +184,8 @@ class NodeState:
                 entry.forget_reports(split[1])
                 self._touch(split[0], endpoints=1)
                 return
+        if rejected:
+            return
         self._skips.skip(SkipReason.UNKNOWN_DELETE, f"Delete {_set_name(ref_set)} {path!r}",
                          "nothing is known at that path")
 
@@ -210,6 +229,7 @@ class NodeState:
 
     def _drop_not_resent(self, seen: set[tuple[int, str]]) -> None:
         """End of a resync: what the new stream did not re-send is gone."""
+        self._rejected = {ref: data for ref, data in self._rejected.items() if ref in seen}
         for path, entry in list(self._services.items()):
             for key in [k for k in entry.endpoints if (_ENDPOINTS, f"{path}/{k}") not in seen]:
                 del entry.endpoints[key]
@@ -257,12 +277,15 @@ class NodeState:
 
     def _report_orphans(self, path: str, entry: _ServiceEntry) -> None:
         """Endpoints whose service is not known are kept (the service may come
-        later), and reported once each."""
+        later), and reported once each; not when the service was sent but
+        refused (its own report says why)."""
+        if (_SERVICES, path) in self._rejected:
+            return
         for key in entry.endpoints:
             self._report_once(entry, (SkipReason.UNKNOWN_SERVICE, "", key),
                               f"endpoint {path}/{key}",
-                              f"no service {path} is known (not sent yet, deleted, or "
-                              "undecodable); the endpoint waits for it")
+                              f"no service {path} is known (not sent yet, or deleted); "
+                              "the endpoint waits for it")
 
     def _report_once(self, entry: _ServiceEntry, marker: tuple[SkipReason, str, str], obj: str,
                      detail: str) -> None:
