@@ -242,7 +242,9 @@ class NodeState:
         record = entry.record
         if record is None:
             return {}
-        endpoints = [ep for _, ep in entry.endpoints.values() if ep is not None]
+        # In key order, so that of two endpoints with one address the same one
+        # wins whatever order they came in (a resync may reorder them).
+        endpoints = [ep for _, (_, ep) in sorted(entry.endpoints.items()) if ep is not None]
         return {
             port.name: replace(port, endpoints=self._resolve(entry, record, port, endpoints))
             for port in record.ports

@@ -21,8 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from backends.ebpf.loader import cleanup
+from backends.ebpf import maps
+from backends.ebpf.loader import Datapath, DatapathConfig, cleanup
+from backends.ebpf.programmer import Capacity, ServiceProgrammer
 from kpng_py.api import localv1
+from kpng_py.metrics import Metrics
 from kpng_py.model import (
     ChangeSet,
     Endpoint,
@@ -31,7 +34,8 @@ from kpng_py.model import (
     ServicePort,
     ServicePortName,
 )
-from tests.support.kernel import Cgroup, NetNS, cgroup, netns, unique_name
+from kpng_py.skips import Skips
+from tests.support.kernel import Cgroup, NetNS, cgroup, netns, require_root_bpf, unique_name
 
 HERE = Path(__file__).parent
 BPFFS = Path("/sys/fs/bpf")
@@ -144,6 +148,30 @@ def lab() -> Iterator[Lab]:
         the_lab = Lab(node, pods, group, bpffs_dir)
         with the_lab._stack:
             yield the_lab
+
+
+@contextmanager
+def loaded(**sizes: int) -> Iterator[Datapath]:
+    """A loaded (not attached) datapath in its own bpffs directory and cgroup."""
+    require_root_bpf()
+    with cgroup() as group:
+        bpffs_dir = BPFFS / unique_name("kpng-py-test-")
+        try:
+            datapath = Datapath.load(DatapathConfig(bpffs_dir, group.path, sizes))
+            try:
+                yield datapath
+            finally:
+                datapath.close()
+        finally:
+            cleanup(bpffs_dir)
+
+
+def programmer(datapath: Datapath, metrics: Metrics | None = None) -> ServiceProgrammer:
+    """A programmer as a fresh process would make one: recovering from the maps."""
+    services = datapath.maps[maps.SERVICES.pin]
+    backends = datapath.maps[maps.BACKENDS.pin]
+    return ServiceProgrammer(services, backends, Capacity(
+        services.info().max_entries, backends.info().max_entries), Skips(metrics or Metrics()))
 
 
 def service_port(name: str, vips: Sequence[str], port: int, backends: Sequence[int] = (),
