@@ -203,7 +203,9 @@ class NodeState:
         added: list[ServicePort] = []
         updated: list[tuple[ServicePort, ServicePort]] = []
         removed: list[ServicePort] = []
-        for path in self._dirty:
+        # In name order: a change set, and so what a full dataplane skips, is
+        # the same whatever order the brain sent things in.
+        for path in sorted(self._dirty):
             entry = self._services[path]
             if entry.raw is None:
                 self._report_orphans(path, entry)

@@ -139,7 +139,7 @@ def lab() -> Iterator[Lab]:
         node = stack.enter_context(netns("kpc"))
         pods = stack.enter_context(netns("kpp"))
         group = stack.enter_context(cgroup())
-        bpffs_dir = BPFFS / unique_name("kpng-py-test-")
+        bpffs_dir = unique_bpffs_dir()
         stack.callback(cleanup, bpffs_dir, group.path)
         _wire(node, pods)
         servers = _start_servers(pods)
@@ -150,12 +150,17 @@ def lab() -> Iterator[Lab]:
             yield the_lab
 
 
+def unique_bpffs_dir() -> Path:
+    return BPFFS / unique_name("kpng-py-test-")
+
+
 @contextmanager
-def loaded(**sizes: int) -> Iterator[Datapath]:
-    """A loaded (not attached) datapath in its own bpffs directory and cgroup."""
+def loaded(bpffs_dir: Path | None = None, **sizes: int) -> Iterator[Datapath]:
+    """A loaded (not attached) datapath in a bpffs directory and a cgroup of its
+    own; both are removed afterwards."""
     require_root_bpf()
+    bpffs_dir = bpffs_dir or unique_bpffs_dir()
     with cgroup() as group:
-        bpffs_dir = BPFFS / unique_name("kpng-py-test-")
         try:
             datapath = Datapath.load(DatapathConfig(bpffs_dir, group.path, sizes))
             try:
