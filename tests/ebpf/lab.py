@@ -16,6 +16,7 @@ import ipaddress
 import json
 import subprocess
 import sys
+from collections import Counter
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,3 +223,27 @@ def brain_ops(service: localv1.Service,
     return ([set_op(localv1.ServicesSet, path, service)]
             + [set_op(localv1.EndpointsSet, f"{path}/ep{i}", ep) for i, ep in enumerate(endpoints)]
             + [localv1.OpItem(Sync=localv1.EmptyOp())])
+
+
+def programmed_frontends(dump: dict) -> dict[tuple, tuple]:
+    """(vip, port, protocol) -> (backend addresses, affinity timeout), from an
+    `ebpf dump`, after checking that every map entry belongs to a frontend:
+    slots 1..count, each naming its own backend entry of that service, and
+    nothing else in either map."""
+    frontends = {}
+    backend_ids: Counter[int] = Counter()
+    for svc in dump["services"]:
+        for slot in svc["backends"]:
+            assert slot["address"] is not None, f"{svc['vip']} slot {slot} names no backend"
+            assert slot["serviceId"] == svc["serviceId"], f"{slot} belongs to another service"
+            backend_ids[slot["backendId"]] += 1
+        frontends[(svc["vip"], svc["port"], svc["protocol"])] = (
+            sorted(slot["address"] for slot in svc["backends"]),
+            svc["affinityTimeoutSeconds"])
+    assert not [b for b, n in backend_ids.items() if n > 1], "a backend entry in two slots"
+    assert len({svc["serviceId"] for svc in dump["services"]}) == len(dump["services"])
+    entries = {pin: counts["entries"] for pin, counts in dump["maps"].items()}
+    assert entries[maps.SERVICES.pin] == sum(1 + svc["count"] for svc in dump["services"]), (
+        "services entries that no master explains")
+    assert entries[maps.BACKENDS.pin] == len(backend_ids), "backends no slot names"
+    return frontends

@@ -17,7 +17,6 @@ import io
 import ipaddress
 import json
 import os
-from collections import Counter
 from typing import Iterator
 
 import pytest
@@ -33,7 +32,7 @@ from kpng_py.model import ChangeSet
 from kpng_py.print_backend import PrintBackend
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState
-from tests.ebpf.lab import loaded, programmer
+from tests.ebpf.lab import loaded, programmed_frontends, programmer
 from tests.streams.build import endpoint, port, service, sync
 from tests.test_state_properties import KEYS, SERVICES, StreamMachine
 
@@ -93,29 +92,6 @@ def printed_frontends(line: dict) -> dict[tuple, tuple]:
     }
 
 
-def programmed_frontends(dump: dict) -> dict[tuple, tuple]:
-    """The same, from `ebpf dump`, after checking that every map entry belongs
-    to a frontend: slots 1..count, each naming its own backend entry of that
-    service, and nothing else in either map."""
-    frontends = {}
-    backend_ids = Counter()
-    for svc in dump["services"]:
-        for slot in svc["backends"]:
-            assert slot["address"] is not None, f"{svc['vip']} slot {slot} names no backend"
-            assert slot["serviceId"] == svc["serviceId"], f"{slot} belongs to another service"
-            backend_ids[slot["backendId"]] += 1
-        frontends[(svc["vip"], svc["port"], svc["protocol"])] = (
-            sorted(slot["address"] for slot in svc["backends"]),
-            svc["affinityTimeoutSeconds"])
-    assert not [b for b, n in backend_ids.items() if n > 1], "a backend entry in two slots"
-    assert len({svc["serviceId"] for svc in dump["services"]}) == len(dump["services"])
-    entries = {pin: counts["entries"] for pin, counts in dump["maps"].items()}
-    assert entries[maps.SERVICES.pin] == sum(1 + svc["count"] for svc in dump["services"]), (
-        "services entries that no master explains")
-    assert entries[maps.BACKENDS.pin] == len(backend_ids), "backends no slot names"
-    return frontends
-
-
 class MapMachine(StreamMachine):
     """StreamMachine's streams (and its check of the ChangeSets), with
     services that never collide, applied to real maps as well."""
@@ -143,13 +119,14 @@ class MapMachine(StreamMachine):
             self.set_endpoint(svc_name, key, ep)
         self.sync()
 
+    # StreamMachine's rules, drawing from this module's strategies.
     @rule(svc=services)
     def set_service(self, svc: L.Service) -> None:
-        self._set(L.ServicesSet, f"default/{svc.Name}", svc.SerializeToString())
+        super().set_service(svc)
 
     @rule(svc=st.sampled_from(SERVICES), key=st.sampled_from(KEYS), ep=endpoints)
     def set_endpoint(self, svc: str, key: str, ep: L.Endpoint) -> None:
-        self._set(L.EndpointsSet, f"default/{svc}/{key}", ep.SerializeToString())
+        super().set_endpoint(svc, key, ep)
 
     @rule()
     def sync(self) -> None:
