@@ -20,6 +20,7 @@ import grpc
 from kpng_py.api import WATCH_METHOD, localv1
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
+from kpng_py.skips import SkipReason
 from kpng_py.transport import TLSFiles
 
 log = logging.getLogger(__name__)
@@ -138,9 +139,11 @@ class WatchClient:
             except grpc.RpcError as err:
                 if not self._stopping.is_set():
                     reason = f"{err.code().name}: {err.details()}"
+                    skip = None
                     if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                         reason += " (raise --max-msg-size above the brain's largest message)"
-                    self._stream_failed(reason, partial)
+                        skip = SkipReason.OVERSIZED_MESSAGE
+                    self._stream_failed(reason, partial, skip)
             except Exception:  # a bug downstream must not stop the watch: resync instead
                 log.exception("applying a change set failed; re-opening the stream to resync")
                 self._metrics.dataplane_errors.labels("changeset").inc()
@@ -150,10 +153,17 @@ class WatchClient:
                     self._call = None
         return applied
 
-    def _stream_failed(self, reason: str, partial: list[localv1.OpItem]) -> None:
+    def _stream_failed(self, reason: str, partial: list[localv1.OpItem],
+                       skip: SkipReason | None = None) -> None:
+        """One log line. A message over the size limit, or else a change set
+        cut short (ops without their Sync), is also counted as skipped: it is
+        never applied, the next stream's full state supersedes it."""
+        skip = skip or (SkipReason.INCOMPLETE_CHANGESET if partial else None)
         log.warning("watch stream to the brain failed", extra=fields(
             target=self._config.target, node=self._config.node_name, error=reason,
-            discarded_ops=len(partial)))
+            discarded_ops=len(partial), reason=skip.value if skip else None))
+        if skip is not None:
+            self._metrics.skipped.labels(skip.value).inc()
         self._sink.on_stream_error(reason, partial)
 
 

@@ -129,7 +129,9 @@ def decode_service(path: str, data: bytes, skips: Skips) -> ServiceRecord | None
         return record
     cluster_ips = _ipset(svc.IPs.ClusterIPs, owner, skips)
     if not cluster_ips:
-        skips.skip(SkipReason.NO_CLUSTER_IP, owner, "no usable ClusterIP")
+        # ClusterIPs that were listed but bad have had their line already.
+        if not (svc.IPs.ClusterIPs.V4 or svc.IPs.ClusterIPs.V6):
+            skips.skip(SkipReason.NO_CLUSTER_IP, owner, "no ClusterIP")
         return record
 
     common = dict(

@@ -63,6 +63,11 @@ class Metrics:
         self.map_entries = Gauge(
             "kpng_py_map_entries", "Entries in a dataplane map or table.", ["map"], registry=r
         )
+        self.map_writes = Counter(
+            "kpng_py_map_writes",
+            "Entries written (created, updated or deleted) in a dataplane map or table.",
+            ["map"], registry=r,
+        )
         self.map_capacity = Gauge(
             "kpng_py_map_capacity", "Capacity of a dataplane map or table.", ["map"], registry=r
         )

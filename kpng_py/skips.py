@@ -21,22 +21,31 @@ class SkipReason(str, enum.Enum):
     HEADLESS = "headless"
     EXTERNAL_NAME = "external-name"
     UNSUPPORTED_PROTOCOL = "unsupported-protocol"
+    # The same endpoint address and port sent twice (programmed once).
+    DUPLICATE_ENDPOINT = "duplicate-endpoint"
     NO_CLUSTER_IP = "no-cluster-ip"
     # Bad input from the brain: logged as warnings.
     BAD_BYTES = "bad-bytes"
     BAD_PATH = "bad-path"
     UNKNOWN_SET = "unknown-set"
     UNKNOWN_DELETE = "unknown-delete"
+    UNKNOWN_SERVICE = "unknown-service"
     BAD_IP = "bad-ip"
     BAD_PORT = "bad-port"
     DUPLICATE_PORT = "duplicate-port"
     UNRESOLVED_PORT = "unresolved-port"
     BAD_AFFINITY = "bad-affinity"
+    # The stream broke before the Sync of a change set: its ops were dropped
+    # (the next stream's full state supersedes them).
+    INCOMPLETE_CHANGESET = "incomplete-changeset"
+    # A message larger than --max-msg-size: the stream fails (and is retried).
+    OVERSIZED_MESSAGE = "oversized-message"
     # The dataplane could not hold the object (e.g. a full BPF map).
     CAPACITY = "capacity"
 
 
-_EXPECTED = {SkipReason.HEADLESS, SkipReason.EXTERNAL_NAME, SkipReason.UNSUPPORTED_PROTOCOL}
+_EXPECTED = {SkipReason.HEADLESS, SkipReason.EXTERNAL_NAME, SkipReason.UNSUPPORTED_PROTOCOL,
+             SkipReason.DUPLICATE_ENDPOINT}
 
 
 class Skips:

@@ -25,7 +25,15 @@ from kpng_py.decode import (
     decode_service,
     split_endpoint_path,
 )
-from kpng_py.model import ChangeSet, Endpoint, ServicePort, ServicePortName, sorted_endpoints
+from kpng_py.model import (
+    ChangeSet,
+    Endpoint,
+    IPAddress,
+    ServicePort,
+    ServicePortName,
+    format_host_port,
+    sorted_endpoints,
+)
 from kpng_py.skips import SkipReason, Skips
 
 log = logging.getLogger(__name__)
@@ -44,8 +52,12 @@ class _ServiceEntry:
     endpoints: dict[str, tuple[bytes, EndpointRecord | None]] = field(default_factory=dict)
     # What the backend was last given for this service.
     published: dict[ServicePortName, ServicePort] = field(default_factory=dict)
-    # (port name, endpoint key) pairs already reported as unresolvable.
-    unresolved_reported: set[tuple[str, str]] = field(default_factory=set)
+    # Problems already logged, as (reason, port name or "", endpoint key), so
+    # each is reported once until the service or that endpoint changes.
+    reported: set[tuple[SkipReason, str, str]] = field(default_factory=set)
+
+    def forget_reports(self, key: str) -> None:
+        self.reported = {r for r in self.reported if r[2] != key}
 
     def is_empty(self) -> bool:
         return self.raw is None and not self.endpoints and not self.published
@@ -67,6 +79,9 @@ class NodeState:
         self._counts = _Counts()
         # Refs (set, path) re-sent since a Reset; None outside a resync.
         self._resync_seen: set[tuple[int, str]] | None = None
+        # The value last refused at each ref (bad path, unknown set,
+        # undecodable), so a resync that re-sends it is not reported again.
+        self._rejected: dict[tuple[int, str], bytes] = {}
         self._synced = False
 
     # -- reading ---------------------------------------------------------------
@@ -98,50 +113,64 @@ class NodeState:
         return ChangeSet(added=tuple(self.service_ports()), full=True)
 
     def _set(self, value: localv1.Value) -> None:
-        ref_set, path, data = value.Ref.Set, value.Ref.Path, value.Bytes
-        if ref_set not in (_SERVICES, _ENDPOINTS):
+        ref = ref_set, path = value.Ref.Set, value.Ref.Path
+        data = value.Bytes
+        if self._resync_seen is not None:
+            self._resync_seen.add(ref)
+        if self._rejected.get(ref) == data:
+            return  # reported when it first came
+        if ref_set == _SERVICES:
+            accepted = self._set_service(path, data)
+        elif ref_set == _ENDPOINTS:
+            accepted = self._set_endpoint(path, data)
+        else:
             self._skips.skip(SkipReason.UNKNOWN_SET, f"Set {path!r}",
                              f"Ref.Set {_set_name(ref_set)} is not served to backends")
-            return
-        if self._resync_seen is not None:
-            self._resync_seen.add((ref_set, path))
-        if ref_set == _SERVICES:
-            self._set_service(path, data)
+            accepted = False
+        if accepted:
+            self._rejected.pop(ref, None)
         else:
-            self._set_endpoint(path, data)
+            self._rejected[ref] = data
 
-    def _set_service(self, path: str, data: bytes) -> None:
+    def _set_service(self, path: str, data: bytes) -> bool:
+        """False if the value was refused (the previous version stays in force)."""
         entry = self._services.get(path)
         if entry is not None and entry.raw == data:
-            return
+            return True
         record = decode_service(path, data, self._skips)
         if record is None:
-            return  # keep the previous version in force
+            return False
         entry = self._services.setdefault(path, _ServiceEntry())
         entry.raw, entry.record = data, record
-        entry.unresolved_reported.clear()
+        entry.reported.clear()
         self._touch(path, services=1)
+        return True
 
-    def _set_endpoint(self, path: str, data: bytes) -> None:
+    def _set_endpoint(self, path: str, data: bytes) -> bool:
+        """False if the value was refused (the previous version stays in force).
+        An undecodable new endpoint is kept, unused, so that it can be deleted."""
         split = split_endpoint_path(path)
         if split is None:
             self._skips.skip(SkipReason.BAD_PATH, f"endpoint {path!r}",
                              "path is not <namespace>/<service>/<key>")
-            return
+            return False
         service_path, key = split
         entry = self._services.get(service_path)
         previous = entry.endpoints.get(key) if entry else None
         if previous is not None and previous[0] == data:
-            return
+            return True
         record = decode_endpoint(service_path, key, data, self._skips)
         if record is None and previous is not None:
-            return  # keep the previous version in force
+            return False
         entry = self._services.setdefault(service_path, _ServiceEntry())
         entry.endpoints[key] = (data, record)
-        entry.unresolved_reported = {r for r in entry.unresolved_reported if r[1] != key}
+        entry.forget_reports(key)
         self._touch(service_path, endpoints=1)
+        return True
 
     def _delete(self, ref_set: int, path: str) -> None:
+        # A Delete of a refused value ends it quietly: its Set was reported.
+        rejected = self._rejected.pop((ref_set, path), None) is not None
         if ref_set == _SERVICES:
             entry = self._services.get(path)
             if entry is not None and entry.raw is not None:
@@ -152,8 +181,11 @@ class NodeState:
             split = split_endpoint_path(path)
             entry = self._services.get(split[0]) if split else None
             if split and entry is not None and entry.endpoints.pop(split[1], None) is not None:
+                entry.forget_reports(split[1])
                 self._touch(split[0], endpoints=1)
                 return
+        if rejected:
+            return
         self._skips.skip(SkipReason.UNKNOWN_DELETE, f"Delete {_set_name(ref_set)} {path!r}",
                          "nothing is known at that path")
 
@@ -171,8 +203,12 @@ class NodeState:
         added: list[ServicePort] = []
         updated: list[tuple[ServicePort, ServicePort]] = []
         removed: list[ServicePort] = []
-        for path in self._dirty:
+        # In name order: a change set, and so what a full dataplane skips, is
+        # the same whatever order the brain sent things in.
+        for path in sorted(self._dirty):
             entry = self._services[path]
+            if entry.raw is None:
+                self._report_orphans(path, entry)
             new = self._compute_ports(entry)
             old = entry.published
             for name, port in new.items():
@@ -195,6 +231,7 @@ class NodeState:
 
     def _drop_not_resent(self, seen: set[tuple[int, str]]) -> None:
         """End of a resync: what the new stream did not re-send is gone."""
+        self._rejected = {ref: data for ref, data in self._rejected.items() if ref in seen}
         for path, entry in list(self._services.items()):
             for key in [k for k in entry.endpoints if (_ENDPOINTS, f"{path}/{k}") not in seen]:
                 del entry.endpoints[key]
@@ -207,7 +244,9 @@ class NodeState:
         record = entry.record
         if record is None:
             return {}
-        endpoints = [ep for _, ep in entry.endpoints.values() if ep is not None]
+        # In key order, so that of two endpoints with one address the same one
+        # wins whatever order they came in (a resync may reorder them).
+        endpoints = [ep for _, (_, ep) in sorted(entry.endpoints.items()) if ep is not None]
         return {
             port.name: replace(port, endpoints=self._resolve(entry, record, port, endpoints))
             for port in record.ports
@@ -215,29 +254,48 @@ class NodeState:
 
     def _resolve(self, entry: _ServiceEntry, record: ServiceRecord, port: ServicePort,
                  endpoints: list[EndpointRecord]) -> tuple[Endpoint, ...]:
-        resolved: list[Endpoint] = []
+        resolved: dict[tuple[IPAddress, int], Endpoint] = {}
         for ep in endpoints:
             target = resolve_endpoint_port(port, ep)
             if target is None:
-                self._report_unresolved(entry, port, ep)
+                self._report_once(
+                    entry, (SkipReason.UNRESOLVED_PORT, port.name.port, ep.key),
+                    f"endpoint {ep.key} of {port.name}",
+                    f"no port override named {port.name.port!r}"
+                    + (f" or {port.target_port_name!r}" if port.target_port_name else "")
+                    + " and no numeric targetPort")
                 continue
             internal, external = ep.scopes if ep.scopes is not None else (
                 ep.local or not record.internal_traffic_local,
                 ep.local or not record.external_traffic_local)
-            resolved.extend(Endpoint(ip, target, ep.local, internal, external) for ip in ep.ips)
-        return sorted_endpoints(resolved)
+            for ip in ep.ips:
+                if (ip, target) in resolved:
+                    self._report_once(
+                        entry, (SkipReason.DUPLICATE_ENDPOINT, "", ep.key),
+                        f"endpoint {record.namespace}/{record.name}/{ep.key}",
+                        f"{format_host_port(ip, target)} is already an endpoint of {port.name}; "
+                        "it is programmed once")
+                    continue
+                resolved[(ip, target)] = Endpoint(ip, target, ep.local, internal, external)
+        return sorted_endpoints(resolved.values())
 
-    def _report_unresolved(self, entry: _ServiceEntry, port: ServicePort,
-                           ep: EndpointRecord) -> None:
-        marker = (port.name.port, ep.key)
-        if marker in entry.unresolved_reported:
+    def _report_orphans(self, path: str, entry: _ServiceEntry) -> None:
+        """Endpoints whose service is not known are kept (the service may come
+        later), and reported once each; not when the service was sent but
+        refused (its own report says why)."""
+        if (_SERVICES, path) in self._rejected:
             return
-        entry.unresolved_reported.add(marker)
-        self._skips.skip(
-            SkipReason.UNRESOLVED_PORT, f"endpoint {ep.key} of {port.name}",
-            f"no port override named {port.name.port!r}"
-            + (f" or {port.target_port_name!r}" if port.target_port_name else "")
-            + " and no numeric targetPort")
+        for key in entry.endpoints:
+            self._report_once(entry, (SkipReason.UNKNOWN_SERVICE, "", key),
+                              f"endpoint {path}/{key}",
+                              f"no service {path} is known (not sent yet, or deleted); "
+                              "the endpoint waits for it")
+
+    def _report_once(self, entry: _ServiceEntry, marker: tuple[SkipReason, str, str], obj: str,
+                     detail: str) -> None:
+        if marker not in entry.reported:
+            entry.reported.add(marker)
+            self._skips.skip(marker[0], obj, detail)
 
 
 def resolve_endpoint_port(port: ServicePort, endpoint: EndpointRecord) -> int | None:

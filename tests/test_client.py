@@ -77,8 +77,9 @@ def start(source, tmp_path: Path, tls: TLSFiles | None = None, tcp: bool = False
     return server, target
 
 
-def run_client(config: ClientConfig, sink: RecordingSink, seconds: float) -> WatchClient:
-    client = WatchClient(config, sink, Metrics())
+def run_client(config: ClientConfig, sink: RecordingSink, seconds: float,
+               metrics: Metrics | None = None) -> WatchClient:
+    client = WatchClient(config, sink, metrics or Metrics())
     sink.client = client
     worker = threading.Thread(target=client.run, daemon=True)
     worker.start()

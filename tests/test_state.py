@@ -175,3 +175,15 @@ def _ep(*overrides: tuple[str, int]) -> EndpointRecord:
 ])
 def test_port_rule(sp: ServicePort, ep: EndpointRecord, expected: int | None) -> None:
     assert resolve_endpoint_port(sp, ep) == expected
+
+
+def test_duplicate_endpoints_resolve_the_same_whatever_order_they_came_in() -> None:
+    """Of two endpoints with one address, the first by key wins (a resync can
+    re-send them in another order)."""
+    ops = {"a": set_endpoint("default", "web", "a", pod("10.244.0.5", local=True)),
+           "b": set_endpoint("default", "web", "b", pod("10.244.0.5", local=False))}
+    for order in ("ab", "ba"):
+        state, _ = new_state()
+        state.apply([reset(), set_service(web())] + [ops[key] for key in order] + [sync()])
+        (sp,) = state.service_ports()
+        assert [(str(e), e.local) for e in sp.endpoints] == [("10.244.0.5:8080", True)]

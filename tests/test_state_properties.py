@@ -84,7 +84,11 @@ class StreamMachine(RuleBasedStateMachine):
         minus endpoints deleted while disconnected."""
         self.sent = {ref: b for ref, b in self.sent.items()
                      if not (ref[0] == L.EndpointsSet and ref[1].rsplit("/", 1)[1] in forget)}
-        self.pending = [reset()] + [set_raw(s, p, b) for (s, p), b in self.sent.items()]
+        self.pending = self._full_state()
+
+    def _full_state(self) -> list[L.OpItem]:
+        """What a new stream starts with: Reset and everything sent so far."""
+        return [reset()] + [set_raw(s, p, b) for (s, p), b in self.sent.items()]
 
     def _set(self, ref_set: int, path: str, data: bytes) -> None:
         self.sent[(ref_set, path)] = data
@@ -109,7 +113,7 @@ class StreamMachine(RuleBasedStateMachine):
         if self.pending:
             return  # only comparable at a Sync
         fresh = NodeState(Skips(Metrics()))
-        fresh.apply([reset()] + [set_raw(s, p, b) for (s, p), b in self.sent.items()] + [sync()])
+        fresh.apply(self._full_state() + [sync()])
         assert self.dataplane == programmed(fresh.service_ports())
         assert programmed(self.state.service_ports()) == self.dataplane
 

@@ -49,7 +49,7 @@ def test_bad_inputs_are_counted_by_reason(tmp_path: Path) -> None:
 
     assert skipped("bad-bytes") == 3  # new service, endpoint, replacement of a good service
     assert skipped("bad-ip") == 3  # the ClusterIP, the wrong-family and the non-IP endpoint IPs
-    assert skipped("no-cluster-ip") == 1
+    assert skipped("no-cluster-ip") == 0  # the bad ClusterIP's own line says it all
     assert skipped("bad-port") == 2
     assert skipped("unsupported-protocol") == 2  # SCTP and protocol 7
     assert skipped("headless") == 1
@@ -57,6 +57,8 @@ def test_bad_inputs_are_counted_by_reason(tmp_path: Path) -> None:
     assert skipped("unknown-set") == 2
     assert skipped("bad-path") == 2
     assert skipped("unknown-delete") == 2
+    assert skipped("unknown-service") == 1  # the endpoint of a service never sent
+    assert skipped("duplicate-endpoint") == 1
 
 
 def test_reconnect_is_counted(tmp_path: Path) -> None:

@@ -44,18 +44,22 @@ class EbpfBackend:
         for spec in maps.MAP_SPECS:
             self._metrics.map_capacity.labels(spec.pin).set(
                 self._datapath.maps[spec.pin].info().max_entries)
+        for spec in (maps.SERVICES, maps.BACKENDS):  # the maps this process writes
+            self._metrics.map_writes.labels(spec.pin)
         log.info("eBPF datapath loaded", extra=fields(
             bpffs_dir=self._config.bpffs_dir, cgroup=self._config.cgroup,
             seconds=round(time.monotonic() - started, 3)))
 
     def apply(self, changes: ChangeSet) -> None:
         assert self._datapath and self._programmer and self._terminator, "setup() first"
-        removed_udp = self._programmer.apply(changes)
+        writes = self._programmer.apply(changes)
+        for pin, entries in writes.entries_written().items():
+            self._metrics.map_writes.labels(pin).inc(entries)
         if not self._attached:
             self._datapath.attach()
             self._attached = True
-        if removed_udp:
-            self._terminate_stale_udp(removed_udp)
+        if writes.removed_udp:
+            self._terminate_stale_udp(writes.removed_udp)
         self._metrics.map_entries.labels(maps.SERVICES.pin).set(self._programmer.service_entries)
         self._metrics.map_entries.labels(maps.BACKENDS.pin).set(self._programmer.backend_entries)
 

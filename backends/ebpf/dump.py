@@ -75,7 +75,8 @@ def _read(bpffs_dir: Path, opened: dict[str, BpfMap]) -> dict:
 def _slot(slot: int, backend_id: int | None, backends: dict) -> dict:
     backend = backends.get(backend_id) if backend_id is not None else None
     return {"slot": slot, "backendId": backend_id,
-            "address": str(backend.addr) if backend is not None else None}
+            "address": str(backend.addr) if backend is not None else None,
+            "serviceId": backend.service_id if backend is not None else None}
 
 
 def format_text(dump: dict) -> str:

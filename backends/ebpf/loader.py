@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping
 
 from backends.ebpf import libbpf
 from backends.ebpf.maps import MAP_SPECS, MapSpec
+from backends.ebpf.privileges import check_privileges
 from kpng_py.backend import BackendSetupError
 from kpng_py.logs import fields
 
@@ -124,10 +126,12 @@ class Datapath:
     def load(cls, config: DatapathConfig) -> Datapath:
         """Adopt or create the pinned maps, then compile and load the programs.
         Nothing is attached yet: the caller fills the maps first."""
+        check_privileges()
         config.check()
         try:
-            config.bpffs_dir.mkdir(parents=True, exist_ok=True)
-            (config.bpffs_dir / LINKS_DIR).mkdir(exist_ok=True)
+            config.bpffs_dir.parent.mkdir(parents=True, exist_ok=True)
+            _private_directory(config.bpffs_dir)
+            _private_directory(config.bpffs_dir / LINKS_DIR)
             replaced = {spec.pin: old for spec in MAP_SPECS
                         if (old := _set_aside_incompatible(config, spec)) is not None}
             bpf, programs = _compile_and_load(config)
@@ -166,6 +170,28 @@ class Datapath:
         for bpf_map in self.maps.values():
             bpf_map.close()
         self._bpf.cleanup()
+
+
+def _private_directory(path: Path) -> None:
+    """Create a root-only directory (0700; the kernel creates pins 0600), or
+    tighten one that exists. /sys/fs/bpf is often world-writable (1777):
+    a directory another user made could have our pins swapped, so it is
+    refused."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise BackendSetupError(f"{path} is not a directory; remove it or pick another "
+                                "--bpffs-dir")
+    if info.st_uid != os.geteuid():
+        raise BackendSetupError(f"{path} belongs to uid {info.st_uid}, not to this process "
+                                f"(uid {os.geteuid()}); remove it or pick another --bpffs-dir")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        log.warning("made the datapath's directory root-only", extra=fields(
+            directory=path, mode=oct(stat.S_IMODE(info.st_mode))))
+        path.chmod(0o700)
 
 
 def _set_aside_incompatible(config: DatapathConfig, spec: MapSpec) -> libbpf.BpfMap | None:

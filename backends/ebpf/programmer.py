@@ -171,6 +171,15 @@ class MapWrites:
     # sockets still pointing there must be terminated (S9).
     removed_udp: set[tuple[int, HostPort]] = field(default_factory=set)
 
+    def entries_written(self) -> dict[str, int]:
+        """Entries created, updated or deleted, by map."""
+        return {
+            maps.SERVICES.pin: len(self.gone_service_keys) + len(self.slots) + len(self.masters)
+            + len(self.stale_slots),
+            maps.BACKENDS.pin: len(self.gone_backends) + len(self.new_backends)
+            + len(self.orphan_backends),
+        }
+
 
 @dataclass(frozen=True)
 class Capacity:
@@ -256,10 +265,11 @@ class ServiceProgrammer:
 
     # -- planning --------------------------------------------------------------
 
-    def apply(self, changes: ChangeSet) -> set[tuple[int, HostPort]]:
-        """Write one change set; returns the (service id, backend) pairs UDP
-        frontends lost. On a failed write the mirror is re-read from the maps
-        and the error raised (the next full change set repairs the maps)."""
+    def apply(self, changes: ChangeSet) -> MapWrites:
+        """Write one change set; returns what was written (with the (service
+        id, backend) pairs UDP frontends lost). On a failed write the mirror is
+        re-read from the maps and the error raised (the next full change set
+        repairs the maps)."""
         writes = MapWrites()
         if changes.full:
             ports = self._plan_full(changes.added, writes)
@@ -279,7 +289,7 @@ class ServiceProgrammer:
         self._backend_id_pool.settle()
         self.service_entries -= len(writes.stale_slots)
         self.backend_entries -= len(writes.orphan_backends)
-        return writes.removed_udp
+        return writes
 
     def _plan_full(self, ports: Sequence[ServicePort], writes: MapWrites) -> list[ServicePort]:
         wanted = {frontend for port in ports for frontend in frontends_of(port)}
@@ -418,6 +428,7 @@ class ServiceProgrammer:
         services.delete_many(writes.stale_slots)
         backends.delete_many(writes.orphan_backends)
         log.debug("maps written", extra=fields(
+            **writes.entries_written(),
             gone=len(writes.gone_service_keys), new_backends=len(writes.new_backends),
             slots=len(writes.slots), masters=len(writes.masters),
             stale_slots=len(writes.stale_slots), orphan_backends=len(writes.orphan_backends)))

@@ -7,10 +7,9 @@ import json
 import os
 import queue
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import yaml
 
@@ -26,9 +25,9 @@ from kpng_py.server import LocalApiServer
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState
 from kpng_py.transport import ListenAddress
+from tests.support.process import WAIT_SECONDS, wait_until
 
 TCP, UDP, SCTP = localv1.TCP, localv1.UDP, localv1.SCTP
-WAIT_SECONDS = 10.0  # an upper bound for things that happen well within a second
 
 
 # -- state files ----------------------------------------------------------------
@@ -84,14 +83,6 @@ DNS = service("dns", ("10.96.0.53",), [port("dns", UDP, 53, targetport=5353)], [
 def web(*endpoints: dict) -> dict:
     return service("web", ("10.96.0.10", "fd00:96::10"), [port("http", targetportname="http")],
                    list(endpoints))
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    """Wait, checking often, until `condition()` holds; fail after WAIT_SECONDS."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 class StateFile:

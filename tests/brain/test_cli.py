@@ -4,11 +4,6 @@ and `replay`."""
 from __future__ import annotations
 
 import json
-import queue
-import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -17,7 +12,6 @@ from tests.brain.helpers import (
     DNS,
     W1,
     W2,
-    WAIT_SECONDS,
     Brain,
     StateFile,
     endpoint,
@@ -25,8 +19,8 @@ from tests.brain.helpers import (
     wait_until,
     web,
 )
+from tests.support.process import Processes
 
-KPNG_PY = str(Path(sys.executable).with_name("kpng-py"))
 # Backends run without /healthz and /metrics servers: parallel runs would
 # compete for their fixed default ports.
 NO_PROBES = ("--healthz-bind-address", "", "--metrics-bind-address", "")
@@ -34,60 +28,11 @@ NO_PROBES = ("--healthz-bind-address", "", "--metrics-bind-address", "")
 WEB = web(W1, W2)
 
 
-class Process:
-    """A kpng-py command whose stdout lines a test can wait for."""
-
-    def __init__(self, *args: str, stderr: Path) -> None:
-        self._stderr_path = stderr
-        self._stderr = stderr.open("w")
-        self.popen = subprocess.Popen([KPNG_PY, *args], stdout=subprocess.PIPE,
-                                      stderr=self._stderr, text=True)
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            self._lines.put(line.rstrip("\n"))
-        self._lines.put(None)
-
-    def line(self) -> str:
-        line = self._lines.get(timeout=WAIT_SECONDS)
-        assert line is not None, f"kpng-py exited early; stderr:\n{self.stderr()}"
-        return line
-
-    def stderr(self) -> str:
-        return self._stderr_path.read_text()
-
-    def wait(self) -> int:
-        code = self.popen.wait(WAIT_SECONDS)
-        self._stderr.close()
-        return code
-
-    def terminate(self) -> int:
-        self.popen.send_signal(signal.SIGTERM)
-        return self.wait()
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait()
-        self._stderr.close()
-
-
 @pytest.fixture
 def run(tmp_path: Path):
     """run(*args) starts kpng-py; whatever is still running at the end is killed."""
-    started: list[Process] = []
-
-    def start(*args: str) -> Process:
-        process = Process(*args, stderr=tmp_path / f"stderr-{len(started)}.log")
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.kill()
+    with Processes(tmp_path) as processes:
+        yield processes.start
 
 
 def _endpoints(line: str) -> dict[str, list[str]]:

@@ -73,35 +73,50 @@ class Agent:
         self.sockets.pop(sock).close()
         return {}
 
-    def loop_start(self, host: str, port: int, family: int) -> dict:
-        """Start TCP connects back to back, in a thread, until loop_stop."""
+    def udp_query(self, host: str, port: int, family: int) -> dict:
+        """One request and its reply from a fresh unconnected socket (a DNS lookup)."""
+        with socket.socket(_family(family), socket.SOCK_DGRAM) as sock:
+            sock.settimeout(TIMEOUT)
+            sock.sendto(b"q", (host, port))
+            data, source = sock.recvfrom(65535)
+            return {"peer": _address(source), "served_by": data.decode().split("|")[0]}
+
+    def loop_start(self, targets: list[dict], pause: float = 0.0) -> dict:
+        """Until loop_stop, in a thread: rounds of one exchange with each target
+        ({"proto": "tcp" or "udp", "host", "port", "family"}) in turn, a TCP
+        connect or a UDP query, with `pause` seconds between rounds."""
         self._stop = threading.Event()
-        self._loop = threading.Thread(target=self._run_loop, args=(host, port, family))
+        self._loop = threading.Thread(target=self._run_loop, args=(targets, pause))
         self._loop.start()
         return {}
 
     def loop_stop(self) -> dict:
-        """How many connects worked, failed (by errno) or showed getpeername
-        something else than the VIP."""
+        """How many connects and queries worked, failed (by protocol and errno)
+        or showed something else than the VIP as their peer."""
         self._stop.set()
         self._loop.join()
         return self._stats
 
-    def _run_loop(self, host: str, port: int, family: int) -> None:
+    def _run_loop(self, targets: list[dict], pause: float) -> None:
         served: Counter = Counter()
         errors: Counter = Counter()
+        done: Counter = Counter()
         wrong_peer = 0
         while not self._stop.is_set():
-            try:
-                result = self.tcp(host, port, family)
-            except OSError as err:
-                errors[str(err.errno)] += 1
-                continue
-            served[result["served_by"]] += 1
-            wrong_peer += result["peer"] != [host, port]
-        self._stats = {"connects": sum(served.values()) + sum(errors.values()),
-                       "served": dict(served), "errors": dict(errors),
-                       "wrong_peer": wrong_peer}
+            for target in targets:
+                proto, host, port = target["proto"], target["host"], target["port"]
+                done[proto] += 1
+                exchange = self.tcp if proto == "tcp" else self.udp_query
+                try:
+                    result = exchange(host, port, target["family"])
+                except OSError as err:
+                    errors[f"{proto} {err.errno or type(err).__name__}"] += 1
+                    continue
+                served[result["served_by"]] += 1
+                wrong_peer += result["peer"] != [host, port]
+            self._stop.wait(pause)
+        self._stats = {"connects": done["tcp"], "queries": done["udp"], "served": dict(served),
+                       "errors": dict(errors), "wrong_peer": wrong_peer}
 
 
 def main() -> None:

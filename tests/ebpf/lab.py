@@ -16,13 +16,17 @@ import ipaddress
 import json
 import subprocess
 import sys
+from collections import Counter
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from backends.ebpf.loader import cleanup
+from backends.ebpf import maps
+from backends.ebpf.loader import Datapath, DatapathConfig, cleanup
+from backends.ebpf.programmer import Capacity, ServiceProgrammer
 from kpng_py.api import localv1
+from kpng_py.metrics import Metrics
 from kpng_py.model import (
     ChangeSet,
     Endpoint,
@@ -31,7 +35,8 @@ from kpng_py.model import (
     ServicePort,
     ServicePortName,
 )
-from tests.support.kernel import Cgroup, NetNS, cgroup, netns, unique_name
+from kpng_py.skips import Skips
+from tests.support.kernel import Cgroup, NetNS, cgroup, netns, require_root_bpf, unique_name
 
 HERE = Path(__file__).parent
 BPFFS = Path("/sys/fs/bpf")
@@ -44,6 +49,12 @@ SERVED = (("tcp", 8080), ("udp", 8080), ("tcp", 9090), ("udp", 5353))
 def backend_ip(index: int, family: int = 4) -> IPAddress:
     """Backend number `index` (1-based) of a family."""
     return ipaddress.ip_address(f"{V4_NET if family == 4 else V6_NET}{index + 1}")
+
+
+def target(proto: str, host: str, port: int) -> dict:
+    """One target of an agent's loop: a TCP connect or a UDP query to host:port."""
+    return {"proto": proto, "host": host, "port": port,
+            "family": ipaddress.ip_address(host).version}
 
 
 class Agent:
@@ -129,7 +140,7 @@ def lab() -> Iterator[Lab]:
         node = stack.enter_context(netns("kpc"))
         pods = stack.enter_context(netns("kpp"))
         group = stack.enter_context(cgroup())
-        bpffs_dir = BPFFS / unique_name("kpng-py-test-")
+        bpffs_dir = unique_bpffs_dir()
         stack.callback(cleanup, bpffs_dir, group.path)
         _wire(node, pods)
         servers = _start_servers(pods)
@@ -138,6 +149,35 @@ def lab() -> Iterator[Lab]:
         the_lab = Lab(node, pods, group, bpffs_dir)
         with the_lab._stack:
             yield the_lab
+
+
+def unique_bpffs_dir() -> Path:
+    return BPFFS / unique_name("kpng-py-test-")
+
+
+@contextmanager
+def loaded(bpffs_dir: Path | None = None, **sizes: int) -> Iterator[Datapath]:
+    """A loaded (not attached) datapath in a bpffs directory and a cgroup of its
+    own; both are removed afterwards."""
+    require_root_bpf()
+    bpffs_dir = bpffs_dir or unique_bpffs_dir()
+    with cgroup() as group:
+        try:
+            datapath = Datapath.load(DatapathConfig(bpffs_dir, group.path, sizes))
+            try:
+                yield datapath
+            finally:
+                datapath.close()
+        finally:
+            cleanup(bpffs_dir)
+
+
+def programmer(datapath: Datapath, metrics: Metrics | None = None) -> ServiceProgrammer:
+    """A programmer as a fresh process would make one: recovering from the maps."""
+    services = datapath.maps[maps.SERVICES.pin]
+    backends = datapath.maps[maps.BACKENDS.pin]
+    return ServiceProgrammer(services, backends, Capacity(
+        services.info().max_entries, backends.info().max_entries), Skips(metrics or Metrics()))
 
 
 def service_port(name: str, vips: Sequence[str], port: int, backends: Sequence[int] = (),
@@ -183,3 +223,27 @@ def brain_ops(service: localv1.Service,
     return ([set_op(localv1.ServicesSet, path, service)]
             + [set_op(localv1.EndpointsSet, f"{path}/ep{i}", ep) for i, ep in enumerate(endpoints)]
             + [localv1.OpItem(Sync=localv1.EmptyOp())])
+
+
+def programmed_frontends(dump: dict) -> dict[tuple, tuple]:
+    """(vip, port, protocol) -> (backend addresses, affinity timeout), from an
+    `ebpf dump`, after checking that every map entry belongs to a frontend:
+    slots 1..count, each naming its own backend entry of that service, and
+    nothing else in either map."""
+    frontends = {}
+    backend_ids: Counter[int] = Counter()
+    for svc in dump["services"]:
+        for slot in svc["backends"]:
+            assert slot["address"] is not None, f"{svc['vip']} slot {slot} names no backend"
+            assert slot["serviceId"] == svc["serviceId"], f"{slot} belongs to another service"
+            backend_ids[slot["backendId"]] += 1
+        frontends[(svc["vip"], svc["port"], svc["protocol"])] = (
+            sorted(slot["address"] for slot in svc["backends"]),
+            svc["affinityTimeoutSeconds"])
+    assert not [b for b, n in backend_ids.items() if n > 1], "a backend entry in two slots"
+    assert len({svc["serviceId"] for svc in dump["services"]}) == len(dump["services"])
+    entries = {pin: counts["entries"] for pin, counts in dump["maps"].items()}
+    assert entries[maps.SERVICES.pin] == sum(1 + svc["count"] for svc in dump["services"]), (
+        "services entries that no master explains")
+    assert entries[maps.BACKENDS.pin] == len(backend_ids), "backends no slot names"
+    return frontends

@@ -25,6 +25,7 @@ from tests.ebpf.lab import (
     brain_ops,
     removed,
     service_port,
+    target,
     updated,
 )
 
@@ -112,6 +113,19 @@ def test_new_connections_spread_and_a_udp_socket_sticks(backend: EbpfBackend,
         udp_backends |= seen
         agent.call("udp_close", sock=sock)
     assert len(udp_backends) >= 3
+
+
+def test_udp_sockets_spread_when_other_sockets_come_between(backend: EbpfBackend,
+                                                          agent: Agent) -> None:
+    """A client that makes a TCP connection before each DNS query: socket
+    cookies count up, so its UDP sockets only ever get every other cookie."""
+    backend.apply(added(service_port("alternate", vips("4.2"), 80, backends=ALL, protocol="UDP",
+                                     target_port=5353)))
+    udp = set()
+    for _ in range(24):
+        agent.call("tcp", host=str(backend_ip(1)), port=8080, family=4)
+        udp.add(agent.call("udp_query", host="10.96.4.2", port=80, family=4)["served_by"])
+    assert len(udp) >= 3, udp
 
 
 def test_named_target_ports_resolve_per_endpoint(backend: EbpfBackend, agent: Agent) -> None:
@@ -310,7 +324,7 @@ def test_endpoint_churn_under_a_connect_loop_fails_no_connect(backend: EbpfBacke
             time.sleep(0.002)
 
     churner = threading.Thread(target=churn)
-    agent.call("loop_start", host="10.96.14.1", port=80, family=4)
+    agent.call("loop_start", targets=[target("tcp", "10.96.14.1", 80)])
     churner.start()
     try:
         time.sleep(3)

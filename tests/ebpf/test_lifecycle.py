@@ -21,7 +21,7 @@ from kpng_py.metrics import Metrics
 from kpng_py.recording import RecordingWriter
 from kpng_py.skips import Skips
 from tests.ebpf.conftest import TEST_MAP_SIZES
-from tests.ebpf.lab import Agent, Lab, added, backend_ip, brain_ops, service_port
+from tests.ebpf.lab import Agent, Lab, added, backend_ip, brain_ops, service_port, target
 from tests.support.kernel import cgroup
 
 pytestmark = pytest.mark.kernel
@@ -80,7 +80,7 @@ def test_restarts_under_a_connect_loop_fail_no_connect(the_lab: Lab, brain: str,
     links = {link.hook: link for link in pinned_links(the_lab.bpffs_dir)}
     assert agent.call("tcp", host=VIP, port=80, family=4)["ok"]
 
-    agent.call("loop_start", host=VIP, port=80, family=4)
+    agent.call("loop_start", targets=[target("tcp", VIP, 80)])
     try:
         time.sleep(0.3)
         # A new size for the services map: its entries move to a new map.

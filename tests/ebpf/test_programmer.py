@@ -5,39 +5,20 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from contextlib import contextmanager
 from typing import Iterator
 
 import pytest
 
 from backends.ebpf import maps
 from backends.ebpf.libbpf import BpfMap
-from backends.ebpf.loader import Datapath, DatapathConfig, cleanup
+from backends.ebpf.loader import Datapath
 from backends.ebpf.maps import ServiceValue
-from backends.ebpf.programmer import Capacity, Frontend, HostPort, ServiceProgrammer
+from backends.ebpf.programmer import Frontend, HostPort
 from kpng_py.metrics import Metrics
 from kpng_py.model import ChangeSet, Protocol
-from kpng_py.skips import Skips
-from tests.ebpf.lab import BPFFS, added, removed, service_port, updated
-from tests.support.kernel import cgroup, require_root_bpf, unique_name
+from tests.ebpf.lab import added, loaded, programmer, removed, service_port, updated
 
 pytestmark = pytest.mark.kernel
-
-
-@contextmanager
-def loaded(**sizes: int) -> Iterator[Datapath]:
-    """A loaded (not attached) datapath in its own bpffs directory."""
-    require_root_bpf()
-    with cgroup() as group:
-        bpffs_dir = BPFFS / unique_name("kpng-py-test-")
-        try:
-            datapath = Datapath.load(DatapathConfig(bpffs_dir, group.path, sizes))
-            try:
-                yield datapath
-            finally:
-                datapath.close()
-        finally:
-            cleanup(bpffs_dir)
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +41,6 @@ class RecordingMap(BpfMap):
     def delete_many(self, keys) -> None:
         self.touched += list(keys)
         super().delete_many(keys)
-
-
-def programmer(datapath: Datapath, metrics: Metrics | None = None) -> ServiceProgrammer:
-    """A programmer as a fresh process would make one: recovering from the maps."""
-    services = datapath.maps[maps.SERVICES.pin]
-    backends = datapath.maps[maps.BACKENDS.pin]
-    return ServiceProgrammer(services, backends, Capacity(
-        services.info().max_entries, backends.info().max_entries), Skips(metrics or Metrics()))
 
 
 def frontend_entries(datapath: Datapath, vip: str, port: int,

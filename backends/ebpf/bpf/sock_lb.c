@@ -105,12 +105,21 @@ static __always_inline void remember_affinity(struct lb_affinity_key *key, __u32
 	kpng_affinity.update(key, &value);
 }
 
+/* Socket cookies count up per CPU, so a client that opens another socket
+ * between two UDP sockets gets only every other cookie, and `cookie % count`
+ * would send all its UDP sockets to half the backends. A multiplicative
+ * (Fibonacci) hash spreads every bit of the cookie into the top 32. */
+static __always_inline __u32 cookie_seed(__u64 cookie)
+{
+	return (__u32)((cookie * 0x9E3779B97F4A7C15ULL) >> 32);
+}
+
 /* The backend id in a random slot. UDP seeds with the socket cookie so that
  * an unconnected socket keeps talking to one backend; TCP draws per connect. */
 static __always_inline bool slot_backend_id(struct lb_service_key *key, __u32 count, __u64 cookie,
 					    __u32 *backend_id)
 {
-	__u64 seed = key->proto == IPPROTO_UDP ? cookie : bpf_get_prandom_u32();
+	__u32 seed = key->proto == IPPROTO_UDP ? cookie_seed(cookie) : bpf_get_prandom_u32();
 	struct lb_service_value *slot;
 
 	key->slot = (__u16)(seed % count) + 1;

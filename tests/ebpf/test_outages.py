@@ -1,0 +1,179 @@
+"""Outages of the node's processes while a client loops on TCP connects and
+UDP queries through ClusterIPs: the brain killed and restarted with a changed
+state, the backend killed (also while it starts), maps too small for the
+state. The brain and the backend are the real commands, as separate
+processes; the client runs in the lab's namespace and cgroup, where an
+untranslated ClusterIP fails with ENETUNREACH."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from backends.ebpf import maps
+from backends.ebpf.loader import pinned_links
+from tests.brain.helpers import TCP
+from tests.ebpf.lab import Agent, Lab, backend_ip, target
+from tests.ebpf.node import TARGETS, WEB_VIPS, lab_service, node, web_and_dns
+from tests.support.process import Process
+
+pytestmark = pytest.mark.kernel
+
+OUTAGE_SECONDS = 3.0
+WRITTEN_MAPS = (maps.SERVICES.pin, maps.BACKENDS.pin)
+
+
+def map_writes(backend: Process) -> dict[str, float]:
+    """Entries the backend process wrote so far, by map (from its /metrics)."""
+    return {pin: backend.metric("kpng_py_map_writes_total", map=pin) for pin in WRITTEN_MAPS}
+
+
+def assert_no_failure(result: dict) -> None:
+    assert result["errors"] == {} and result["wrong_peer"] == 0, result
+    assert result["connects"] > 0 and result["queries"] > 0, result
+
+
+def served_by(result: dict, index: int, port: int) -> bool:
+    return f"{backend_ip(index)}:{port}" in result["served"]
+
+
+def test_brain_outage_leaves_the_dataplane_alone_and_resyncs_only_differences(
+        the_lab: Lab, agent: Agent, tmp_path: Path) -> None:
+    v4_only = (WEB_VIPS[0],)
+    targets = [t for t in TARGETS if t["host"] != WEB_VIPS[1]]
+    with node(the_lab, tmp_path) as n:
+        n.state.write(web_and_dns(web=[1, 2, 3], dns=[1, 2], web_vips=v4_only))
+        brain = n.start_brain()
+        backend = n.start_backend()
+        before, written = n.dump()["services"], map_writes(backend)
+
+        agent.call("loop_start", targets=targets)
+        try:
+            time.sleep(0.3)
+            brain.kill()  # SIGKILL, mid-stream: the backend waits for its next change set
+            backend.wait_for_log("watch stream to the brain failed")
+            time.sleep(OUTAGE_SECONDS)
+        finally:
+            outage = agent.call("loop_stop")
+        assert backend.popen.poll() is None, "the backend outlives its brain"
+        assert map_writes(backend) == written and n.dump()["services"] == before
+        assert_no_failure(outage)
+
+        # Back with one real difference: web's backend 3 is replaced by 4.
+        n.state.write(web_and_dns(web=[1, 2, 4], dns=[1, 2], web_vips=v4_only))
+        agent.call("loop_start", targets=targets)
+        try:
+            n.start_brain()
+            resync = backend.wait_for_log("sync applied", 2)[-1]
+            backend_log = backend.stderr()
+            time.sleep(0.3)
+        finally:
+            back = agent.call("loop_stop")
+        (web,) = [svc for svc in n.dump()["services"] if svc["port"] == 80]
+        resynced = map_writes(backend)
+    assert_no_failure(back)
+    assert sorted(slot["address"] for slot in web["backends"]) == [
+        f"{backend_ip(i)}:8080" for i in (1, 2, 4)]
+    assert served_by(back, 4, 8080), back["served"]
+    print(f"brain outage: {outage['connects']} connects and {outage['queries']} queries "
+          f"while the brain was down, {back['connects']} + {back['queries']} after; entries "
+          f"written before: {written}, after the resync: {resynced}")
+
+    # Retries while the brain was gone: 0.1 s, doubling, up to --max-error-delay 1 s.
+    delays = [float(d) for d in re.findall(r"reconnecting to the brain .*retry_in_s=([\d.]+)",
+                                           backend_log)]
+    assert len(delays) >= 4, delays
+    assert delays == [min(0.1 * 2 ** i, 1.0) for i in range(len(delays))], delays
+    # The new stream's full state became one incremental update of web, and
+    # only what differs was written: backend 4 added and 3 deleted (backends),
+    # 4 in 3's slot (services); web's master (3 backends) and dns untouched.
+    assert "full=False" in resync and "updated=1" in resync and "added=0" in resync, resync
+    assert {pin: resynced[pin] - written[pin] for pin in WRITTEN_MAPS} == {
+        maps.SERVICES.pin: 1, maps.BACKENDS.pin: 2}
+
+
+def test_backend_killed_while_serving_and_while_starting_fails_nothing_and_adopts_the_maps(
+        the_lab: Lab, agent: Agent, tmp_path: Path) -> None:
+    with node(the_lab, tmp_path) as n:
+        n.state.write(web_and_dns(web=[1, 2, 3], dns=[1, 2]))
+        n.start_brain()
+        backend = n.start_backend()
+        before, links = n.dump(), {link.hook: link for link in pinned_links(the_lab.bpffs_dir)}
+
+        agent.call("loop_start", targets=TARGETS)
+        try:
+            time.sleep(0.3)
+            backend.kill()  # kill -9 while serving
+            time.sleep(1.0)  # no process at all: the pinned programs and maps serve on
+            starting = n.start_backend(syncs=0)
+            starting.wait_for_log("eBPF datapath loaded")
+            starting.kill()  # kill -9 while starting (programs loaded, maybe not yet swapped in)
+            restarted = n.start_backend()
+            time.sleep(0.3)
+        finally:
+            result = agent.call("loop_stop")
+        after = n.dump()
+        writes = map_writes(restarted)
+        relinked = {link.hook: link for link in pinned_links(the_lab.bpffs_dir)}
+    assert_no_failure(result)
+    print(f"backend crashes: {result['connects']} connects, {result['queries']} queries, "
+          f"none failed; the restart wrote {writes} entries")
+    # Adopted without a flush: the same entries and ids, nothing written.
+    assert after["services"] == before["services"]
+    assert {pin: after["maps"][pin] for pin in WRITTEN_MAPS} == {
+        pin: before["maps"][pin] for pin in WRITTEN_MAPS}
+    assert writes == {maps.SERVICES.pin: 0, maps.BACKENDS.pin: 0}
+    assert "frontends=3" in restarted.log_lines("recovered the programmed services")[0]
+    # The same links, now running the restarted process's programs.
+    assert {h: link.link_id for h, link in relinked.items()} == {
+        h: link.link_id for h, link in links.items()}
+    assert all(relinked[h].prog_id != links[h].prog_id for h in links)
+
+
+def extra_service(index: int) -> dict:
+    """x<index>: TCP 9090 on three lab backends; needs 4 services entries."""
+    return lab_service(f"x{index}", (f"10.96.31.{index + 1}",), TCP, 9090, 9090, [1, 2, 3])
+
+
+def test_full_maps_skip_the_overflow_and_a_larger_flag_fixes_it_under_traffic(
+        the_lab: Lab, agent: Agent, tmp_path: Path) -> None:
+    # In name order: dns (1 + 2 entries), web (2 x (1 + 3)), x0 and x1 (4 each)
+    # fill 19 of 20 services entries; x2 and x3 do not fit.
+    extras = [extra_service(i) for i in range(4)]
+    x_targets = [target("tcp", f"10.96.31.{i + 1}", 9090) for i in range(4)]
+    with node(the_lab, tmp_path) as n:
+        n.state.write(web_and_dns(web=[1, 2, 3], dns=[1, 2], more=extras))
+        n.start_brain()
+        small = n.start_backend("--map-size-services", "20")
+        full = small.log_lines("skipped service port")
+        assert small.metric("kpng_py_skipped_total", reason="capacity") == 2
+        assert small.metric("kpng_py_map_entries", map=maps.SERVICES.pin) == 19
+        reachable = [agent.call("tcp", host=t["host"], port=t["port"], family=4)["ok"]
+                     for t in x_targets]
+
+        agent.call("loop_start", targets=TARGETS + x_targets[:2])
+        try:
+            time.sleep(0.3)
+            small.terminate()
+            large = n.start_backend("--map-size-services", "64")
+            time.sleep(0.3)
+        finally:
+            result = agent.call("loop_stop")
+        now_reachable = [agent.call("tcp", host=t["host"], port=t["port"], family=4)["ok"]
+                         for t in x_targets]
+        assert large.metric("kpng_py_skipped_total", reason="capacity") == 0
+        assert large.metric("kpng_py_map_entries", map=maps.SERVICES.pin) == 27
+        assert n.dump()["maps"][maps.SERVICES.pin] == {"entries": 27, "capacity": 64}
+        assert large.log_lines("pinned map does not match; replacing it")
+
+    assert len(full) == 2 and all(
+        f"skipped service port default/x{i}:x{i}: map services is full (19 of 20 entries used, "
+        "4 more needed); raise --map-size-services" in line for i, line in zip((2, 3), full)), full
+    assert reachable == [True, True, False, False]
+    assert now_reachable == [True] * 4
+    assert_no_failure(result)
+    print(f"full maps: 2 service ports skipped at 20 entries; {result['connects']} connects and "
+          f"{result['queries']} queries through the resize to 64, none failed")
