@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -124,3 +125,34 @@ def cgroup(prefix: str = "kpng-py-test-") -> Iterator[Cgroup]:
         yield cg
     finally:
         cg.delete()
+
+
+_OWNED = re.compile(r"^(?:kpng-py-test-|kpt|vn|vp)(\d+)x\d+$")
+
+
+def _owner_is_gone(name: str) -> bool:
+    match = _OWNED.match(name)
+    return bool(match) and not Path(f"/proc/{match[1]}").exists()
+
+
+def sweep_stale() -> list[str]:
+    """Remove what test processes that were killed (not failed: those clean up
+    after themselves) left behind: their cgroups with the BPF links on them,
+    pinned maps, namespaces. Only names of this suite whose pid is gone."""
+    from backends.ebpf.loader import cleanup
+
+    removed: list[str] = []
+    bpffs = Path("/sys/fs/bpf")
+    for pins in (p for p in bpffs.iterdir() if p.is_dir() and _owner_is_gone(p.name)):
+        cleanup(pins)
+        shutil.rmtree(pins, ignore_errors=True)
+        removed.append(str(pins))
+    for path in (p for p in CGROUP2_ROOT.iterdir() if p.is_dir() and _owner_is_gone(p.name)):
+        Cgroup(path).delete()
+        removed.append(str(path))
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for name in (line.split()[0] for line in listed.splitlines() if line.strip()):
+        if _owner_is_gone(name):
+            NetNS(name).delete()
+            removed.append(f"netns {name}")
+    return removed
