@@ -46,6 +46,9 @@ class EbpfBackend:
                 self._datapath.maps[spec.pin].info().max_entries)
         for spec in (maps.SERVICES, maps.BACKENDS):  # the maps this process writes
             self._metrics.map_writes.labels(spec.pin)
+        for spec in (maps.REVERSE_NAT, maps.AFFINITY):  # written by the datapath:
+            lru = self._datapath.maps[spec.pin]       # counted when /metrics is read
+            self._metrics.map_entries.labels(spec.pin).set_function(lambda m=lru: len(m))
         log.info("eBPF datapath loaded", extra=fields(
             bpffs_dir=self._config.bpffs_dir, cgroup=self._config.cgroup,
             seconds=round(time.monotonic() - started, 3)))

@@ -167,6 +167,9 @@ def test_full_maps_skip_the_overflow_and_a_larger_flag_fixes_it_under_traffic(
         assert large.metric("kpng_py_skipped_total", reason="capacity") == 0
         assert large.metric("kpng_py_map_entries", map=maps.SERVICES.pin) == 27
         assert n.dump()["maps"][maps.SERVICES.pin] == {"entries": 27, "capacity": 64}
+        # the datapath's own maps are counted when /metrics is read
+        assert large.metric("kpng_py_map_entries", map=maps.REVERSE_NAT.pin) == \
+            n.dump()["maps"][maps.REVERSE_NAT.pin]["entries"] > 0
         assert large.log_lines("pinned map does not match; replacing it")
 
     assert len(full) == 2 and all(
