@@ -81,6 +81,14 @@ class ChangeSetApplier:
         m.endpoint_changes.inc(changes.endpoint_changes)
         m.changeset_ops.observe(sum(1 for op in ops if op.WhichOneof("Op") in ("Set", "Delete")))
         m.changeset_service_ports.observe(len(changes))
+        if log.isEnabledFor(logging.DEBUG):
+            updated = tuple(new for _, new in changes.updated)
+            for kind, ports in (("added", changes.added), ("updated", updated),
+                                ("removed", changes.removed)):
+                for port in ports:
+                    log.debug("service port %s", kind, extra=fields(
+                        service_port=str(port.name), protocol=port.protocol.value,
+                        endpoints=len(port.cluster_endpoints())))
         log.info("sync applied", extra=fields(
             sync=self.syncs, full=changes.full, added=len(changes.added),
             updated=len(changes.updated), removed=len(changes.removed),
