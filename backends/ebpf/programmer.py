@@ -53,6 +53,15 @@ MAX_ID = 0xFFFFFFFF
 class HostPort:
     ip: IPAddress
     port: int
+    # ipaddress hashes through hex(), too slowly for dicts of every backend
+    # of a full sync: hash once, from the integer.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((int(self.ip), self.ip.version, self.port)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def l4addr(self) -> L4Addr:
         return L4Addr.of(self.ip, self.port)
@@ -67,9 +76,16 @@ class Frontend:
 
     vip: HostPort
     protocol: Protocol
+    # What every key of this frontend starts with (computed once: a frontend
+    # has a key per slot, and a full sync makes hundreds of thousands).
+    _key_prefix: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_key_prefix", ServiceKey.frontend_prefix(
+            self.vip.l4addr(), IPPROTO[self.protocol]))
 
     def key(self, slot: int) -> ServiceKey:
-        return ServiceKey(vip=self.vip.l4addr(), proto=IPPROTO[self.protocol], slot=slot)
+        return ServiceKey.at_slot(self._key_prefix, slot)
 
     def __str__(self) -> str:
         return f"{self.vip}/{self.protocol.value}"
@@ -93,7 +109,11 @@ class Programmed:
             other.service_id, len(other.slots), other.affinity_timeout)
 
 
-def frontends_of(port: ServicePort) -> dict[Frontend, tuple[tuple[HostPort, ...], int]]:
+# Each frontend of a service port: its backends and affinity timeout.
+FrontendSpecs = dict[Frontend, tuple[tuple[HostPort, ...], int]]
+
+
+def frontends_of(port: ServicePort) -> FrontendSpecs:
     """Each ClusterIP's frontend with its backends (the endpoints of its
     family that ClusterIP traffic may use) and affinity timeout."""
     return {
@@ -271,15 +291,16 @@ class ServiceProgrammer:
         re-read from the maps and the error raised (the next full change set
         repairs the maps)."""
         writes = MapWrites()
+        ports = (changes.added if changes.full
+                 else self._plan_incremental(changes, writes))
+        planned = [(port, frontends_of(port)) for port in ports]
         if changes.full:
-            ports = self._plan_full(changes.added, writes)
-        else:
-            ports = self._plan_incremental(changes, writes)
-        for port in ports:
-            self._program_port(port, writes)
+            self._plan_full(planned, writes)
+        for port, specs in planned:
+            self._program_port(port, specs, writes)
         retry, self._waiting = self._waiting, {}
         for port in retry.values():
-            self._program_port(port, writes, report=False)
+            self._program_port(port, frontends_of(port), writes, report=False)
         try:
             self._write(writes)
         except OSError:
@@ -291,8 +312,9 @@ class ServiceProgrammer:
         self.backend_entries -= len(writes.orphan_backends)
         return writes
 
-    def _plan_full(self, ports: Sequence[ServicePort], writes: MapWrites) -> list[ServicePort]:
-        wanted = {frontend for port in ports for frontend in frontends_of(port)}
+    def _plan_full(self, planned: Sequence[tuple[ServicePort, FrontendSpecs]],
+                   writes: MapWrites) -> None:
+        wanted = {frontend for _, specs in planned for frontend in specs}
         self._owners.clear()
         self._waiting.clear()
         for frontend in [f for f in self._frontends if f not in wanted]:
@@ -305,7 +327,6 @@ class ServiceProgrammer:
         self.service_entries -= len(self._stray_keys)
         self.backend_entries -= len(self._stray_backends)
         self._stray_keys, self._stray_backends = [], []
-        return list(ports)
 
     def _plan_incremental(self, changes: ChangeSet, writes: MapWrites) -> list[ServicePort]:
         for port in changes.removed:
@@ -345,11 +366,11 @@ class ServiceProgrammer:
         if frontend.protocol is Protocol.UDP:
             writes.removed_udp.add((service_id, target))
 
-    def _program_port(self, port: ServicePort, writes: MapWrites, report: bool = True) -> None:
+    def _program_port(self, port: ServicePort, specs: FrontendSpecs, writes: MapWrites,
+                      report: bool = True) -> None:
         """Program a service port, or skip it (reported once, retried on every
         later change set) when a ClusterIP of it belongs to another service
         port or the maps have no room."""
-        specs = frontends_of(port)
         owners = {self._owners.get(frontend, port.name) for frontend in specs} - {port.name}
         if owners:
             reason, problem = SkipReason.DUPLICATE_PORT, (
@@ -366,7 +387,7 @@ class ServiceProgrammer:
             self._program_frontend(frontend, targets, affinity_timeout, writes)
             self._owners[frontend] = port.name
 
-    def _capacity_problem(self, specs: dict[Frontend, tuple[tuple[HostPort, ...], int]]) -> str:
+    def _capacity_problem(self, specs: FrontendSpecs) -> str:
         """Why the port does not fit, counting every entry this change set adds
         before it deletes any (the maps hold both during the update)."""
         services_needed = backends_needed = 0
