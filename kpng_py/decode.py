@@ -9,6 +9,7 @@ version in force.
 from __future__ import annotations
 
 import ipaddress
+import socket
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -72,10 +73,21 @@ def split_endpoint_path(path: str) -> tuple[str, str] | None:
     return f"{parts[0]}/{parts[1]}", parts[2]
 
 
+_FAMILIES = {4: (socket.AF_INET, ipaddress.IPv4Address), 6: (socket.AF_INET6, ipaddress.IPv6Address)}
+
+
 def parse_ips(values: Iterable[str], version: int, owner: str, skips: Skips) -> list[IPAddress]:
     """Parse the IPs of one family; bad or wrong-family ones are skipped."""
+    if not values:
+        return []
+    family, address_type = _FAMILIES[version]
     ips: list[IPAddress] = []
     for value in values:
+        try:  # inet_pton is strict and fast; a full sync parses every endpoint IP
+            ips.append(address_type(socket.inet_pton(family, value)))
+            continue
+        except (OSError, ValueError):
+            pass
         try:
             ip = ipaddress.ip_address(value)
         except ValueError:
@@ -83,8 +95,8 @@ def parse_ips(values: Iterable[str], version: int, owner: str, skips: Skips) -> 
             continue
         if ip.version != version:
             skips.skip(SkipReason.BAD_IP, owner, f"{value} is listed as IPv{version}")
-            continue
-        ips.append(ip)
+        else:  # a form inet_pton refuses but ipaddress reads (e.g. a scope id)
+            ips.append(ip)
     return ips
 
 
