@@ -1,0 +1,191 @@
+"""kube-proxy's rulesets as the bench generates them: chain names, structure
+and partial syncs as kube-proxy's proxiers write them, and (as root) that the
+kernel's tools accept them."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from bench.rulesets import KubeServicePort
+from bench.rulesets import iptables as ipt
+from bench.rulesets import nftables as nft
+from bench.rulesets.iptables import IptablesProxier
+from bench.rulesets.nftables import NftablesProxier
+from bench.scenario import Scenario
+from kpng_py.model import Endpoint, Protocol, ServicePort, ServicePortName
+from tests.support.kernel import netns, require_root_bpf
+
+CLUSTER_CIDR = "10.244.0.0/16"
+
+
+def _port(name: str, vip: str, *endpoints: str, port_name: str = "p80") -> ServicePort:
+    eps = tuple(Endpoint(ipaddress.ip_address(e.rsplit(":", 1)[0]), int(e.rsplit(":", 1)[1]))
+                for e in endpoints)
+    return ServicePort(name=ServicePortName("ns1", name, port_name, Protocol.TCP),
+                       type="ClusterIP", cluster_ips=(ipaddress.ip_address(vip),), port=80,
+                       target_port=80, endpoints=eps)
+
+
+SVC1 = _port("svc1", "172.30.0.41", "10.180.0.1:80", "10.180.0.2:80", "10.180.0.3:80")
+SVC2 = _port("svc2", "172.30.0.42", "10.180.0.4:80")
+EMPTY = _port("svc3", "172.30.0.43")
+
+
+def test_chain_names_are_kube_proxys():
+    """The names kube-proxy's own tests expect for ns1/svc1:p80 and 10.180.0.1:80."""
+    svc1 = KubeServicePort.of(SVC1)
+    assert ipt.service_chain(svc1) == "KUBE-SVC-XPGD46QRK7WJZT7O"
+    assert ipt.endpoint_chain(svc1, "10.180.0.1:80") == "KUBE-SEP-SXIVWICOYRO3J4NJ"
+    assert nft.service_chain(svc1) == "service-ULMVA6XW-ns1/svc1/tcp/p80"
+    assert nft.endpoint_chain(svc1, "10.180.0.1:80") == \
+        "endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80"
+
+
+def _rules(text: str, chain: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(f"-A {chain} ")]
+
+
+def test_iptables_full_sync_is_services_to_svc_to_sep():
+    text = IptablesProxier(CLUSTER_CIDR).full_sync([SVC1, SVC2, EMPTY])
+    tables = re.findall(r"^\*(\w+)$", text, re.M)
+    assert tables == ["filter", "nat"] and text.count("COMMIT") == 2
+    svc1 = KubeServicePort.of(SVC1)
+    svc_chain = ipt.service_chain(svc1)
+    services = _rules(text.split("*nat")[1], "KUBE-SERVICES")
+    assert services[0] == ('-A KUBE-SERVICES -m comment --comment "ns1/svc1:p80 cluster IP" '
+                           f'-m tcp -p tcp -d 172.30.0.41 --dport 80 -j {svc_chain}')
+    assert "KUBE-NODEPORTS" in services[-1] and len(services) == 3  # svc1, svc2, nodeports
+    chain = _rules(text, svc_chain)
+    assert chain[0].endswith(f"--dport 80 ! -s {CLUSTER_CIDR} -j KUBE-MARK-MASQ")
+    seps = [ipt.endpoint_chain(svc1, f"10.180.0.{i}:80") for i in (1, 2, 3)]
+    # endpoint i of n with probability 1/(n-i), the last one unconditionally
+    assert "--probability 0.3333333333 -j " + seps[0] in chain[1]
+    assert "--probability 0.5000000000 -j " + seps[1] in chain[2]
+    assert "statistic" not in chain[3] and chain[3].endswith(f"-j {seps[2]}")
+    assert _rules(text, seps[0]) == [
+        f"-A {seps[0]} -m comment --comment ns1/svc1:p80 -s 10.180.0.1 -j KUBE-MARK-MASQ",
+        f"-A {seps[0]} -m comment --comment ns1/svc1:p80 -m tcp -p tcp "
+        "-j DNAT --to-destination 10.180.0.1:80"]
+    # no endpoints: rejected in the filter table, nothing in nat
+    assert any("ns1/svc3:p80 has no endpoints" in r and r.endswith("-j REJECT")
+               for r in _rules(text.split("*nat")[0], "KUBE-SERVICES"))
+    assert "172.30.0.43" not in text.split("*nat")[1]
+
+
+def test_iptables_large_cluster_drops_endpoint_comments():
+    ports = Scenario(101, 10).service_ports()  # 1010 endpoints: above kube-proxy's 1000
+    text = IptablesProxier(CLUSTER_CIDR).full_sync(ports)
+    first = KubeServicePort.of(ports[0])
+    sep = ipt.endpoint_chain(first, first.endpoints[0])
+    assert all("comment" not in rule for rule in _rules(text, sep))
+    assert all("comment" not in rule for rule in _rules(text, ipt.service_chain(first))[1:])
+
+
+def test_iptables_partial_sync_rewrites_services_and_the_changed_chains_only():
+    scenario = Scenario(20, 3)
+    ports = scenario.service_ports()
+    before, after = scenario.endpoint_moves()
+    ports[scenario.changed_index()] = after
+    text = IptablesProxier(CLUSTER_CIDR).partial_sync(ports, [(before, after)])
+    changed = KubeServicePort.of(after)
+    declared = re.findall(r"^:(KUBE-(?:SVC|SEP)-\w+)", text, re.M)
+    assert declared == [ipt.service_chain(changed),
+                        *(ipt.endpoint_chain(changed, ep) for ep in changed.endpoints)]
+    # KUBE-SERVICES is flushed by its chain line, so all of it is written again
+    assert len(_rules(text, "KUBE-SERVICES")) == 20 + 1
+
+
+def test_jump_rules_hook_kube_proxys_chains_in():
+    text = IptablesProxier(CLUSTER_CIDR).jump_rules()
+    assert ('-I PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES'
+            in text.splitlines())
+    assert "-I POSTROUTING -m comment --comment \"kubernetes postrouting rules\" " \
+           "-j KUBE-POSTROUTING" in text
+
+
+def test_nftables_full_sync_dispatches_through_the_service_map():
+    text = NftablesProxier(CLUSTER_CIDR, "172.30.0.0/16").full_sync([SVC1, SVC2, EMPTY])
+    lines = text.splitlines()
+    svc1 = KubeServicePort.of(SVC1)
+    svc_chain = nft.service_chain(svc1)
+    element = (f"add element ip kube-proxy service-ips {{ 172.30.0.41 . tcp . 80 : "
+               f"goto {svc_chain} }}")
+    assert element in lines
+    # chains exist before the element and the rules that refer to them
+    assert lines.index(f"add chain ip kube-proxy {svc_chain}") < lines.index(element)
+    picks = [line for line in lines if "numgen random mod" in line and svc_chain in line]
+    assert len(picks) == 1 and "numgen random mod 3 vmap { 0 : goto endpoint-" in picks[0]
+    assert ("add rule ip kube-proxy services ip daddr . meta l4proto . th dport "
+            "vmap @service-ips") in lines
+    assert (f"add rule ip kube-proxy {nft.endpoint_chain(svc1, '10.180.0.2:80')} "
+            "meta l4proto tcp dnat to 10.180.0.2:80") in lines
+    assert any(line.startswith("add element ip kube-proxy no-endpoint-services "
+                               "{ 172.30.0.43 . tcp . 80 : goto reject-chain") for line in lines)
+
+
+def test_nftables_partial_sync_touches_the_changed_service_only():
+    scenario = Scenario(20, 3)
+    before, after = scenario.endpoint_moves()
+    text = NftablesProxier(CLUSTER_CIDR, "10.96.0.0/16").partial_sync([(before, after)])
+    old, new = KubeServicePort.of(before), KubeServicePort.of(after)
+    assert "add table" not in text and "service-ips" not in text  # same VIP: element kept
+    chains = set(re.findall(r"chain ip kube-proxy (\S+)", text))
+    gone = nft.endpoint_chain(old, old.endpoints[0])
+    assert chains == {nft.service_chain(new), gone,
+                      *(nft.endpoint_chain(new, ep) for ep in new.endpoints)}
+    assert f"flush chain ip kube-proxy {gone}" in text.splitlines()
+    assert f"add rule ip kube-proxy {gone}" not in text
+
+
+# -- the kernel's tools accept them ---------------------------------------------
+
+def _load(ns, command: tuple[str, ...], text: str) -> subprocess.CompletedProcess:
+    return subprocess.run(ns.exec_args(*command), input=text, capture_output=True, text=True)
+
+
+@pytest.mark.kernel
+def test_nft_accepts_full_and_partial_syncs():
+    require_root_bpf()
+    if shutil.which("nft") is None:
+        pytest.skip("needs nft (hack/setup.sh installs nftables)")
+    scenario = Scenario(50, 4)
+    before, after = scenario.endpoint_moves()
+    proxier = NftablesProxier(CLUSTER_CIDR, "10.96.0.0/16")
+    with netns("kpbn") as ns:
+        checked = _load(ns, ("nft", "-c", "-f", "-"), proxier.full_sync(scenario.service_ports()))
+        assert checked.returncode == 0, checked.stderr
+        loaded = _load(ns, nft.LOAD_COMMAND, proxier.full_sync(scenario.service_ports()))
+        assert loaded.returncode == 0, loaded.stderr
+        partial = _load(ns, ("nft", "-c", "-f", "-"), proxier.partial_sync([(before, after)]))
+        assert partial.returncode == 0, partial.stderr
+        listed = ns.run("nft", "list", "map", "ip", "kube-proxy", "service-ips").stdout
+        assert listed.count(" : goto service-") == 50
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("variant", ["legacy", "nft"])
+def test_iptables_restore_accepts_full_and_partial_syncs(variant: str):
+    require_root_bpf()
+    command = ipt.restore_command(variant)
+    if shutil.which(command[0]) is None:
+        pytest.skip(f"needs {command[0]} (hack/setup.sh installs iptables)")
+    scenario = Scenario(50, 4)
+    ports = scenario.service_ports()
+    before, after = scenario.endpoint_moves()
+    proxier = IptablesProxier(CLUSTER_CIDR)
+    with netns("kpbi") as ns:
+        for text in (proxier.jump_rules(), proxier.full_sync(ports)):
+            done = _load(ns, command, text)
+            assert done.returncode == 0, done.stderr
+        ports[scenario.changed_index()] = after
+        done = _load(ns, command, proxier.partial_sync(ports, [(before, after)]))
+        assert done.returncode == 0, done.stderr
+        saved = ns.run(f"iptables-{variant}-save", "-t", "nat").stdout
+        moved = KubeServicePort.of(after)
+        assert f"--to-destination {moved.endpoints[-1]}" in saved
+        assert len(re.findall(r"^-A KUBE-SERVICES .* -j KUBE-SVC-", saved, re.M)) == 50
