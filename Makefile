@@ -4,7 +4,7 @@
 VENV := .venv
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: setup demo test unit kernel e2e clean
+.PHONY: setup demo test unit kernel e2e bench clean
 
 setup:
 	@hack/setup.sh
@@ -20,6 +20,11 @@ test: setup
 # The end-to-end suite: every IP mode with every built-in backend (docs/e2e.md).
 e2e: setup
 	hack/test_e2e.sh -a
+
+# The benchmarks (docs/bench.md), not part of `make test`; e.g.
+# make bench BENCH_ARGS="--quick"    (a few minutes)
+bench: setup
+	PYTHONPATH=hack $(VENV)/bin/python -m bench $(BENCH_ARGS)
 
 unit: setup
 	$(PYTEST) -q -ra -m "not kernel"

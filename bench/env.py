@@ -1,0 +1,147 @@
+"""Where the bench runs things: throwaway network namespaces (with a cgroup
+and a bpffs directory for the eBPF backend), and processes in them.
+
+Every object is named after the run (`e2e.names.RunNames`: `kpe2e-<pid>-...`),
+so the e2e harness's clean-up removes what a killed bench left behind, and
+parallel runs never collide.
+
+Node-side processes (workers, the brain, backends) enter a namespace with
+`nsenter --net`, not `ip netns exec`: the latter gives the process a fresh
+/sys in which bpffs and the cgroup2 mount are gone, so the eBPF backend could
+neither pin maps nor attach to its cgroup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from e2e.names import RunNames
+from e2e.procs import run
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+KPNG_PY = str(Path(sys.executable).with_name("kpng-py"))
+
+
+def in_netns(netns: str, argv: Sequence[str]) -> list[str]:
+    return ["nsenter", f"--net=/run/netns/{netns}", *argv]
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [PYTHON, "-m", module, *args]
+
+
+def sysctl(netns: str, *settings: str) -> None:
+    run(in_netns(netns, ["sysctl", "-q", "-w", *settings]))
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """A network namespace with loopback only, a cgroup and a bpffs directory,
+    for one control-plane run."""
+
+    netns: str
+    cgroup: Path
+    bpffs_dir: Path
+
+    @classmethod
+    def of(cls, names: RunNames, label: str) -> Sandbox:
+        return cls(names.netns(label), names.cgroup / label, names.bpffs_dir / label)
+
+    def create(self) -> Sandbox:
+        run(["ip", "netns", "add", self.netns])
+        run(["ip", "-n", self.netns, "link", "set", "lo", "up"])
+        self.cgroup.mkdir(parents=True)
+        self.bpffs_dir.parent.mkdir(exist_ok=True)
+        return self
+
+    def remove(self) -> list[str]:
+        """Remove it; returns what could not be removed."""
+        problems = []
+        ebpf_cleanup(self.cgroup, self.bpffs_dir)
+        for pid in _netns_pids(self.netns):
+            _kill(pid)
+        for _ in range(100):
+            try:
+                self.cgroup.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.02)
+        else:
+            problems.append(f"cgroup {self.cgroup} still busy")
+        if subprocess.run(["ip", "netns", "del", self.netns], capture_output=True).returncode:
+            problems.append(f"netns {self.netns} could not be deleted")
+        return problems
+
+
+def ebpf_cleanup(cgroup: Path, bpffs_dir: Path) -> None:
+    """Detach and unpin what the eBPF backend installed there, if anything."""
+    if bpffs_dir.exists() and "to-ebpf" in _sinks():
+        run([KPNG_PY, "ebpf", "cleanup", "--cgroup", str(cgroup), "--bpffs-dir", str(bpffs_dir)],
+            check=False, timeout=60)
+
+
+def _sinks() -> list[str]:
+    from kpng_py.cli import BACKENDS
+
+    return list(BACKENDS)
+
+
+def _netns_pids(netns: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@dataclass(frozen=True)
+class Finished:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    peak_rss_mib: float
+    timed_out: bool
+
+    def describe(self) -> str:
+        how = "timed out" if self.timed_out else f"exited {self.returncode}"
+        return f"{how}; stderr: {self.stderr.strip()[-1500:]}"
+
+
+def run_measured(argv: Sequence[str], timeout: float, workdir: Path, name: str) -> Finished:
+    """Run to completion (killed after `timeout` s), with its peak RSS as the
+    kernel accounts it (wait4), and its output kept in `workdir`."""
+    out, err = workdir / f"{name}.out", workdir / f"{name}.err"
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        started = time.monotonic()
+        popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout,
+                                 stderr=stderr, start_new_session=True)
+        timed_out = False
+        while True:
+            pid, status, usage = os.wait4(popen.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() - started > timeout:
+                timed_out = True
+                os.killpg(popen.pid, signal.SIGKILL)
+                pid, status, usage = os.wait4(popen.pid, 0)
+                break
+            time.sleep(0.02)
+        popen.returncode = os.waitstatus_to_exitcode(status)
+    return Finished(popen.returncode, out.read_text(errors="replace"),
+                    err.read_text(errors="replace"), time.monotonic() - started,
+                    usage.ru_maxrss / 1024, timed_out)

@@ -1,0 +1,115 @@
+"""Figures: the samples of one metric for one contender at one N, and what is
+derived from them (min/median/max, ratios).
+
+A sample is one run's number (for a per-change latency, the median over that
+run's changes). A run that did not finish within its time limit leaves a
+*censored* figure: it is then known only to be at least the limit.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+DIRECT = "direct"  # the datapath baseline: the pod's own address, nothing translated
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    title: str
+    unit: str
+    higher_is_better: bool
+
+
+METRICS = {m.key: m for m in (
+    Metric("cp_full_sync", "Full sync of N services x E endpoints", "s", False),
+    Metric("cp_change", "One-endpoint change (median of a run's changes)", "ms", False),
+    Metric("cp_change_p99", "One-endpoint change, 99th percentile of a run's changes", "ms", False),
+    Metric("cp_setup", "Backend set-up before the first sync (load, compile)", "s", False),
+    Metric("cp_peak_rss", "Peak RSS of the backend process", "MiB", False),
+    Metric("e2e_sync", "Full sync via brain + watch client (Sync received to programmed)",
+           "s", False),
+    Metric("e2e_wall", "Backend start to first change set applied (brain + watch client)",
+           "s", False),
+    Metric("e2e_peak_rss", "Peak RSS of `kpng-py local` (brain + watch client)", "MiB", False),
+    Metric("dp_conn_rate", "New connections per second (wrk, Connection: close)", "conn/s", True),
+    Metric("dp_connect_latency", "TCP connect latency, median (curl time_connect)", "ms", False),
+    Metric("dp_tcp_throughput", "Long-lived TCP throughput (iperf3)", "Gbit/s", True),
+    Metric("dp_udp_rate", "DNS queries per second over UDP (dnsperf)", "query/s", True),
+)}
+
+
+@dataclass
+class Figure:
+    metric: str
+    contender: str
+    n: int
+    samples: list[float] = field(default_factory=list)
+    # Set when a run hit its time limit: the figure is at least this.
+    censored_at: float | None = None
+    note: str = ""
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+    @property
+    def minimum(self) -> float | None:
+        return min(self.samples) if self.samples else None
+
+    @property
+    def maximum(self) -> float | None:
+        return max(self.samples) if self.samples else None
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "min": self.minimum, "median": self.median,
+                "max": self.maximum, "unit": METRICS[self.metric].unit}
+
+
+@dataclass
+class Results:
+    meta: dict = field(default_factory=dict)
+    figures: dict[tuple[str, str, int], Figure] = field(default_factory=dict)
+    # Runs that failed, in words (also logged as they happen).
+    problems: list[str] = field(default_factory=list)
+
+    def figure(self, metric: str, contender: str, n: int) -> Figure:
+        if metric not in METRICS:
+            raise KeyError(f"unknown metric {metric!r}")
+        return self.figures.setdefault((metric, contender, n), Figure(metric, contender, n))
+
+    def add(self, metric: str, contender: str, n: int, value: float) -> None:
+        self.figure(metric, contender, n).samples.append(value)
+
+    def censor(self, metric: str, contender: str, n: int, limit: float, note: str) -> None:
+        fig = self.figure(metric, contender, n)
+        fig.censored_at, fig.note = limit, note
+
+    def get(self, metric: str, contender: str, n: int) -> Figure | None:
+        return self.figures.get((metric, contender, n))
+
+    def median(self, metric: str, contender: str, n: int) -> float | None:
+        fig = self.get(metric, contender, n)
+        return fig.median if fig else None
+
+    def ns(self, metric: str) -> list[int]:
+        return sorted({n for (m, _, n) in self.figures if m == metric})
+
+    def contenders(self, metric: str) -> list[str]:
+        return list(dict.fromkeys(c for (m, c, _) in self.figures if m == metric))
+
+    def to_json(self) -> dict:
+        return {"meta": self.meta, "figures": [f.to_json() for f in self.figures.values()],
+                "problems": self.problems}
+
+    def write_json(self, path: Path, extra: dict) -> None:
+        path.write_text(json.dumps({**self.to_json(), **extra}, indent=2) + "\n")
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
