@@ -92,12 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"default: every one available here ({', '.join(CONTENDERS)})")
     p.add_argument("--n", type=_ints, help="services, e.g. 1000,10000,30000 (the default)")
     p.add_argument("--endpoints", type=int, default=10, help="endpoints per service (10)")
-    p.add_argument("--reps", type=int, help="control-plane runs per figure (5)")
+    p.add_argument("--reps", type=int, help="control-plane runs per figure (3)")
     p.add_argument("--changes", type=int, help="one-endpoint changes per run of ours (200)")
     p.add_argument("--ruleset-changes", type=int,
-                   help="partial syncs per run of iptables/nftables (20)")
+                   help="partial syncs per run of iptables/nftables (10)")
     p.add_argument("--timeout", type=float,
-                   help="seconds for one control-plane run or one state load (600)")
+                   help="seconds for one control-plane run or one state load (300)")
     p.add_argument("--e2e-reps", type=int, help="brain + client runs per figure (3)")
     p.add_argument("--e2e-n", type=_ints, help="N for the e2e part (default: --n)")
     p.add_argument("--dp-n", type=_ints, help="N for the datapath (default: --n)")
@@ -126,7 +126,7 @@ class Defaults:
     dp_connects: int
 
 
-FULL = Defaults((1_000, 10_000, 30_000), 5, 200, 20, 600.0, 3, 3, 5, 500)
+FULL = Defaults((1_000, 10_000, 30_000), 3, 200, 10, 300.0, 3, 3, 5, 500)
 QUICK = Defaults((1_000,), 2, 50, 5, 300.0, 1, 2, 2, 200)
 
 

@@ -144,14 +144,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sink", default="to-ebpf", help="our backend (ours only)")
     parser.add_argument("--iptables-variant", choices=("legacy", "nft"), default="legacy",
                         help="iptables-legacy-restore or iptables-nft-restore (iptables only)")
-    parser.add_argument("sink_args", nargs="*", help="the backend's flags (after --)")
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    sink_args = argv[split + 1:]  # the backend's own flags
     scenario = Scenario.from_json(args.scenario.read_text())
     _raise_open_files_limit()
     backend = None
     try:
         if args.contender == "ours":
-            backend = run_ours(scenario, args.changes, args.sink, args.sink_args)
+            backend = run_ours(scenario, args.changes, args.sink, sink_args)
         else:
             run_ruleset(scenario, args.changes, args.contender, args.iptables_variant)
         if args.hold:
