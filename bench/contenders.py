@@ -10,6 +10,10 @@ from pathlib import Path
 
 from bench.env import python_module
 from bench.scenario import Scenario
+from bench.worker import open_files_ceiling
+
+# Descriptors a worker needs besides one per service port.
+_SPARE_FILES = 1000
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,17 @@ class Contender:
         tool = (f"iptables-{self.iptables_variant}-restore" if self.kind == "iptables"
                 else "nft")
         return None if shutil.which(tool) else f"`{tool}` is not installed"
+
+    def unfit(self, scenario: Scenario) -> str | None:
+        """Why this contender cannot program `scenario` on this machine (None
+        if it can): the userspace backend needs a socket per service port."""
+        if self.sink != "to-userspace":
+            return None
+        limit = open_files_ceiling()
+        if scenario.services + _SPARE_FILES <= limit:
+            return None
+        return (f"needs a listening socket per service port ({scenario.services:,}) and the "
+                f"open-files limit here is {limit:,} (raise it: ulimit -Hn)")
 
     def worker(self, scenario: Scenario, scenario_file: Path, cgroup: Path, bpffs_dir: Path,
                changes: int = 0, hold: bool = False) -> list[str]:

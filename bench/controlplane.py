@@ -45,6 +45,11 @@ def run_control_plane(names: RunNames, workdir: Path, results: Results,
                 results.censor("cp_full_sync", contender.name, n, plan.timeout,
                                "not run: timed out at a smaller N")
                 continue
+            unfit = contender.unfit(scenario)
+            if unfit:
+                results.problems.append(f"cp {contender.name} N={n}: not run: {unfit}")
+                log.warning("cp %s N=%d: not run: %s", contender.name, n, unfit)
+                continue
             for rep in range(plan.reps):
                 if not _run_once(names, workdir, results, contender, scenario, scenario_file,
                                  rep, plan):

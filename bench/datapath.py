@@ -91,6 +91,9 @@ def _measure(names: RunNames, workdir: Path, results: Results, contender: Conten
     try:
         web, client = _build(cluster, plan.endpoints)
         scenario = Scenario(n, plan.endpoints, probes(web, plan.endpoints))
+        unfit = contender.unfit(scenario) if contender else None
+        if unfit:
+            raise LoadError(unfit)
         if contender is None:
             target = _direct(web)
         else:

@@ -87,6 +87,10 @@ def run_e2e(names: RunNames, workdir: Path, results: Results, contenders: list[C
 
         wait_until(f"brain serving {state.name}", listening, timeout)
         for contender in contenders:
+            unfit = contender.unfit(scenario)
+            if unfit:
+                results.problems.append(f"e2e {contender.name} N={n}: not run: {unfit}")
+                continue
             for rep in range(reps):
                 _run_backend(names, workdir, results, contender, scenario, socket, rep, timeout)
     finally:

@@ -164,11 +164,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def open_files_ceiling() -> int:
+    """The most open files a worker can get: the hard limit, or the kernel's
+    ceiling where this process may raise the hard limit (CAP_SYS_RESOURCE)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with open("/proc/sys/fs/nr_open") as f:
+        ceiling = int(f.read())
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, ceiling))
+    except (ValueError, OSError):
+        return hard
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return ceiling
+
+
 def _raise_open_files_limit() -> None:
     """A proxy with a listener per service port needs more than the default
     1024 descriptors (a node agent gets a high limit from its unit or pod)."""
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    limit = open_files_ceiling()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
 
 if __name__ == "__main__":
