@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from e2e.names import RunNames
-from e2e.procs import run
+from e2e.procs import kill_pids, run
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -63,21 +63,19 @@ class Sandbox:
         return self
 
     def remove(self) -> list[str]:
-        """Remove it; returns what could not be removed."""
+        """Remove it; returns what could not be removed. No process ever
+        joins the cgroup (the eBPF backend only attaches programs to it)."""
         problems = []
         ebpf_cleanup(self.cgroup, self.bpffs_dir)
-        for pid in _netns_pids(self.netns):
-            _kill(pid)
-        for _ in range(100):
-            try:
-                self.cgroup.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                time.sleep(0.02)
-        else:
-            problems.append(f"cgroup {self.cgroup} still busy")
+        out = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True,
+                             text=True).stdout
+        kill_pids([int(pid) for pid in out.split()])
+        try:
+            self.cgroup.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            problems.append(f"cgroup {self.cgroup}: {err}")
         if subprocess.run(["ip", "netns", "del", self.netns], capture_output=True).returncode:
             problems.append(f"netns {self.netns} could not be deleted")
         return problems
@@ -94,18 +92,6 @@ def _sinks() -> list[str]:
     from kpng_py.cli import BACKENDS
 
     return list(BACKENDS)
-
-
-def _netns_pids(netns: str) -> list[int]:
-    out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout
-    return [int(pid) for pid in out.split()]
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 @dataclass(frozen=True)
