@@ -5,10 +5,10 @@ backend) and nftables mode. Each is started as a `bench.worker`."""
 from __future__ import annotations
 
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.env import python_module
 from bench.scenario import Scenario
 from bench.worker import open_files_ceiling
 
@@ -58,7 +58,7 @@ class Contender:
             args += ["--iptables-variant", self.iptables_variant]
         if self.ours:
             args += ["--sink", self.sink, "--", *self.sink_flags(scenario, cgroup, bpffs_dir)]
-        return python_module("bench.worker", *args)
+        return [sys.executable, "-m", "bench.worker", *args]
 
     def sink_flags(self, scenario: Scenario, cgroup: Path, bpffs_dir: Path) -> list[str]:
         """Our backend's flags: where the eBPF backend attaches and pins, and

@@ -26,16 +26,11 @@ from e2e.names import RunNames
 from e2e.procs import kill_pids, run
 
 ROOT = Path(__file__).resolve().parent.parent
-PYTHON = sys.executable
 KPNG_PY = str(Path(sys.executable).with_name("kpng-py"))
 
 
 def in_netns(netns: str, argv: Sequence[str]) -> list[str]:
     return ["nsenter", f"--net=/run/netns/{netns}", *argv]
-
-
-def python_module(module: str, *args: str) -> list[str]:
-    return [PYTHON, "-m", module, *args]
 
 
 def sysctl(netns: str, *settings: str) -> None:

@@ -5,9 +5,12 @@ figures)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from bench import contenders
+from bench.contenders import CONTENDERS
 from bench.report import evaluate_targets, markdown
 from bench.results import Results
 from bench.scenario import Probe, Scenario
@@ -84,3 +87,21 @@ def test_markdown_shows_min_median_max_and_ratio():
     assert "| direct | 1,000 | 3 | 98 | 100 | 102 | - |" in text
     assert "| ebpf | 1,000 | 1 | 99 | 99 | 99 | 0.99 |" in text
     assert "| iptables-legacy | 10,000 | 1 | 6 | 6 | 6 | 12 |" in text
+
+
+def test_ebpf_worker_gets_maps_sized_for_the_state():
+    argv = CONTENDERS["ebpf"].worker(Scenario(30_000, 10), Path("s.json"), Path("/cg"),
+                                     Path("/bpf/x"), changes=5)
+    flags = argv[argv.index("--") + 1:]
+    assert flags[:4] == ["--cgroup", "/cg", "--bpffs-dir", "/bpf/x"]
+    sizes = dict(zip(flags[4::2], map(int, flags[5::2])))
+    # a master entry per service plus a slot per endpoint; a backend per endpoint
+    assert sizes["--map-size-services"] >= 330_000 and sizes["--map-size-backends"] >= 300_000
+    assert argv[argv.index("--changes") + 1] == "5"
+
+
+def test_userspace_is_unfit_beyond_the_open_files_limit(monkeypatch):
+    monkeypatch.setattr(contenders, "open_files_ceiling", lambda: 20_000)
+    assert CONTENDERS["userspace"].unfit(Scenario(10_000, 10)) is None
+    assert "open-files limit here is 20,000" in CONTENDERS["userspace"].unfit(Scenario(30_000, 1))
+    assert CONTENDERS["ebpf"].unfit(Scenario(30_000, 10)) is None
