@@ -42,6 +42,8 @@ DNS_PORT = 53
 DNS_NAME = "bench.test"
 # ClusterIP ports of the probes (what a client dials through the service).
 PROBE_PORTS = {"dns": DNS_PORT, "iperf": IPERF_PORT, "http": 80}
+# Metrics the targets compare with direct: measured in pairs (see _measure).
+PAIRED = ("dp_conn_rate", "dp_tcp_throughput")
 
 
 @dataclass(frozen=True)
@@ -108,18 +110,23 @@ def _measure(names: RunNames, workdir: Path, results: Results, contender: Conten
         return
     query_file = cluster.workdir / "queries.txt"
     query_file.write_text(f"{DNS_NAME} TXT\n")
-    samples: dict[str, Callable[[], float]] = {
-        "dp_conn_rate": lambda: connection_rate(client, target, plan.seconds, plan.connections),
-        "dp_connect_latency": lambda: connect_latency_ms(client, target, plan.connects),
-        "dp_tcp_throughput": lambda: tcp_throughput_gbps(client, target, plan.seconds),
-        "dp_udp_rate": lambda: udp_query_rate(client, target, plan.seconds, str(query_file)),
+    tools: dict[str, Callable[[Endpoints], float]] = {
+        "dp_conn_rate": lambda t: connection_rate(client, t, plan.seconds, plan.connections),
+        "dp_connect_latency": lambda t: connect_latency_ms(client, t, plan.connects),
+        "dp_tcp_throughput": lambda t: tcp_throughput_gbps(client, t, plan.seconds),
+        "dp_udp_rate": lambda t: udp_query_rate(client, t, plan.seconds, str(query_file)),
     }
     try:
         for rep in range(plan.reps):
             line = []
-            for metric, sample in samples.items():
+            for metric, tool in tools.items():
                 try:
-                    value = sample()
+                    # The targets' figures are also taken straight to the pod just
+                    # before, in the same cluster: their ratio does not drift
+                    # with what else the machine runs.
+                    paired = (tool(_direct(web)) if contender and metric in PAIRED
+                              else None)
+                    value = tool(target)
                 except LoadError as err:
                     message = f"dp {name} N={n} rep {rep + 1} {metric}: {err}"
                     results.problems.append(message)
@@ -127,6 +134,9 @@ def _measure(names: RunNames, workdir: Path, results: Results, contender: Conten
                     continue
                 results.add(metric, name, n, value)
                 line.append(f"{metric[3:]} {value:.4g}")
+                if paired:
+                    results.add(f"{metric}_ratio", name, n, value / paired)
+                    line.append(f"({value / paired:.3f}x direct)")
             log.info("dp %s N=%d rep %d: %s", name, n, rep + 1, ", ".join(line))
     finally:
         _stop(worker)

@@ -68,6 +68,11 @@ def _every_n(results: Results, metric: str, contender: str, target: str,
 def _vs_direct(results: Results, metric: str, contender: str, floor: float, target: str
                ) -> Outcome:
     def check(n: int, value: float) -> tuple[bool, str]:
+        paired = results.get(f"{metric}_ratio", contender, n)
+        if paired is not None and paired.median is not None:
+            return paired.median >= floor, (
+                f"N={n}: {paired.median:.3f}x direct (median of {len(paired.samples)} "
+                f"back-to-back pairs, {_fmt(paired.minimum)}-{_fmt(paired.maximum)})")
         direct = results.median(metric, DIRECT, n)
         r = ratio(value, direct)
         if r is None:

@@ -37,7 +37,11 @@ METRICS = {m.key: m for m in (
     Metric("e2e_peak_rss", "Peak RSS of `kpng-py local` (brain + watch client)", "MiB", False),
     Metric("dp_conn_rate", "New connections per second (wrk, Connection: close)", "conn/s", True),
     Metric("dp_connect_latency", "TCP connect latency, median (curl time_connect)", "ms", False),
+    Metric("dp_conn_rate_ratio", "New connections per second through the ClusterIP over direct, "
+           "measured back to back in the same cluster", "x direct", True),
     Metric("dp_tcp_throughput", "Long-lived TCP throughput (iperf3)", "Gbit/s", True),
+    Metric("dp_tcp_throughput_ratio", "TCP throughput through the ClusterIP over direct, "
+           "measured back to back in the same cluster", "x direct", True),
     Metric("dp_udp_rate", "DNS queries per second over UDP (dnsperf)", "query/s", True),
 )}
 

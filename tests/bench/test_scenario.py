@@ -105,3 +105,13 @@ def test_userspace_is_unfit_beyond_the_open_files_limit(monkeypatch):
     assert CONTENDERS["userspace"].unfit(Scenario(10_000, 10)) is None
     assert "open-files limit here is 20,000" in CONTENDERS["userspace"].unfit(Scenario(30_000, 1))
     assert CONTENDERS["ebpf"].unfit(Scenario(30_000, 10)) is None
+
+
+def test_paired_ratios_decide_the_datapath_targets():
+    results = _results(80.0, 0.5, 6.0)  # medians alone: 0.8x direct
+    for n in (1000, 10000):
+        for r in (0.99, 1.01, 0.98):
+            results.add("dp_conn_rate_ratio", "ebpf", n, r)
+    outcome = evaluate_targets(results)[0]
+    assert outcome.status == "PASS" and "0.990x direct (median of 3 back-to-back pairs" in \
+        outcome.detail
