@@ -136,13 +136,13 @@ def evaluate_targets(results: Results) -> list[Outcome]:
 # -- Markdown ------------------------------------------------------------------
 
 def markdown(results: Results, outcomes: list[Outcome]) -> str:
-    meta = results.meta
-    lines = ["# kpng-py benchmark results", "",
-             f"Run {meta.get('started')} to {meta.get('finished')} on {meta.get('host')}; "
-             f"load average before {meta.get('load_before')}, after {meta.get('load_after')}.",
-             f"Options: `{meta.get('command')}`.", "",
-             "Each figure is the median of its samples (one per run); min and max show the "
-             "spread. `>= x`: the run hit its time limit.", "", "## Targets", ""]
+    lines = ["# kpng-py benchmark results", ""]
+    for meta in results.meta.get("merged_from", [results.meta]):
+        lines.append(f"- Run {meta.get('started')} to {meta.get('finished')} on "
+                     f"{meta.get('host')}; load average before {meta.get('load_before')}, "
+                     f"after {meta.get('load_after')}; options `{meta.get('command')}`.")
+    lines += ["", "Each figure is the median of its samples (one per run); min and max show "
+              "the spread. `>= x`: the run hit its time limit.", "", "## Targets", ""]
     lines += [f"- **{o.status}** {o.target}: {o.detail}" for o in outcomes]
     for key, metric in METRICS.items():
         figs = [f for f in results.figures.values() if f.metric == key]
@@ -188,6 +188,16 @@ def plot(results: Results, out_dir: Path) -> list[Path]:
             errors = [[y - p.minimum for y, p in zip(ys, points)],
                       [p.maximum - y for y, p in zip(ys, points)]]
             ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=contender)
+        stopped = [f for f in results.figures.values()
+                   if f.metric == key and f.median is None and f.censored_at]
+        if stopped:
+            ax.scatter([f.n for f in stopped], [f.censored_at for f in stopped], marker="^",
+                       color="black", label="stopped at the time limit (at least this)")
+            stacked: dict[tuple[int, float], int] = {}
+            for f in stopped:
+                above = stacked[(f.n, f.censored_at)] = stacked.get((f.n, f.censored_at), -1) + 1
+                ax.annotate(f.contender, (f.n, f.censored_at), fontsize=7,
+                            textcoords="offset points", xytext=(4, 4 - 9 * above))
         ax.set_xscale("log")
         if key.startswith("cp_"):
             ax.set_yscale("log")

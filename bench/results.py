@@ -109,6 +109,21 @@ class Results:
         return {"meta": self.meta, "figures": [f.to_json() for f in self.figures.values()],
                 "problems": self.problems}
 
+    @classmethod
+    def read_json(cls, paths: list[Path]) -> Results:
+        """The figures of earlier runs' results.json files; a figure of a later
+        file replaces the same figure (metric, contender, N) of an earlier one."""
+        merged = cls(meta={"merged_from": []})
+        for path in paths:
+            data = json.loads(path.read_text())
+            merged.meta["merged_from"].append({"file": str(path), **data["meta"]})
+            merged.problems += data["problems"]
+            for f in data["figures"]:
+                merged.figures[(f["metric"], f["contender"], f["n"])] = Figure(
+                    f["metric"], f["contender"], f["n"], f["samples"], f["censored_at"],
+                    f["note"])
+        return merged
+
     def write_json(self, path: Path, extra: dict) -> None:
         path.write_text(json.dumps({**self.to_json(), **extra}, indent=2) + "\n")
 

@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dp-seconds", type=int, help="seconds per wrk/iperf3/dnsperf sample (5)")
     p.add_argument("--dp-connections", type=int, default=16, help="wrk connections (16)")
     p.add_argument("--dp-connects", type=int, help="connects per latency sample (500)")
+    p.add_argument("--report", type=Path, nargs="+", metavar="RESULTS_JSON",
+                   help="measure nothing: write the table, plots and targets of earlier runs' "
+                        "results.json files (a later file's figure replaces an earlier one's)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results",
                    help="where results.json, results.md, the plots and logs go")
     return p
@@ -215,6 +218,10 @@ def _run_parts(args: argparse.Namespace, names: RunNames, logs: Path, results: R
 def main(argv: Sequence[str] | None = None) -> int:
     args = _resolve(build_parser().parse_args(argv))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if args.report:
+        args.out.mkdir(parents=True, exist_ok=True)
+        _write(Results.read_json(args.report), args.out)
+        return 0
     _preflight()
     # Workers and kpng-py processes import the bench and the e2e harness too.
     os.environ["PYTHONPATH"] = os.pathsep.join(
