@@ -117,7 +117,7 @@ class Results:
         for path in paths:
             data = json.loads(path.read_text())
             merged.meta["merged_from"].append({"file": str(path), **data["meta"]})
-            merged.problems += data["problems"]
+            merged.problems += [p for p in data["problems"] if p not in merged.problems]
             for f in data["figures"]:
                 merged.figures[(f["metric"], f["contender"], f["n"])] = Figure(
                     f["metric"], f["contender"], f["n"], f["samples"], f["censored_at"],
