@@ -116,7 +116,8 @@ class Results:
         merged = cls(meta={"merged_from": []})
         for path in paths:
             data = json.loads(path.read_text())
-            merged.meta["merged_from"].append({"file": str(path), **data["meta"]})
+            runs = data["meta"].get("merged_from") or [{"file": str(path), **data["meta"]}]
+            merged.meta["merged_from"] += runs
             merged.problems += [p for p in data["problems"] if p not in merged.problems]
             for f in data["figures"]:
                 merged.figures[(f["metric"], f["contender"], f["n"])] = Figure(
