@@ -31,6 +31,7 @@ from e2e import teardown
 from e2e.cluster import ADDRESSING, Cluster, Family, Pod
 from e2e.names import RunNames
 from e2e.procs import CommandError, run, wait_until
+from e2e.servers import nginx_conf
 from kpng_py.model import Protocol
 
 log = logging.getLogger("bench")
@@ -169,16 +170,10 @@ def _build(cluster: Cluster, endpoints: int) -> tuple[Pod, Pod]:
 def _nginx_conf(prefix: Path, endpoints: int) -> str:
     listens = "".join(f"        listen {FIRST_HTTP_PORT + j} backlog=8192;\n"
                       for j in range(endpoints))
-    temp = "".join(f"    {kind}_temp_path {prefix}/{kind};\n"
-                   for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    return (
-        "daemon off;\nmaster_process off;\nworker_processes 1;\n"
-        f"pid {prefix}/nginx.pid;\nerror_log stderr warn;\n"
-        "events { worker_connections 8192; }\n"
-        "http {\n    access_log off;\n    default_type text/plain;\n"
-        f"{temp}    server {{\n{listens}"
-        "        location / { return 200 \"ok\\n\"; }\n"
-        f"        location = {NO_CONTENT_PATH} {{ return 204; }}\n    }}\n}}\n")
+    server = (f"    server {{\n{listens}"
+              "        location / { return 200 \"ok\\n\"; }\n"
+              f"        location = {NO_CONTENT_PATH} {{ return 204; }}\n    }}\n")
+    return nginx_conf(prefix, server, worker_connections=8192)
 
 
 def _start_servers(cluster: Cluster, web: Pod, endpoints: int) -> None:

@@ -39,20 +39,27 @@ class ContainerPort(str, enum.Enum):
                 ContainerPort.ECHO_UDP: 7001}[self]
 
 
+def nginx_conf(prefix: Path, servers: str, worker_connections: int = 1024) -> str:
+    """A single-process nginx that keeps everything under `prefix` (no
+    system configuration, no root-owned paths), serving the `server` blocks
+    in `servers`."""
+    temp = "".join(f"    {kind}_temp_path {prefix}/{kind};\n"
+                   for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    return (
+        "daemon off;\nmaster_process off;\nworker_processes 1;\n"
+        f"pid {prefix}/nginx.pid;\nerror_log stderr notice;\n"
+        f"events {{ worker_connections {worker_connections}; }}\n"
+        "http {\n    access_log off;\n    default_type text/plain;\n"
+        f"{temp}{servers}}}\n")
+
+
 def _nginx_conf(pod: Pod, prefix: Path) -> str:
     answer = f'"{pod.name} $server_port $server_addr\\n"'
     listens = "".join(
         f"    server {{ listen 0.0.0.0:{port}; listen [::]:{port} ipv6only=on;\n"
         f"             location / {{ return 200 {answer}; }} }}\n"
         for port in (ContainerPort.HTTP.number(pod), ContainerPort.ALT.number(pod)))
-    temp = "".join(f"    {kind}_temp_path {prefix}/{kind};\n"
-                   for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    return (
-        "daemon off;\nmaster_process off;\nworker_processes 1;\n"
-        f"pid {prefix}/nginx.pid;\nerror_log stderr notice;\n"
-        "events { worker_connections 1024; }\n"
-        "http {\n    access_log off;\n    default_type text/plain;\n"
-        f"{temp}{listens}}}\n")
+    return nginx_conf(prefix, listens)
 
 
 def _server_commands(pod: Pod, prefix: Path) -> dict[str, list[str]]:
