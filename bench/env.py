@@ -25,6 +25,8 @@ from typing import Sequence
 from e2e.names import RunNames
 from e2e.procs import kill_pids, run
 
+TIME = "/usr/bin/time"  # GNU time (Debian package "time")
+
 ROOT = Path(__file__).resolve().parent.parent
 KPNG_PY = str(Path(sys.executable).with_name("kpng-py"))
 
@@ -104,25 +106,28 @@ class Finished:
 
 
 def run_measured(argv: Sequence[str], timeout: float, workdir: Path, name: str) -> Finished:
-    """Run to completion (killed after `timeout` s), with its peak RSS as the
-    kernel accounts it (wait4), and its output kept in `workdir`."""
+    """Run to completion (killed after `timeout` s), with its peak RSS and its
+    output kept in `workdir`.
+
+    The peak RSS comes from /usr/bin/time, not from our own wait4(): Linux
+    carries a process's high-water mark across fork and exec, so a child
+    forked from this (large) Python process would report at least our size."""
     out, err = workdir / f"{name}.out", workdir / f"{name}.err"
+    rss = workdir / f"{name}.maxrss-kib"
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         started = time.monotonic()
-        popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout,
+        popen = subprocess.Popen([TIME, "-f", "%M", "-o", str(rss), *argv],
+                                 stdin=subprocess.DEVNULL, stdout=stdout,
                                  stderr=stderr, start_new_session=True)
         timed_out = False
-        while True:
-            pid, status, usage = os.wait4(popen.pid, os.WNOHANG)
-            if pid:
-                break
+        while popen.poll() is None:
             if time.monotonic() - started > timeout:
                 timed_out = True
                 os.killpg(popen.pid, signal.SIGKILL)
-                pid, status, usage = os.wait4(popen.pid, 0)
+                popen.wait()
                 break
             time.sleep(0.02)
-        popen.returncode = os.waitstatus_to_exitcode(status)
+    peak_kib = rss.read_text().split()[-1] if rss.exists() and rss.read_text().strip() else "0"
     return Finished(popen.returncode, out.read_text(errors="replace"),
                     err.read_text(errors="replace"), time.monotonic() - started,
-                    usage.ru_maxrss / 1024, timed_out)
+                    int(peak_kib) / 1024 if peak_kib.isdigit() else 0.0, timed_out)

@@ -25,7 +25,7 @@ debian_packages() {
     if [[ $MODE == dev ]]; then
         # The real servers and clients of the tests, e2e suite and benchmarks;
         # gcc checks the BPF map layouts against their ctypes mirrors.
-        echo nginx-light dnsmasq-base socat dnsutils curl iperf3 wrk dnsperf nftables iptables \
+        echo nginx-light dnsmasq-base socat dnsutils curl iperf3 wrk dnsperf time nftables iptables \
             openssl gcc libc6-dev
     fi
 }
