@@ -162,24 +162,37 @@ class UserspaceBackend:
         self._loop_thread.call(self._ctx.housekeeping.start)
 
     def apply(self, changes: ChangeSet) -> None:
-        before = set(self._address_users)
         if changes.full:
             self._address_users = Counter(ip for p in changes.added for ip in p.cluster_ips)
-        else:
-            for old in changes.removed + tuple(old for old, _ in changes.updated):
-                self._address_users.subtract(old.cluster_ips)
-            for new in changes.current():
-                self._address_users.update(new.cluster_ips)
-            self._address_users = +self._address_users  # drop the zero counts
-        wanted = set(self._address_users)
-        self._addresses.add(wanted if changes.full else wanted - before)
-        self._loop_thread.call(lambda: self._apply_listeners(changes))
-        if changes.full:
+            wanted = set(self._address_users)
+            self._addresses.add(wanted)
+            self._loop_thread.call(lambda: self._apply_listeners(changes))
             self._addresses.retain_only(wanted)
         else:
-            self._addresses.remove(before - wanted)
+            appeared, vanished = self._count_address_users(changes)
+            self._addresses.add(appeared)
+            self._loop_thread.call(lambda: self._apply_listeners(changes))
+            self._addresses.remove(vanished)
         self._stats.cluster_ips.set(len(self._addresses.present))
         self._metrics.service_ports.set(len(self._ports))
+
+    def _count_address_users(self, changes: ChangeSet) -> tuple[set[IPAddress], set[IPAddress]]:
+        """Update the per-ClusterIP user counts for an incremental change set;
+        the ClusterIPs that gained their first user and lost their last. Only
+        the changed service ports are looked at."""
+        olds = changes.removed + tuple(old for old, _ in changes.updated)
+        news = changes.current()
+        users = self._address_users
+        touched = {ip for port in olds + news for ip in port.cluster_ips}
+        before = {ip for ip in touched if users[ip] > 0}
+        for port in olds:
+            users.subtract(port.cluster_ips)
+        for port in news:
+            users.update(port.cluster_ips)
+        after = {ip for ip in touched if users[ip] > 0}
+        for ip in touched - after:
+            users.pop(ip, None)
+        return after - before, before - after
 
     def _apply_listeners(self, changes: ChangeSet) -> None:
         """On the loop: removals first, so a ClusterIP:port that moves from one
