@@ -130,11 +130,8 @@ class ServicePort:
 
 
 def sorted_endpoints(endpoints: Iterable[Endpoint]) -> tuple[Endpoint, ...]:
-    """Endpoints deduplicated by (ip, port) and in a stable order."""
-    unique: dict[tuple[IPAddress, int], Endpoint] = {}
-    for ep in endpoints:
-        unique.setdefault((ep.ip, ep.port), ep)
-    return tuple(sorted(unique.values(), key=Endpoint.sort_key))
+    """Endpoints in the stable order of a ServicePort."""
+    return tuple(sorted(endpoints, key=Endpoint.sort_key))
 
 
 @dataclass(frozen=True)
