@@ -124,7 +124,8 @@ class WatchClient:
                     self._call = responses
                 requests.put(request)
                 for op in responses:
-                    self._metrics.brain_connected.set(1)
+                    if not applied and not partial:  # the stream's first op: it is up
+                        self._metrics.brain_connected.set(1)
                     partial.append(op)
                     if op.WhichOneof("Op") != "Sync":
                         continue
