@@ -17,14 +17,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable, Sequence
 
-from kpng_py import __version__
+from kpng_py import __version__, runner
 from kpng_py.backend import BackendSetupError
+from kpng_py.brain import command as brain_command
 from kpng_py.brain.reader import StateFileError
 from kpng_py.client import ClientConfig
 from kpng_py.health import DEFAULT_HEALTHZ, DEFAULT_METRICS, BindAddress, Observability
 from kpng_py.logs import setup_logging
 from kpng_py.metrics import Metrics
-from kpng_py.recording import RecordingError
+from kpng_py.recording import RecordingError, read_segments
+from kpng_py.replay import ReplaySource
 from kpng_py.transport import AddressError, ListenAddress, TLSFiles, dial_target
 
 # Backends by sink name. Each module has HELP, add_arguments(parser) and
@@ -230,9 +232,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> None:
-    # Imported here so `--help` stays fast and light.
-    from kpng_py import runner
-
     metrics = Metrics()
     if args.command == "local":
         config = _client_config(args)
@@ -241,19 +240,14 @@ def _run(args: argparse.Namespace) -> None:
     elif args.command == "record":
         runner.record(_client_config(args), args.output, metrics, args.exit_after)
     elif args.command == "replay":
-        from kpng_py.recording import read_segments
-        from kpng_py.replay import ReplaySource
-
         listen, tls = _server_address(args)  # flags first, then the file
         runner.serve(ReplaySource(read_segments(args.input)), listen, tls)
     elif args.command == "file":
-        from kpng_py.brain import command
-
         if args.sink == "to-api":
-            command.serve_file(args.input, *_server_address(args))
+            brain_command.serve_file(args.input, *_server_address(args))
         else:
             backend = _backend_module(args.backend).create(args, metrics)
-            command.run_file_local(args.input, args.node_name, backend, metrics,
+            brain_command.run_file_local(args.input, args.node_name, backend, metrics,
                                    observability(args), args.exit_after)
     elif args.command == "ebpf":
         _backend_module("to-ebpf").run_tool(args)

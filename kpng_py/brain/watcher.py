@@ -33,6 +33,7 @@ POLL_SECONDS = 0.2
 # same: a write within one timestamp tick of the previous one keeps the mtime.
 _RECENT_SECONDS = 2.0
 
+
 class _Signature(NamedTuple):
     """What stat says of the file; any change means it may have a new content."""
 
