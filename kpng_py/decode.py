@@ -18,6 +18,8 @@ from google.protobuf.message import DecodeError
 from kpng_py.api import localv1
 from kpng_py.model import (
     DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+    MAX_AFFINITY_TIMEOUT_SECONDS,
+    MAX_PORT,
     IPAddress,
     Protocol,
     ServicePort,
@@ -26,9 +28,6 @@ from kpng_py.model import (
 from kpng_py.skips import SkipReason, Skips
 
 _PROTOCOLS = {localv1.TCP: Protocol.TCP, localv1.UDP: Protocol.UDP}
-MAX_PORT = 65535
-# Kubernetes caps sessionAffinityConfig.clientIP.timeoutSeconds at one day.
-MAX_AFFINITY_TIMEOUT_SECONDS = 86400
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from kpng_py.api import localv1
 from kpng_py.client import OpsSink
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
+from kpng_py.model import MAX_PORT
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class BindAddress:
     @classmethod
     def parse(cls, text: str, flag: str) -> BindAddress:
         host, sep, port = text.rpartition(":")
-        if not sep or not port.isdigit() or int(port) > 65535:
+        if not sep or not port.isdigit() or int(port) > MAX_PORT:
             raise ValueError(f"{flag} {text!r}: use host:port, e.g. 0.0.0.0:10256 or [::]:10256")
         return cls(host.strip("[]") or "0.0.0.0", int(port))
 

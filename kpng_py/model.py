@@ -16,8 +16,12 @@ from typing import Iterable, Union
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 
-# Kubernetes' default for sessionAffinityConfig.clientIP.timeoutSeconds.
+MAX_PORT = 65535
+
+# Kubernetes' default for sessionAffinityConfig.clientIP.timeoutSeconds, and
+# its cap (one day).
 DEFAULT_AFFINITY_TIMEOUT_SECONDS = 10800
+MAX_AFFINITY_TIMEOUT_SECONDS = 86400
 
 
 class Protocol(enum.Enum):

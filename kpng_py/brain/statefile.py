@@ -21,12 +21,10 @@ from typing import Callable, TypeVar
 
 from kpng_py.api import localv1
 from kpng_py.brain.reader import FieldChecks, StateFileError, Value, read_document
+from kpng_py.model import MAX_AFFINITY_TIMEOUT_SECONDS, MAX_PORT
 
 T = TypeVar("T")
 DEFAULT_NAMESPACE = "default"
-MAX_PORT = 65535
-# Kubernetes caps sessionAffinityConfig.clientIP.timeoutSeconds at one day.
-MAX_AFFINITY_TIMEOUT_SECONDS = 86400
 _PROTOCOLS = {localv1.TCP: "TCP", localv1.UDP: "UDP", localv1.SCTP: "SCTP"}
 # Computed per node by the brain: a file may carry them (KPNG's own dumps do),
 # but they are overwritten.
