@@ -4,7 +4,7 @@
 VENV := .venv
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: setup demo test unit kernel e2e bench clean
+.PHONY: setup demo test unit e2e bench clean
 
 setup:
 	@hack/setup.sh
