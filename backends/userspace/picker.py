@@ -97,10 +97,11 @@ class EndpointPicker:
         if self._table is None:
             self._table_size = table_size(len(self.endpoints), self._table_size)
             self._table = MaglevTable(self.endpoints, self._table_size)
-            counts = self._table.slot_counts()
-            log.debug("maglev table built", extra=fields(
-                listener=self.name, endpoints=len(self.endpoints), size=self._table_size,
-                min_slots=min(counts), max_slots=max(counts)))
+            if log.isEnabledFor(logging.DEBUG):  # counting walks every slot
+                counts = self._table.slot_counts()
+                log.debug("maglev table built", extra=fields(
+                    listener=self.name, endpoints=len(self.endpoints), size=self._table_size,
+                    min_slots=min(counts), max_slots=max(counts)))
         return self._table
 
     def candidates(self, address: IPAddress, port: int, now: float, limit: int) -> list[Endpoint]:
