@@ -115,11 +115,13 @@ class EndpointPicker:
             affine = self.affinity.get(address, now)
             if affine is not None:
                 chosen.append(affine)
+        if len(chosen) >= limit:  # the affine endpoint is all that was asked for
+            return chosen
         for endpoint in self._maglev().preference(client_key(address, port)):
-            if len(chosen) >= limit:
-                break
             if endpoint not in chosen:
                 chosen.append(endpoint)
+                if len(chosen) == limit:
+                    break
         return chosen
 
     def served(self, address: IPAddress, endpoint: Endpoint, now: float) -> None:
