@@ -81,8 +81,9 @@ class EndpointPicker:
     def update(self, endpoints: Iterable[Endpoint], affinity_timeout: int) -> set[Endpoint]:
         """Take new endpoints and affinity setting; returns the endpoints that went."""
         endpoints = tuple(endpoints)
-        gone = set(self.endpoints) - set(endpoints)
+        gone: set[Endpoint] = set()
         if endpoints != self.endpoints:
+            gone = set(self.endpoints).difference(endpoints)
             self.endpoints = endpoints
             self._table = None
         if not affinity_timeout:
