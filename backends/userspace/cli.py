@@ -36,17 +36,18 @@ def _pipe_size(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from backends.userspace.context import DEFAULT_INTERFACE, DEFAULT_UDP_IDLE_TIMEOUT, ProxyConfig
+    from backends.userspace.context import ProxyConfig
 
     defaults = ProxyConfig()
-    parser.add_argument("--interface", type=_interface_name, default=DEFAULT_INTERFACE,
+    parser.add_argument("--interface", type=_interface_name, default=defaults.interface,
                         help="interface that holds the ClusterIPs: created if missing (a dummy "
                              "link, or a bridge with no ports where the kernel lacks the dummy "
                              "driver); addresses on it that no service uses are removed "
-                             f"(default: {DEFAULT_INTERFACE})")
-    parser.add_argument("--udp-idle-timeout", type=_positive_float, default=DEFAULT_UDP_IDLE_TIMEOUT,
+                             f"(default: {defaults.interface})")
+    parser.add_argument("--udp-idle-timeout", type=_positive_float,
+                        default=defaults.udp_idle_timeout,
                         help="seconds without traffic after which a UDP session ends "
-                             f"(default: {DEFAULT_UDP_IDLE_TIMEOUT:g})")
+                             f"(default: {defaults.udp_idle_timeout:g})")
     parser.add_argument("--tcp-connect-timeout", type=_positive_float,
                         default=defaults.tcp_connect_timeout,
                         help="seconds to wait for an endpoint to accept a connection before "
