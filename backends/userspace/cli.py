@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from backends.userspace.context import ProxyConfig
 from kpng_py.cli import _positive_float, _size
 from kpng_py.metrics import Metrics
 
@@ -36,8 +37,6 @@ def _pipe_size(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from backends.userspace.context import ProxyConfig
-
     defaults = ProxyConfig()
     parser.add_argument("--interface", type=_interface_name, default=defaults.interface,
                         help="interface that holds the ClusterIPs: created if missing (a dummy "
@@ -62,8 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def create(args: argparse.Namespace, metrics: Metrics):
-    from backends.userspace.backend import UserspaceBackend
-    from backends.userspace.context import ProxyConfig
+    from backends.userspace.backend import UserspaceBackend  # pyroute2: loaded only when used
 
     config = ProxyConfig(
         interface=args.interface,
