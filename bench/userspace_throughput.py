@@ -30,6 +30,8 @@ from tests.userspace.cluster import SERVER_V4, NodeBackend, cluster, service_por
 IPERF_PORT = 5201
 VIP = "10.96.0.40"
 PIPE_SIZES = ("64K", "1M")
+# Each figure's direction, and whether iperf3 runs it reversed (-R).
+DIRECTIONS = (("client->server", False), ("server->client", True))
 
 
 def _iperf(the_cluster, host: str, seconds: float, reverse: bool) -> float:
@@ -39,9 +41,12 @@ def _iperf(the_cluster, host: str, seconds: float, reverse: bool) -> float:
     return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 1e9
 
 
-def _median(the_cluster, host: str, args: argparse.Namespace, reverse: bool) -> float:
-    return statistics.median(_iperf(the_cluster, host, args.seconds, reverse)
-                             for _ in range(args.runs))
+def _measure(results: dict[str, dict[str, float]], path: str, the_cluster, host: str,
+             args: argparse.Namespace) -> None:
+    """The median of --runs runs to `host`, in each direction, as `path`."""
+    for direction, reverse in DIRECTIONS:
+        results.setdefault(direction, {})[path] = statistics.median(
+            _iperf(the_cluster, host, args.seconds, reverse) for _ in range(args.runs))
 
 
 def main() -> None:
@@ -68,19 +73,14 @@ def main() -> None:
             while "Server listening" not in (line := iperf.stdout.readline()):
                 if not line:
                     sys.exit("iperf3 -s exited before listening")
-            for direction, reverse in (("client->server", False), ("server->client", True)):
-                results.setdefault(direction, {})["direct"] = _median(
-                    the_cluster, SERVER_V4[0], args, reverse)
+            _measure(results, "direct", the_cluster, SERVER_V4[0], args)
             service = service_port("iperf", Protocol.TCP, (VIP,), IPERF_PORT,
                                    ((SERVER_V4[0], IPERF_PORT),))
             for pipe_size in PIPE_SIZES:
                 backend = NodeBackend(the_cluster, "--tcp-pipe-size", pipe_size)
                 try:
                     backend.apply(ChangeSet(added=(service,), full=True))
-                    for direction, reverse in (("client->server", False),
-                                               ("server->client", True)):
-                        results[direction][f"proxy pipe {pipe_size}"] = _median(
-                            the_cluster, VIP, args, reverse)
+                    _measure(results, f"proxy pipe {pipe_size}", the_cluster, VIP, args)
                 finally:
                     backend.close()
         finally:

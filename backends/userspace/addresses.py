@@ -57,9 +57,9 @@ class ClusterIPAddresses:
             raise AddressSetupError(
                 f"cannot set up the ClusterIP interface {self.interface!r}: "
                 f"{err.args[-1] if err.args else err}{hint}") from err
-        self.present = {ipaddress.ip_address(a.get("IFA_ADDRESS"))
-                        for a in self._ipr.get_addr(index=self._index)
-                        if not ipaddress.ip_address(a.get("IFA_ADDRESS")).is_link_local}
+        held = (ipaddress.ip_address(a.get("IFA_ADDRESS"))
+                for a in self._ipr.get_addr(index=self._index))
+        self.present = {ip for ip in held if not ip.is_link_local}
 
     def _create(self) -> None:
         assert self._ipr is not None

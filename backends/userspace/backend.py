@@ -30,7 +30,16 @@ from backends.userspace.tcp import TcpListener
 from backends.userspace.udp import UdpListener
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
-from kpng_py.model import ChangeSet, IPAddress, IPFamily, Protocol, ServicePort, ServicePortName
+from kpng_py.model import (
+    ChangeSet,
+    IPAddress,
+    IPFamily,
+    Protocol,
+    ServicePort,
+    ServicePortName,
+    family_of,
+    format_host_port,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +95,7 @@ class ServicePortListeners:
                 self._open(address, port, endpoints)
 
     def _open(self, address: IPAddress, port: ServicePort, endpoints: tuple) -> None:
-        label = f"{self.name}/{port.protocol.value} {address}:{port.port}"
+        label = f"{self.name}/{port.protocol.value} {format_host_port(address, port.port)}"
         picker = EndpointPicker(label, endpoints, port.affinity_timeout_seconds)
         listener = _LISTENERS[port.protocol](self._ctx, label, address, port.port, picker)
         try:
@@ -99,7 +108,7 @@ class ServicePortListeners:
                       extra=fields(service_port=str(self.name), listener=label,
                                    error=err.strerror or str(err)))
             return
-        self._listeners[IPFamily(address.version)] = listener
+        self._listeners[family_of(address)] = listener
 
     def close(self) -> None:
         for listener in self._listeners.values():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from backends.userspace.context import ProxyConfig
 from kpng_py.cli import _positive_float, _size
 from kpng_py.metrics import Metrics
 
@@ -36,17 +37,16 @@ def _pipe_size(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from backends.userspace.context import DEFAULT_INTERFACE, DEFAULT_UDP_IDLE_TIMEOUT, ProxyConfig
-
     defaults = ProxyConfig()
-    parser.add_argument("--interface", type=_interface_name, default=DEFAULT_INTERFACE,
+    parser.add_argument("--interface", type=_interface_name, default=defaults.interface,
                         help="interface that holds the ClusterIPs: created if missing (a dummy "
                              "link, or a bridge with no ports where the kernel lacks the dummy "
                              "driver); addresses on it that no service uses are removed "
-                             f"(default: {DEFAULT_INTERFACE})")
-    parser.add_argument("--udp-idle-timeout", type=_positive_float, default=DEFAULT_UDP_IDLE_TIMEOUT,
+                             f"(default: {defaults.interface})")
+    parser.add_argument("--udp-idle-timeout", type=_positive_float,
+                        default=defaults.udp_idle_timeout,
                         help="seconds without traffic after which a UDP session ends "
-                             f"(default: {DEFAULT_UDP_IDLE_TIMEOUT:g})")
+                             f"(default: {defaults.udp_idle_timeout:g})")
     parser.add_argument("--tcp-connect-timeout", type=_positive_float,
                         default=defaults.tcp_connect_timeout,
                         help="seconds to wait for an endpoint to accept a connection before "
@@ -61,8 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def create(args: argparse.Namespace, metrics: Metrics):
-    from backends.userspace.backend import UserspaceBackend
-    from backends.userspace.context import ProxyConfig
+    from backends.userspace.backend import UserspaceBackend  # pyroute2: loaded only when used
 
     config = ProxyConfig(
         interface=args.interface,

@@ -9,18 +9,16 @@ from typing import Protocol
 
 from kpng_py.metrics import Metrics
 
-DEFAULT_INTERFACE = "kpng-py0"
-# VPP's default flow timeout; longer than most UDP request/response exchanges
-# and DNS retries, short enough to bound the session table.
-DEFAULT_UDP_IDLE_TIMEOUT = 40.0
 # The longest pause between expiry rounds; shorter when the UDP timeout is.
 MAX_HOUSEKEEPING_INTERVAL = 1.0
 
 
 @dataclass(frozen=True)
 class ProxyConfig:
-    interface: str = DEFAULT_INTERFACE
-    udp_idle_timeout: float = DEFAULT_UDP_IDLE_TIMEOUT
+    interface: str = "kpng-py0"
+    # VPP's default flow timeout; longer than most UDP request/response
+    # exchanges and DNS retries, short enough to bound the session table.
+    udp_idle_timeout: float = 40.0
     tcp_connect_timeout: float = 2.0
     tcp_connect_attempts: int = 3
     # Capacity of each splice pipe (one per TCP direction): the most bytes

@@ -44,8 +44,9 @@ class Listener:
         self._ctx.stats.listeners.dec()
 
     def expire(self, now: float) -> bool:
-        """Drop expired per-client state; False once there is none."""
-        return self.picker.expire(now) > 0
+        """Drop expired per-client state; False once there is none, or once
+        closed (no new flow can use a closed listener's affinity)."""
+        return self._sock is not None and self.picker.expire(now) > 0
 
     def _on_readable(self) -> None:
         raise NotImplementedError

@@ -81,8 +81,9 @@ class EndpointPicker:
     def update(self, endpoints: Iterable[Endpoint], affinity_timeout: int) -> set[Endpoint]:
         """Take new endpoints and affinity setting; returns the endpoints that went."""
         endpoints = tuple(endpoints)
-        gone = set(self.endpoints) - set(endpoints)
+        gone: set[Endpoint] = set()
         if endpoints != self.endpoints:
+            gone = set(self.endpoints).difference(endpoints)
             self.endpoints = endpoints
             self._table = None
         if not affinity_timeout:
@@ -97,10 +98,11 @@ class EndpointPicker:
         if self._table is None:
             self._table_size = table_size(len(self.endpoints), self._table_size)
             self._table = MaglevTable(self.endpoints, self._table_size)
-            counts = self._table.slot_counts()
-            log.debug("maglev table built", extra=fields(
-                listener=self.name, endpoints=len(self.endpoints), size=self._table_size,
-                min_slots=min(counts), max_slots=max(counts)))
+            if log.isEnabledFor(logging.DEBUG):  # counting walks every slot
+                counts = self._table.slot_counts()
+                log.debug("maglev table built", extra=fields(
+                    listener=self.name, endpoints=len(self.endpoints), size=self._table_size,
+                    min_slots=min(counts), max_slots=max(counts)))
         return self._table
 
     def candidates(self, address: IPAddress, port: int, now: float, limit: int) -> list[Endpoint]:
@@ -114,11 +116,13 @@ class EndpointPicker:
             affine = self.affinity.get(address, now)
             if affine is not None:
                 chosen.append(affine)
+        if len(chosen) >= limit:  # the affine endpoint is all that was asked for
+            return chosen
         for endpoint in self._maglev().preference(client_key(address, port)):
-            if len(chosen) >= limit:
-                break
             if endpoint not in chosen:
                 chosen.append(endpoint)
+                if len(chosen) == limit:
+                    break
         return chosen
 
     def served(self, address: IPAddress, endpoint: Endpoint, now: float) -> None:

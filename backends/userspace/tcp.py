@@ -27,9 +27,6 @@ from kpng_py.model import IPAddress
 log = logging.getLogger(__name__)
 
 _SPLICE_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
-# linux/fcntl.h; fcntl exports them only from Python 3.10 on some builds.
-_F_SETPIPE_SZ = 1031
-_F_GETPIPE_SZ = 1032
 # Connections accepted per wake-up, so one busy listener cannot starve others.
 _ACCEPT_BATCH = 64
 # Pause after accept() fails for lack of resources (EMFILE, ENOBUFS...): the
@@ -42,9 +39,9 @@ def _pipe(size: int) -> tuple[int, int, int]:
     where the kernel allows (pipe-max-size, per-user limits)."""
     read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        capacity = fcntl.fcntl(write_end, _F_SETPIPE_SZ, size)
+        capacity = fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, size)
     except OSError:
-        capacity = fcntl.fcntl(write_end, _F_GETPIPE_SZ)
+        capacity = fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)
     return read_end, write_end, capacity
 
 
