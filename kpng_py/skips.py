@@ -31,15 +31,28 @@ class SkipReason(str, enum.Enum):
     UNKNOWN_DELETE = "unknown-delete"
     UNKNOWN_SERVICE = "unknown-service"
     BAD_IP = "bad-ip"
+    # An address no service may claim as a frontend or an endpoint:
+    # unspecified, loopback, link-local, multicast.
+    SPECIAL_IP = "special-ip"
     BAD_PORT = "bad-port"
     DUPLICATE_PORT = "duplicate-port"
     UNRESOLVED_PORT = "unresolved-port"
     BAD_AFFINITY = "bad-affinity"
+    # A frontend (address, port, protocol) already owned by another service
+    # port: the first one programmed keeps it; this one waits for it.
+    FRONTEND_CONFLICT = "frontend-conflict"
+    # An object past a documented limit (the log line names the flag).
+    LIMIT = "limit"
+    # An OpItem that cannot be decoded (the rest of the stream is applied).
+    BAD_OP = "bad-op"
     # The stream broke before the Sync of a change set: its ops were dropped
     # (the next stream's full state supersedes them).
     INCOMPLETE_CHANGESET = "incomplete-changeset"
     # A message larger than --max-msg-size: the stream fails (and is retried).
     OVERSIZED_MESSAGE = "oversized-message"
+    # A change set whose ops exceed --max-changeset-size before its Sync: the
+    # stream is dropped (and retried with backoff).
+    OVERSIZED_CHANGESET = "oversized-changeset"
     # The dataplane could not hold the object (e.g. a full BPF map).
     CAPACITY = "capacity"
 

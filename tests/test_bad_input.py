@@ -29,7 +29,7 @@ from tests.streams.build import (
     set_service,
     sync,
 )
-from tests.test_client import RecordingSink, ScriptedSource, run_client, start
+from tests.support.watch import RecordingSink, ScriptedSource, run_client, start
 
 KEEP = "default/keep:http"
 FRESH = "default/fresh:http"

@@ -16,7 +16,7 @@ from kpng_py.server import Reply
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState
 from tests.streams.build import port, reset, service, set_raw, set_service, sync
-from tests.test_client import RecordingSink, ScriptedSource, run_client, start
+from tests.support.watch import RecordingSink, ScriptedSource, run_client, start
 
 SKIPS = Skips(Metrics())
 

@@ -1,0 +1,87 @@
+"""A scripted localv1 server and a recording watch client, for tests of the
+watch client and of what it does with hostile or broken streams."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kpng_py.api import localv1 as L
+from kpng_py.client import ClientConfig, WatchClient
+from kpng_py.metrics import Metrics
+from kpng_py.server import LocalApiServer, Reply
+from kpng_py.transport import ListenAddress, TLSFiles
+from tests.streams.build import port, reset, service, set_service, sync
+
+
+@dataclass
+class ScriptedSource:
+    """Answers WatchReqs from a script of replies shared by every stream; a
+    reply with close_reason fails the stream."""
+
+    replies: list[Reply]
+    streams: list[float] = field(default_factory=list)  # when each stream opened
+    requests: list[tuple[str, bool]] = field(default_factory=list)  # (node, sink busy)
+    sink_busy: threading.Event = field(default_factory=threading.Event)
+
+    def open_stream(self):
+        self.streams.append(time.monotonic())
+        return self
+
+    def next_reply(self, node_name, cancelled):
+        self.requests.append((node_name, self.sink_busy.is_set()))
+        if not self.replies:
+            cancelled.wait()
+            return None
+        return self.replies.pop(0)
+
+    def close(self):
+        pass
+
+
+class RecordingSink:
+    def __init__(self, source: ScriptedSource, apply_seconds: float = 0.0) -> None:
+        self.source, self.apply_seconds = source, apply_seconds
+        self.changesets: list[list[L.OpItem]] = []
+        self.errors: list[str] = []
+        self.client: WatchClient | None = None
+        self.stop_after = 0
+
+    def on_changeset(self, ops):
+        self.source.sink_busy.set()
+        time.sleep(self.apply_seconds)
+        self.changesets.append(ops)
+        self.source.sink_busy.clear()
+        if self.stop_after and len(self.changesets) >= self.stop_after:
+            self.client.stop()
+
+    def on_stream_error(self, reason, partial):
+        self.errors.append(reason)
+
+
+def changeset(name: str) -> Reply:
+    svc = service(name, v4=["10.96.0.10"], ports=[port("http", 80, target=8080)])
+    return Reply((reset(), set_service(svc), sync()))
+
+
+def start(source, tmp_path: Path, tls: TLSFiles | None = None, tcp: bool = False):
+    listen = ListenAddress.parse("tcp://127.0.0.1:0" if tcp else f"unix://{tmp_path / 'b.sock'}")
+    server = LocalApiServer(source, listen, tls)
+    server.start()
+    target = f"127.0.0.1:{server.port}" if tcp else f"unix://{tmp_path / 'b.sock'}"
+    return server, target
+
+
+def run_client(config: ClientConfig, sink: RecordingSink, seconds: float,
+               metrics: Metrics | None = None) -> WatchClient:
+    client = WatchClient(config, sink, metrics or Metrics())
+    sink.client = client
+    worker = threading.Thread(target=client.run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    client.stop()
+    worker.join(10)
+    assert not worker.is_alive(), "client did not stop"
+    return client
