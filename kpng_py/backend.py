@@ -4,22 +4,34 @@ that connects them.
 A backend is a thin translation from ChangeSets to its dataplane. The
 `ChangeSetApplier` feeds it one ChangeSet per Sync received from the brain;
 the brain gets the next WatchReq only after `apply` returned, so a slow
-backend gets coalesced change sets.
+backend gets coalesced change sets. After a failed apply the dataplane's
+content is unknown: the applier reconciles it whole, on a timer with backoff
+(a quiet cluster may send no change set for hours), or with the next change
+set if that comes first.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from dataclasses import replace
 from typing import Iterable, Protocol
 
 from kpng_py.api import localv1
+from kpng_py.client import Backoff
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
 from kpng_py.model import ChangeSet
+from kpng_py.retrytimer import RetryTimer
 from kpng_py.state import NodeState
 
 log = logging.getLogger(__name__)
+
+# Delays before reconciling the dataplane after a failed apply: the first,
+# doubling up to the last (with the client's upward jitter).
+APPLY_RETRY_FIRST_SECONDS = 1.0
+APPLY_RETRY_MAX_SECONDS = 30.0
 
 
 class BackendSetupError(Exception):
@@ -41,46 +53,119 @@ class Backend(Protocol):
         """Release resources. Dataplanes that must survive a restart stay."""
 
 
-class ChangeSetApplier:
-    """Applies the brain's change sets to the node state and the backend."""
+class ApplyListener(Protocol):
+    """Told what became of each apply (`SyncHealth` is one)."""
 
-    def __init__(self, backend: Backend, state: NodeState, metrics: Metrics) -> None:
+    def changeset_applied(self) -> None:
+        """The brain's change set is in the dataplane."""
+
+    def changeset_failed(self) -> None:
+        """The backend failed to apply the brain's change set."""
+
+    def reconciled(self) -> None:
+        """A retry put the whole state held into the dataplane."""
+
+
+class _Unobserved:
+    def changeset_applied(self) -> None:
+        pass
+
+    def changeset_failed(self) -> None:
+        pass
+
+    def reconciled(self) -> None:
+        pass
+
+
+class ChangeSetApplier:
+    """Applies the brain's change sets to the node state and the backend, and
+    reconciles the whole dataplane after a failed apply. `close` it before
+    closing the backend."""
+
+    def __init__(self, backend: Backend, state: NodeState, metrics: Metrics,
+                 listener: ApplyListener | None = None, retry_backoff: Backoff | None = None
+                 ) -> None:
         self.backend = backend
         self.state = state
         self._metrics = metrics
+        self._listener = listener or _Unobserved()
+        self._backoff = retry_backoff or Backoff(APPLY_RETRY_FIRST_SECONDS,
+                                                 APPLY_RETRY_MAX_SECONDS)
+        # Serializes change sets and retries: both read the state and write the dataplane.
+        self._lock = threading.Lock()
+        self._retry = RetryTimer(self._retry_now, name="apply-retry")
         self._needs_full = False
         self.syncs = 0
 
     def apply_ops(self, ops: Iterable[localv1.OpItem]) -> ChangeSet | None:
         """Apply one change set (ops up to and including its Sync)."""
         ops = list(ops)
-        started = time.monotonic()
-        changes = self.state.apply(ops)
-        if changes is None:
-            return None
-        if self._needs_full:
+        with self._lock:
+            started = time.monotonic()
+            changes = self.state.apply(ops)
+            if changes is None:
+                return None
+            self._retry.cancel()  # this change set reconciles, if that is needed
+            if self._needs_full:
+                changes = replace(self.state.full_changeset(),
+                                  service_changes=changes.service_changes,
+                                  endpoint_changes=changes.endpoint_changes)
+            seconds = self._program(changes, "a change set", started)
+            self.syncs += 1
+            self._observe(ops, changes)
+            if seconds is not None:
+                self._log_sync(changes, seconds)
+                self._listener.changeset_applied()
+            else:
+                self._listener.changeset_failed()
+        return changes
+
+    def close(self) -> None:
+        """Stop retrying (waiting for a retry in progress)."""
+        self._retry.close()
+
+    def _retry_now(self) -> None:
+        with self._lock:
+            if not self._needs_full or self._retry.armed():
+                return  # a change set reconciled meanwhile, or failed and re-armed
+            self._metrics.apply_retries.inc()
+            started = time.monotonic()
             changes = self.state.full_changeset()
+            seconds = self._program(changes, "the retried reconcile", started)
+            if seconds is not None:
+                log.info("dataplane reconciled after a failed apply", extra=fields(
+                    service_ports=len(changes.added), duration_ms=round(seconds * 1000, 2)))
+                self._listener.reconciled()
+
+    def _program(self, changes: ChangeSet, what: str, started: float) -> float | None:
+        """Give the backend `changes`: the seconds since `started` (time.monotonic())
+        once it has them, or None when it failed (logged, counted, a retry armed)."""
         try:
             self.backend.apply(changes)
         except Exception:  # a dataplane failure must not take the node's proxy down
             self._needs_full = True
             self._metrics.dataplane_errors.labels("apply").inc()
-            log.exception("backend failed to apply a change set; the next change set "
-                          "reconciles the whole dataplane")
-        else:
-            self._needs_full = False
-        self.syncs += 1
-        self._observe(ops, changes, time.monotonic() - started)
-        return changes
+            delay = self._backoff.next()
+            self._retry.arm(delay)
+            log.exception("backend failed to apply %s; the whole dataplane is reconciled in "
+                          "%.3g s, or with the next change set", what, delay,
+                          extra=fields(retry_in_s=round(delay, 2)))
+            return None
+        self._needs_full = False
+        self._backoff.reset()
+        seconds = time.monotonic() - started
+        self._metrics.sync_duration.observe(seconds)
+        self._metrics.sync_last_timestamp.set_to_current_time()
+        return seconds
 
-    def _observe(self, ops: list[localv1.OpItem], changes: ChangeSet, seconds: float) -> None:
+    def _observe(self, ops: list[localv1.OpItem], changes: ChangeSet) -> None:
         m = self._metrics
-        m.sync_duration.observe(seconds)
-        m.sync_last_timestamp.set_to_current_time()
         m.service_changes.inc(changes.service_changes)
         m.endpoint_changes.inc(changes.endpoint_changes)
         m.changeset_ops.observe(sum(1 for op in ops if op.WhichOneof("Op") in ("Set", "Delete")))
         m.changeset_service_ports.observe(len(changes))
+
+    def _log_sync(self, changes: ChangeSet, seconds: float) -> None:
         if log.isEnabledFor(logging.DEBUG):
             updated = tuple(new for _, new in changes.updated)
             for kind, ports in (("added", changes.added), ("updated", updated),

@@ -10,19 +10,24 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import math
+import os
 import socket
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Sequence
+from typing import IO, Callable, Sequence
 
 from kpng_py import __version__, runner
 from kpng_py.backend import BackendSetupError
 from kpng_py.brain import command as brain_command
 from kpng_py.brain.reader import StateFileError
-from kpng_py.client import ClientConfig
+from kpng_py.brain.watcher import DEFAULT_MAX_FILE_SIZE, Settle
+from kpng_py.client import ClientConfig, SinkFailed
 from kpng_py.health import DEFAULT_HEALTHZ, DEFAULT_METRICS, BindAddress, Observability
+from kpng_py.limits import add_limit_flags, limits_from_args
 from kpng_py.logs import setup_logging
 from kpng_py.metrics import Metrics
 from kpng_py.recording import RecordingError, read_segments
@@ -38,17 +43,34 @@ BACKENDS: dict[str, str] = {
 }
 
 
+_CLIENT = ClientConfig(target="", node_name="")  # the client's defaults
+
+
 class UsageError(Exception):
     """A bad flag or value; the message names it and the fix."""
 
 
+# gRPC keeps its timers in 32-bit milliseconds; every duration flag has its bound.
+MAX_SECONDS = (2**31 - 1) // 1000
+# grpcio takes message sizes as C ints.
+MAX_MSG_SIZE = 2**31 - 1
+# Kubernetes' limit on a node name (a DNS subdomain).
+MAX_NODE_NAME = 253
+
+
 def _positive_float(text: str) -> float:
+    """Seconds, more than 0, at most MAX_SECONDS (about 24 days)."""
     try:
-        value = float(text.rstrip("s"))
+        value = float(text.removesuffix("s"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration in seconds (e.g. 1 or 0.5)")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is more than the longest duration, {MAX_SECONDS} seconds (about 24 days)")
     return value
 
 
@@ -56,15 +78,49 @@ def _size(text: str) -> int:
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     scale = units.get(text[-1:].lower(), 1)
     digits = text[:-1] if text[-1:].lower() in units else text
-    if not digits.isdigit() or int(digits) == 0:
+    if not digits.isdecimal() or int(digits) == 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes (e.g. 4194304 or 4M)")
     return int(digits) * scale
 
 
+def _message_size(text: str) -> int:
+    size = _size(text)
+    if size > MAX_MSG_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is more than gRPC's largest message size, {MAX_MSG_SIZE} bytes (2G - 1)")
+    return size
+
+
 def _count(text: str) -> int:
-    if not text.isdigit():
+    if not text.isdecimal():
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
     return int(text)
+
+
+def _node_name(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("is empty: give the node's name as the brain knows it")
+    if len(text) > MAX_NODE_NAME or not text.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"{text[:60]!r} is not a node name (at most {MAX_NODE_NAME} printable characters)")
+    return text
+
+
+def _output_file(path: Path, flag: str) -> IO[str]:
+    """`path` opened for writing, or a UsageError naming `flag`."""
+    try:
+        return open(path, "w", encoding="utf-8", opener=_open_nonblocking)
+    except OSError as err:
+        cause = "a FIFO that no process reads" if err.errno == errno.ENXIO else err.strerror
+        raise UsageError(f"{flag} {path}: {cause}; give a file to write") from err
+
+
+def _open_nonblocking(path: str, flags: int) -> int:
+    """Opens without blocking, then blocks as usual: a FIFO that no process
+    reads is refused at once (ENXIO) instead of hanging the command."""
+    fd = os.open(path, flags | os.O_NONBLOCK, 0o666)
+    os.set_blocking(fd, True)
+    return fd
 
 
 def _add_tls_flags(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +135,7 @@ def _tls(args: argparse.Namespace) -> TLSFiles:
 
 
 def _add_node_name_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--node-name", default=socket.gethostname().lower(),
+    parser.add_argument("--node-name", type=_node_name, default=socket.gethostname().lower(),
                         help="node whose view to watch (default: this host's name)")
 
 
@@ -94,13 +150,35 @@ def _add_client_flags(parser: argparse.ArgumentParser) -> None:
                         help="the brain to watch: unix:///path/to.sock or host:port "
                              "(e.g. unix:///k8s/proxy.sock, 127.0.0.1:12090)")
     _add_node_name_flag(parser)
-    parser.add_argument("--error-delay", type=_positive_float, default=1.0,
+    parser.add_argument("--error-delay", type=_positive_float, default=_CLIENT.error_delay,
                         help="seconds before the first retry after an error; doubles up to "
-                             "--max-error-delay (default: 1)")
-    parser.add_argument("--max-error-delay", type=_positive_float, default=30.0,
-                        help="cap on the retry delay in seconds (default: 30)")
-    parser.add_argument("--max-msg-size", type=_size, default=4 << 20,
-                        help="largest gRPC message accepted, in bytes (default: 4M)")
+                             "--max-error-delay, each delay up to a quarter longer at random "
+                             "(default: 1)")
+    parser.add_argument("--max-error-delay", type=_positive_float,
+                        default=_CLIENT.max_error_delay,
+                        help="cap on the retry delay in seconds; the delay starts again from "
+                             "--error-delay once a stream stayed up this long (default: 30)")
+    parser.add_argument("--max-msg-size", type=_message_size, default=_CLIENT.max_msg_size,
+                        help="largest gRPC message accepted, in bytes (default: 4M, at most "
+                             "2G - 1)")
+    parser.add_argument("--max-changeset-size", type=_size, default=_CLIENT.max_changeset_size,
+                        help="bytes of ops a change set may take before its Sync; beyond it the "
+                             "stream is dropped and retried, which bounds the memory a brain "
+                             "that never sends Sync can take (default: 256M)")
+    parser.add_argument("--changeset-stall-timeout", type=_positive_float,
+                        default=_CLIENT.changeset_stall_timeout,
+                        help="seconds the brain may pause between two messages of one change "
+                             "set before the stream is dropped and retried (default: 30)")
+    parser.add_argument("--keepalive-time", type=_positive_float, default=_CLIENT.keepalive_time,
+                        help="seconds between gRPC keepalive pings to the brain, also while "
+                             "the stream is idle (default: 300: KPNG's brain, a grpc-go server "
+                             "with default settings, closes connections that ping more often "
+                             "than every 5 minutes while idle; kpng-py's own brain accepts "
+                             "pings every second)")
+    parser.add_argument("--keepalive-timeout", type=_positive_float,
+                        default=_CLIENT.keepalive_timeout,
+                        help="seconds to wait for a ping's answer before the stream is dropped "
+                             "and retried (default: 20)")
     _add_exit_after_flag(parser)
     _add_tls_flags(parser)
 
@@ -118,6 +196,10 @@ def _client_config(args: argparse.Namespace) -> ClientConfig:
         max_msg_size=args.max_msg_size,
         error_delay=args.error_delay,
         max_error_delay=args.max_error_delay,
+        keepalive_time=args.keepalive_time,
+        keepalive_timeout=args.keepalive_timeout,
+        changeset_stall_timeout=args.changeset_stall_timeout,
+        max_changeset_size=args.max_changeset_size,
     )
 
 
@@ -166,6 +248,7 @@ def add_backend_parsers(parser: argparse.ArgumentParser) -> None:
 def _server_address(args: argparse.Namespace) -> tuple[ListenAddress, TLSFiles]:
     """`to-api`'s --listen and TLS flags, checked."""
     listen, tls = ListenAddress.parse(args.listen), _tls(args)
+    listen.check()
     tls.check()
     return listen, tls
 
@@ -186,6 +269,14 @@ def _add_file_parser(commands: argparse._SubParsersAction) -> None:
         description="Serve the state in a KPNG state file (`kpng file` format, "
                     "docs/brain.md) and publish each saved edit.")
     brain.add_argument("-i", "--input", type=Path, required=True, help="state file (YAML)")
+    brain.add_argument("--max-file-size", type=_size, default=DEFAULT_MAX_FILE_SIZE,
+                       help="largest state file read, in bytes; a bigger one is refused "
+                            f"(default: {DEFAULT_MAX_FILE_SIZE >> 20}M)")
+    brain.add_argument("--settle", type=_positive_float, default=Settle().seconds,
+                       help="seconds a new content of the file must stay the same (and "
+                            "unmodified) before it is served, so that a save caught half-written "
+                            "is not; a writer that only ever saves atomically (a temporary file "
+                            f"renamed over it) may lower it (default: {Settle().seconds:g})")
     sinks = _add_api_server_parser(brain)
     sinks.metavar = "to-api|to-local"
     local = sinks.add_parser(
@@ -193,6 +284,7 @@ def _add_file_parser(commands: argparse._SubParsersAction) -> None:
         description="Program a backend in this process with one node's view (no gRPC).")
     _add_node_name_flag(local)
     _add_exit_after_flag(local)
+    add_limit_flags(local)
     add_observability_flags(local)
     add_backend_parsers(local)
 
@@ -212,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
         "local", help="watch a brain's localv1 API and program a backend",
         description="Watch a KPNG brain (`kpng ... to-api`) and program a backend.")
     _add_client_flags(local)
+    add_limit_flags(local)
     add_observability_flags(local)
     add_backend_parsers(local)
 
@@ -236,19 +329,24 @@ def _run(args: argparse.Namespace) -> None:
     if args.command == "local":
         config = _client_config(args)
         backend = _backend_module(args.backend).create(args, metrics)
-        runner.run_backend(config, backend, metrics, observability(args), args.exit_after)
+        runner.run_backend(config, backend, metrics, observability(args), args.exit_after,
+                           limits_from_args(args))
     elif args.command == "record":
-        runner.record(_client_config(args), args.output, metrics, args.exit_after)
+        config = _client_config(args)  # flags first, then the file
+        runner.record(config, _output_file(args.output, "-o"), metrics, args.exit_after)
     elif args.command == "replay":
         listen, tls = _server_address(args)  # flags first, then the file
         runner.serve(ReplaySource(read_segments(args.input)), listen, tls)
     elif args.command == "file":
         if args.sink == "to-api":
-            brain_command.serve_file(args.input, *_server_address(args))
+            brain_command.serve_file(args.input, *_server_address(args), args.max_file_size,
+                                    Settle.after(args.settle))
         else:
             backend = _backend_module(args.backend).create(args, metrics)
             brain_command.run_file_local(args.input, args.node_name, backend, metrics,
-                                   observability(args), args.exit_after)
+                                         observability(args), args.exit_after,
+                                         args.max_file_size, limits_from_args(args),
+                                         Settle.after(args.settle))
     elif args.command == "ebpf":
         _backend_module("to-ebpf").run_tool(args)
 
@@ -265,6 +363,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as err:
         print(f"kpng-py: error: {err.filename}: no such file", file=sys.stderr)
         return 2
+    except SinkFailed as err:
+        print(f"kpng-py: error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -2,8 +2,10 @@
 
 Decoding happens once per distinct value (the state store compares raw bytes
 first), so each problem is reported once per version of the object. A value
-that cannot be decoded at all returns None and the caller keeps the previous
-version in force.
+that cannot be decoded at all, or is over a limit, returns None and the caller
+keeps the previous version in force. Addresses come out canonical and
+ordinary (`address_problem`), so that two addresses are one dataplane key
+exactly when they are equal.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Iterable
 from google.protobuf.message import DecodeError
 
 from kpng_py.api import localv1
+from kpng_py.limits import MAX_ENDPOINT_IPS, Limits
 from kpng_py.model import (
     DEFAULT_AFFINITY_TIMEOUT_SECONDS,
     MAX_AFFINITY_TIMEOUT_SECONDS,
@@ -75,32 +78,135 @@ def split_endpoint_path(path: str) -> tuple[str, str] | None:
 _FAMILIES = {4: (socket.AF_INET, ipaddress.IPv4Address), 6: (socket.AF_INET6, ipaddress.IPv6Address)}
 
 
+@dataclass(frozen=True)
+class AddressProblem:
+    """Why an address may not be a frontend or an endpoint."""
+
+    reason: SkipReason
+    detail: str
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """A range of addresses no service or endpoint may use."""
+
+    first: int
+    last: int
+    reason: SkipReason
+    what: str
+
+
+def _refused(cidr: str, what: str, reason: SkipReason = SkipReason.SPECIAL_IP) -> _Refused:
+    net = ipaddress.ip_network(cidr)
+    return _Refused(int(net.network_address), int(net.broadcast_address), reason, what)
+
+
+# Special addresses are not one service's or one pod's: a ClusterIP among them
+# would capture the node's own traffic (0.0.0.0 listens on every address,
+# 169.254.169.254 is the cloud metadata server), an endpoint among them would
+# send clients into their own pod's localhost (Kubernetes' EndpointSlice
+# validation refuses the same classes). An IPv4-mapped IPv6 address is its
+# IPv4 address in another spelling: as both, two services would share one
+# dataplane key.
+_REFUSED = {
+    4: (_refused("0.0.0.0/32", "the unspecified address"),
+        _refused("127.0.0.0/8", "a loopback address (127.0.0.0/8)"),
+        _refused("169.254.0.0/16", "a link-local address (169.254.0.0/16)"),
+        _refused("224.0.0.0/4", "a multicast address (224.0.0.0/4)"),
+        _refused("255.255.255.255/32", "the limited broadcast address")),
+    6: (_refused("::/128", "the unspecified address"),
+        _refused("::1/128", "the loopback address"),
+        _refused("::ffff:0:0/96", "an IPv4-mapped IPv6 address", SkipReason.BAD_IP),
+        _refused("fe80::/10", "a link-local address (fe80::/10)"),
+        _refused("ff00::/8", "a multicast address (ff00::/8)")),
+}
+
+
+def _first_bytes(version: int) -> frozenset[int]:
+    """The first bytes of every refused address of a family."""
+    shift = (32 if version == 4 else 128) - 8
+    return frozenset(byte for r in _REFUSED[version]
+                     for byte in range(r.first >> shift, (r.last >> shift) + 1))
+
+
+# parse_ips asks address_problem only about addresses starting like a refused
+# one: the table above stays the one place that decides.
+_MAYBE_REFUSED = {version: _first_bytes(version) for version in _REFUSED}
+
+
+def address_problem(ip: IPAddress) -> AddressProblem | None:
+    """Why no service or endpoint may use `ip`, or None when it may.
+
+    Only canonical, ordinary addresses pass, so that two different values are
+    never one dataplane key and no service can capture the node's own
+    traffic: no scope id (it names an interface of one host), no IPv4-mapped
+    form, nothing unspecified, loopback, link-local, multicast or broadcast.
+    Every address from the brain goes through here."""
+    v6 = isinstance(ip, ipaddress.IPv6Address)
+    if v6 and ip.scope_id is not None:
+        return AddressProblem(SkipReason.BAD_IP,
+                              f"{ip} has a scope id (the name of one host's interface); "
+                              f"list it as {ipaddress.IPv6Address(int(ip))}")
+    value = int(ip)
+    refused = next((r for r in _REFUSED[ip.version] if r.first <= value <= r.last), None)
+    if refused is None:
+        return None
+    if v6 and ip.ipv4_mapped is not None:
+        return AddressProblem(refused.reason,
+                              f"::ffff:{ip.ipv4_mapped} is {refused.what}; list "
+                              f"{ip.ipv4_mapped} under V4")
+    return AddressProblem(refused.reason,
+                          f"{ip} is {refused.what}; no service or endpoint may use it")
+
+
 def parse_ips(values: Iterable[str], version: int, owner: str, skips: Skips) -> list[IPAddress]:
-    """Parse the IPs of one family; bad or wrong-family ones are skipped."""
+    """Parse the IPs of one family; bad, special or wrong-family ones are skipped."""
     if not values:
         return []
     family, address_type = _FAMILIES[version]
+    maybe_refused = _MAYBE_REFUSED[version]
     ips: list[IPAddress] = []
     for value in values:
         try:  # inet_pton is strict and fast; a full sync parses every endpoint IP
-            ips.append(address_type(socket.inet_pton(family, value)))
-            continue
+            packed = socket.inet_pton(family, value)
         except (OSError, ValueError):
-            pass
-        try:
-            ip = ipaddress.ip_address(value)
-        except ValueError:
-            skips.skip(SkipReason.BAD_IP, owner, f"{value!r} is not an IP address")
-            continue
-        if ip.version != version:
+            try:  # forms inet_pton refuses but ipaddress reads (another family, a scope id)
+                ip: IPAddress = ipaddress.ip_address(value)
+            except ValueError:
+                skips.skip(SkipReason.BAD_IP, owner, f"{value!r} is not an IP address")
+                continue
+        else:
+            ip = address_type(packed)
+            if packed[0] not in maybe_refused:
+                ips.append(ip)
+                continue
+        problem = address_problem(ip)
+        if problem is not None:
+            skips.skip(problem.reason, owner, problem.detail)
+        elif ip.version != version:
             skips.skip(SkipReason.BAD_IP, owner, f"{value} is listed as IPv{version}")
-        else:  # a form inet_pton refuses but ipaddress reads (e.g. a scope id)
+        else:
             ips.append(ip)
     return ips
 
 
 def _ipset(ipset: localv1.IPSet, owner: str, skips: Skips) -> tuple[IPAddress, ...]:
     return tuple(parse_ips(ipset.V4, 4, owner, skips) + parse_ips(ipset.V6, 6, owner, skips))
+
+
+def _cluster_ips(ipset: localv1.IPSet, owner: str, skips: Skips) -> tuple[IPAddress, ...]:
+    """At most one ClusterIP per family (Kubernetes' clusterIPs): every
+    backend then serves the same ones."""
+    kept: list[IPAddress] = []
+    for ip in _ipset(ipset, owner, skips):
+        first = next((k for k in kept if k.version == ip.version), None)
+        if first is None:
+            kept.append(ip)
+        else:
+            skips.skip(SkipReason.BAD_IP, owner,
+                       f"ClusterIP {ip} is a second IPv{ip.version} one; a service has at "
+                       f"most one per family ({first} is used)")
+    return tuple(kept)
 
 
 def _affinity_timeout(svc: localv1.Service, owner: str, skips: Skips) -> int:
@@ -117,7 +223,7 @@ def _affinity_timeout(svc: localv1.Service, owner: str, skips: Skips) -> int:
     return timeout
 
 
-def decode_service(path: str, data: bytes, skips: Skips) -> ServiceRecord | None:
+def decode_service(path: str, data: bytes, skips: Skips, limits: Limits) -> ServiceRecord | None:
     names = split_service_path(path)
     if names is None:
         skips.skip(SkipReason.BAD_PATH, f"service {path!r}", "path is not <namespace>/<name>")
@@ -129,6 +235,11 @@ def decode_service(path: str, data: bytes, skips: Skips) -> ServiceRecord | None
     except DecodeError as err:
         skips.skip(SkipReason.BAD_BYTES, owner, f"cannot decode a Service: {err}")
         return None
+    if len(svc.Ports) > limits.max_service_ports:
+        skips.skip(SkipReason.LIMIT, owner,
+                   f"{len(svc.Ports)} ports, over --max-service-ports {limits.max_service_ports}; "
+                   "its previous version, if any, stays in force (raise --max-service-ports)")
+        return None
 
     record = ServiceRecord(namespace, name, (), svc.InternalTrafficToLocal,
                            svc.ExternalTrafficToLocal)
@@ -138,7 +249,7 @@ def decode_service(path: str, data: bytes, skips: Skips) -> ServiceRecord | None
     if svc.IPs.Headless:
         skips.skip(SkipReason.HEADLESS, owner, "headless services have no ClusterIP")
         return record
-    cluster_ips = _ipset(svc.IPs.ClusterIPs, owner, skips)
+    cluster_ips = _cluster_ips(svc.IPs.ClusterIPs, owner, skips)
     if not cluster_ips:
         # ClusterIPs that were listed but bad have had their line already.
         if not (svc.IPs.ClusterIPs.V4 or svc.IPs.ClusterIPs.V6):
@@ -206,6 +317,13 @@ def decode_endpoint(service_path: str, key: str, data: bytes,
         ep = localv1.Endpoint.FromString(data)
     except DecodeError as err:
         skips.skip(SkipReason.BAD_BYTES, owner, f"cannot decode an Endpoint: {err}")
+        return None
+    addresses = len(ep.IPs.V4) + len(ep.IPs.V6)
+    if addresses > MAX_ENDPOINT_IPS:
+        skips.skip(SkipReason.LIMIT, owner,
+                   f"{addresses} addresses; an endpoint has at most {MAX_ENDPOINT_IPS} "
+                   "(Kubernetes' EndpointSlice limit); its previous version, if any, stays in "
+                   "force (the brain must send one endpoint per pod)")
         return None
     overrides: list[tuple[str, int]] = []
     for override in ep.PortOverrides:

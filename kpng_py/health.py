@@ -2,29 +2,33 @@
 
 `/healthz` (default 0.0.0.0:10256) answers 200 with
 ``{"lastUpdated": ..., "currentTime": ..., "nodeEligible": true}`` while the
-dataplane is current, 503 with the same body when it is stale: before the
-first applied sync, while a change set has been applying for longer than the
-timeout, and when the brain has been unreachable for longer than the timeout
-(the dataplane keeps serving meanwhile, but it no longer follows the cluster).
-`/metrics` (default 127.0.0.1:10249) serves the process's Prometheus registry.
+dataplane is current, 503 with the same body when it is stale. As in
+kube-proxy, it is current once it has been programmed and nothing has been
+pending for longer than `--healthz-timeout`. Pending, from the moment it
+starts until the dataplane holds the state again: a change set that has
+started arriving, a failed apply (until an apply or its retry succeeds), the
+brain lost (until a change set from it is applied). The oldest pending moment
+counts; the dataplane keeps serving meanwhile, but it no longer follows the
+cluster. `/metrics` (default 127.0.0.1:10249) serves the process's Prometheus
+registry. Both are served by `BoundedHTTPServer`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import socket
 import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-from prometheus_client import start_http_server
+from prometheus_client.exposition import generate_latest
 
 from kpng_py.api import localv1
 from kpng_py.client import OpsSink
+from kpng_py.httpserver import BoundedHTTPServer, Handler, Response
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
 from kpng_py.model import MAX_PORT
@@ -33,43 +37,68 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HEALTHZ = "0.0.0.0:10256"
 DEFAULT_METRICS = "127.0.0.1:10249"
+# The text format generate_latest writes (and prometheus_client's own server announced).
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class SyncHealth:
-    """What /healthz reports, fed by the change-set pipeline."""
+    """What /healthz reports. The watch client tells it what the brain does
+    (through `HealthSink`), the `ChangeSetApplier` what the dataplane did."""
 
     def __init__(self, timeout: float, clock: Callable[[], float] = time.time) -> None:
         self._timeout = timeout
         self._clock = clock
         self._lock = threading.Lock()
         self._last_applied: float | None = None
-        self._applying_since: float | None = None
-        self._disconnected_since: float | None = None
+        self._pending_since: float | None = None
+        # Why the dataplane is not current (each cleared by its own event).
+        self._receiving = False  # a change set has started arriving
+        self._unapplied = False  # the last apply failed
+        self._brain_lost = False  # the stream failed; cleared by the next change set
 
-    def apply_started(self) -> None:
+    def changeset_started(self) -> None:
+        """The first op of a change set arrived."""
         with self._lock:
-            self._applying_since = self._clock()
-            self._disconnected_since = None
-
-    def apply_finished(self) -> None:
-        with self._lock:
-            self._applying_since = None
-            self._last_applied = self._clock()
+            self._receiving = True
+            self._update()
 
     def brain_lost(self) -> None:
         with self._lock:
-            if self._disconnected_since is None:
-                self._disconnected_since = self._clock()
+            self._brain_lost = True
+            self._update()
+
+    def changeset_applied(self) -> None:
+        """The brain's change set is in the dataplane."""
+        with self._lock:
+            self._receiving = self._unapplied = self._brain_lost = False
+            self._last_applied = self._clock()
+            self._update()
+
+    def changeset_failed(self) -> None:
+        """A whole change set arrived, but the dataplane failed to take it."""
+        with self._lock:
+            self._receiving = self._brain_lost = False
+            self._unapplied = True
+            self._update()
+
+    def reconciled(self) -> None:
+        """A retry put the whole state held into the dataplane."""
+        with self._lock:
+            self._unapplied = False
+            self._last_applied = self._clock()
+            self._update()
+
+    def _update(self) -> None:
+        if not (self._receiving or self._unapplied or self._brain_lost):
+            self._pending_since = None
+        elif self._pending_since is None:
+            self._pending_since = self._clock()
 
     def status(self) -> tuple[bool, dict]:
         with self._lock:
             now = self._clock()
-            healthy = (
-                self._last_applied is not None
-                and (self._applying_since is None or now - self._applying_since < self._timeout)
-                and (self._disconnected_since is None
-                     or now - self._disconnected_since < self._timeout)
-            )
+            healthy = self._last_applied is not None and (
+                self._pending_since is None or now - self._pending_since < self._timeout)
             body = {
                 "lastUpdated": _timestamp(self._last_applied),
                 "currentTime": _timestamp(now),
@@ -85,18 +114,21 @@ def _timestamp(seconds: float | None) -> str:
 
 
 class HealthSink:
-    """An OpsSink wrapper that tells SyncHealth what the pipeline is doing."""
+    """An OpsSink wrapper that tells SyncHealth what the brain is doing. What
+    the dataplane did with a change set, the applier tells it."""
 
     def __init__(self, sink: OpsSink, health: SyncHealth) -> None:
         self._sink = sink
         self._health = health
 
+    def on_changeset_started(self) -> None:
+        self._health.changeset_started()
+        self._sink.on_changeset_started()
+
     def on_changeset(self, ops: list[localv1.OpItem]) -> None:
-        self._health.apply_started()
-        try:
-            self._sink.on_changeset(ops)
-        finally:
-            self._health.apply_finished()
+        # In-process sources hand over whole change sets, without a start.
+        self._health.changeset_started()
+        self._sink.on_changeset(ops)
 
     def on_stream_error(self, reason: str, partial: list[localv1.OpItem]) -> None:
         self._health.brain_lost()
@@ -116,47 +148,33 @@ class BindAddress:
         return cls(host.strip("[]") or "0.0.0.0", int(port))
 
 
-class _HealthzHandler(BaseHTTPRequestHandler):
-    health: SyncHealth  # set on the per-server subclass
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        if self.path.split("?")[0] not in ("/healthz", "/livez"):
-            self.send_error(404)
-            return
-        healthy, body = self.health.status()
-        payload = json.dumps(body).encode()
-        self.send_response(200 if healthy else 503)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        del format, args  # no log line per request
+def _healthz(health: SyncHealth) -> Response:
+    healthy, body = health.status()
+    return Response(200 if healthy else 503, "application/json", json.dumps(body).encode())
 
 
-class _DualStackServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address: BindAddress, handler: type) -> None:
-        self.address_family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
-        super().__init__((address.host, address.port), handler)
+def _metrics(metrics: Metrics) -> Response:
+    return Response(200, METRICS_CONTENT_TYPE, generate_latest(metrics.registry))
 
 
-def serve_healthz(address: BindAddress, health: SyncHealth) -> int:
-    """Serve /healthz; returns the bound port."""
-    handler = type("HealthzHandler", (_HealthzHandler,), {"health": health})
-    server = _DualStackServer(address, handler)
-    threading.Thread(target=server.serve_forever, name="healthz", daemon=True).start()
-    log.info("serving /healthz", extra=fields(address=f"{address.host}:{server.server_port}"))
-    return server.server_port
+def _serve(name: str, address: BindAddress, routes: dict[str, Handler],
+           metrics: Metrics) -> BoundedHTTPServer:
+    server = BoundedHTTPServer(name, routes, metrics)
+    port = server.start(address.host, address.port)
+    log.info("serving /%s", name, extra=fields(address=f"{address.host}:{port}"))
+    return server
 
 
-def serve_metrics(address: BindAddress, metrics: Metrics) -> int:
-    """Serve /metrics; returns the bound port."""
-    server, _ = start_http_server(address.port, address.host, registry=metrics.registry)
-    log.info("serving /metrics", extra=fields(address=f"{address.host}:{server.server_port}"))
-    return server.server_port
+def serve_healthz(address: BindAddress, health: SyncHealth,
+                  metrics: Metrics) -> BoundedHTTPServer:
+    """Serve /healthz (and /livez) on a thread of its own."""
+    probe = functools.partial(_healthz, health)
+    return _serve("healthz", address, {"/healthz": probe, "/livez": probe}, metrics)
+
+
+def serve_metrics(address: BindAddress, metrics: Metrics) -> BoundedHTTPServer:
+    """Serve /metrics on a thread of its own."""
+    return _serve("metrics", address, {"/metrics": functools.partial(_metrics, metrics)}, metrics)
 
 
 @dataclass(frozen=True)
@@ -171,8 +189,9 @@ class Observability:
         """Start the servers. A port that cannot be bound is logged and counted,
         not fatal: the dataplane matters more than its probes."""
         health = SyncHealth(self.healthz_timeout)
-        for name, address, serve in (("healthz", self.healthz, lambda a: serve_healthz(a, health)),
-                                     ("metrics", self.metrics, lambda a: serve_metrics(a, metrics))):
+        servers = (("healthz", self.healthz, lambda a: serve_healthz(a, health, metrics)),
+                   ("metrics", self.metrics, lambda a: serve_metrics(a, metrics)))
+        for name, address, serve in servers:
             if address is None:
                 continue
             try:

@@ -2,16 +2,33 @@
 
 Call sites attach fields with ``extra=fields(key=value, ...)``; the formatters
 render them as ``key=value`` (text) or as JSON members.
+
+Every record is exactly one line in both formats, whatever it carries: names
+and values come from the brain, and a newline in a service name must not forge
+a log line. The text format escapes control characters (C0, DEL, C1, U+2028,
+U+2029) in the message and in field values, and renders a traceback as an
+escaped ``error=`` field; the JSON format escapes them as JSON does.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 from typing import Any
 
 _FIELDS_ATTR = "kpng_fields"
+
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_LINE_BREAKING = [*range(0x20), 0x7F, *range(0x80, 0xA0), 0x2028, 0x2029]
+_CONTROL_ESCAPES = {
+    code: _NAMED_ESCAPES.get(chr(code), f"\\u{code:04x}" if code > 0xFF else f"\\x{code:02x}")
+    for code in _LINE_BREAKING
+}
+# Inside a quoted field value, the quote and the escape character are escaped too.
+_QUOTED_ESCAPES = {**_CONTROL_ESCAPES, ord('"'): '\\"', ord("\\"): "\\\\"}
+_NEEDS_QUOTES = frozenset(' "=\\') | frozenset(map(chr, _LINE_BREAKING))
 
 
 def fields(**values: Any) -> dict[str, dict[str, Any]]:
@@ -19,8 +36,23 @@ def fields(**values: Any) -> dict[str, dict[str, Any]]:
     return {_FIELDS_ATTR: values}
 
 
+def _escape_control(text: str) -> str:
+    """`text` with every control or line-breaking character escaped."""
+    return text.translate(_CONTROL_ESCAPES)
+
+
 def _record_fields(record: logging.LogRecord) -> dict[str, Any]:
     return getattr(record, _FIELDS_ATTR, {})
+
+
+def _failure_fields(formatter: logging.Formatter, record: logging.LogRecord) -> dict[str, str]:
+    """The record's traceback and stack, as the fields `error` and `stack`."""
+    failure = {}
+    if record.exc_info:
+        failure["error"] = formatter.formatException(record.exc_info)
+    if record.stack_info:
+        failure["stack"] = formatter.formatStack(record.stack_info)
+    return failure
 
 
 class TextFormatter(logging.Formatter):
@@ -28,14 +60,19 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        extra = " ".join(f"{k}={_text_value(v)}" for k, v in _record_fields(record).items())
-        return f"{line} {extra}" if extra else line
+        record.message = _escape_control(record.getMessage())
+        record.asctime = self.formatTime(record, self.datefmt)
+        line = self.formatMessage(record)
+        extra = {**_record_fields(record), **_failure_fields(self, record)}
+        pairs = " ".join(f"{k}={_text_value(v)}" for k, v in extra.items())
+        return f"{line} {pairs}" if pairs else line
 
 
 def _text_value(value: Any) -> str:
     text = str(value)
-    return json.dumps(text) if (not text or any(c in text for c in ' "=')) else text
+    if text and _NEEDS_QUOTES.isdisjoint(text):
+        return text
+    return f'"{text.translate(_QUOTED_ESCAPES)}"'
 
 
 class JsonFormatter(logging.Formatter):
@@ -46,11 +83,16 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        body.update({k: v if isinstance(v, (int, float, bool)) else str(v)
-                     for k, v in _record_fields(record).items()})
-        if record.exc_info:
-            body["error"] = self.formatException(record.exc_info)
+        body.update({k: _json_value(v) for k, v in _record_fields(record).items()})
+        body.update(_failure_fields(self, record))
         return json.dumps(body)
+
+
+def _json_value(value: Any) -> Any:
+    """Numbers and booleans as they are (nan and inf are not JSON: as text)."""
+    if isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    return str(value)
 
 
 def setup_logging(log_format: str = "text", verbosity: int = 0) -> None:

@@ -60,6 +60,17 @@ class Metrics:
             "kpng_py_dataplane_errors", "Failures applying to the dataplane, by kind.", ["kind"],
             registry=r,
         )
+        self.apply_retries = Counter(
+            "kpng_py_apply_retries",
+            "Whole-dataplane reconciles retried on a timer after a failed apply.", registry=r,
+        )
+        self.http_connections_dropped = Counter(
+            "kpng_py_http_connections_dropped",
+            "Connections to /healthz or /metrics closed unanswered: timeout (request not "
+            "received or response not taken in time) or evicted (the oldest one, for a new "
+            "one past the connection cap).",
+            ["server", "reason"], registry=r,
+        )
         self.map_entries = Gauge(
             "kpng_py_map_entries", "Entries in a dataplane map or table.", ["map"], registry=r
         )

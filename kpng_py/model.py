@@ -68,6 +68,24 @@ class ServicePortName:
 
 
 @dataclass(frozen=True)
+class Frontend:
+    """What a client dials: an address, a port and a protocol.
+
+    One frontend has one owner in a node state (see `ChangeSet`). Today a
+    service port's frontends are its ClusterIPs; node ports, external and
+    load-balancer IPs become frontends of the same kind when a backend serves
+    them.
+    """
+
+    ip: IPAddress
+    port: int
+    protocol: Protocol
+
+    def __str__(self) -> str:
+        return f"{format_host_port(self.ip, self.port)}/{self.protocol.value}"
+
+
+@dataclass(frozen=True)
 class Endpoint:
     """One backend address for one service port, with the brain's view flags.
 
@@ -123,6 +141,11 @@ class ServicePort:
         """The ClusterIP of that family (Kubernetes allows one per family)."""
         return next((ip for ip in self.cluster_ips if family_of(ip) == family), None)
 
+    def frontends(self) -> tuple[Frontend, ...]:
+        """What clients dial to reach this port: one frontend per ClusterIP,
+        in the order of `cluster_ips`."""
+        return tuple(Frontend(ip, self.port, self.protocol) for ip in self.cluster_ips)
+
     def cluster_endpoints(self, family: IPFamily | None = None) -> tuple[Endpoint, ...]:
         """Endpoints ClusterIP traffic may use (Scopes.Internal), optionally of
         one family, in a stable order."""
@@ -146,6 +169,11 @@ class ChangeSet:
     backend saw. `full` is set when the backend must reconcile its whole
     dataplane with `added` (first sync, or recovery after a failed apply):
     anything programmed that is not in `added` must go.
+
+    No two service ports of one node state share a `Frontend`: the state model
+    gives each frontend to one owner (the service port that claimed it first)
+    and publishes every other claimant without it, or not at all when it owns
+    none (docs/architecture.md, "Frontend ownership"). Backends rely on it.
     """
 
     added: tuple[ServicePort, ...] = ()

@@ -4,7 +4,10 @@ After each applied Sync it writes one JSON line to stdout:
 ``{"sync": N, "servicePorts": [...]}``, service ports sorted by name then
 protocol, each with its ClusterIPs and the endpoints ClusterIP traffic may use
 (as strings, sorted). A service port with no usable endpoints has
-``"endpoints": []`` (a dataplane rejects connections to it).
+``"endpoints": []`` (a dataplane rejects connections to it). A service port
+shows only the ClusterIPs whose frontends it owns, and is missing while it owns
+none: the state model decides that for every backend alike, so what is printed
+is what the eBPF maps and the userspace listeners hold.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ stream starts with Reset and alternates change sets, one per WatchReq.
 from __future__ import annotations
 
 import json
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable, Iterator
@@ -96,6 +97,10 @@ def read_segments(path: Path) -> list[Segment]:
     """A recording split into what a server sends per WatchReq."""
     segments: list[Segment] = []
     pending: list[localv1.OpItem] = []
+    # Only a regular file: a FIFO would block, /dev/zero never end.
+    if not stat.S_ISREG(path.stat().st_mode):
+        raise RecordingError(f"{path}: not a regular file; give a recording written by "
+                             "`kpng-py record`")
     with path.open(encoding="utf-8") as lines:
         for item in read_lines(lines, str(path)):
             if isinstance(item, str):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 
 from kpng_py.recording import Segment
-from kpng_py.server import Reply
+from kpng_py.server import Reply, wait_until_cancelled
 
 
 class ReplaySource:
@@ -37,11 +37,10 @@ class ReplaySession:
     def __init__(self, source: ReplaySource) -> None:
         self._source = source
 
-    def next_reply(self, node_name: str, cancelled: threading.Event) -> Reply | None:
+    async def next_reply(self, node_name: str) -> Reply:
         segment = self._source.take(node_name)
         if segment is None:
-            cancelled.wait()
-            return None
+            await wait_until_cancelled()  # the recording is exhausted
         return Reply(segment.ops, segment.disconnect)
 
     def close(self) -> None:

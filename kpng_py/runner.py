@@ -2,35 +2,25 @@
 
 from __future__ import annotations
 
-import logging
-import signal
+import asyncio
+import contextlib
 import threading
-from pathlib import Path
-from typing import Callable, IO
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Iterator
 
+from kpng_py.aio import ThreadsafeEvent
 from kpng_py.api import localv1
 from kpng_py.backend import Backend, ChangeSetApplier
-from kpng_py.client import ClientConfig, OpsSink, WatchClient
+from kpng_py.client import ClientConfig, OpsSink, SinkFailed, WatchClient
 from kpng_py.health import HealthSink, Observability
-from kpng_py.logs import fields
+from kpng_py.limits import Limits
 from kpng_py.metrics import Metrics
 from kpng_py.recording import RecordingWriter
-from kpng_py.server import ChangeSetSource, LocalApiServer
+from kpng_py.server import ChangeSetSource, LocalApiServer, StreamSession
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState
+from kpng_py.termination import Termination
 from kpng_py.transport import ListenAddress, TLSFiles
-
-log = logging.getLogger(__name__)
-
-
-def on_termination(handler: Callable[[], None]) -> None:
-    """Run `handler` on SIGTERM and SIGINT (from the main thread)."""
-    def _handle(signum: int, _frame: object) -> None:
-        log.info("stopping", extra=fields(signal=signal.Signals(signum).name))
-        handler()
-
-    signal.signal(signal.SIGTERM, _handle)
-    signal.signal(signal.SIGINT, _handle)
 
 
 class StopAfter:
@@ -41,6 +31,9 @@ class StopAfter:
         self._limit = limit
         self._seen = 0
         self.client: WatchClient | None = None
+
+    def on_changeset_started(self) -> None:
+        self._sink.on_changeset_started()
 
     def on_changeset(self, ops: list[localv1.OpItem]) -> None:
         self._sink.on_changeset(ops)
@@ -59,6 +52,9 @@ class ApplierSink:
     def __init__(self, applier: ChangeSetApplier) -> None:
         self._applier = applier
 
+    def on_changeset_started(self) -> None:
+        pass  # nothing to apply before the Sync
+
     def on_changeset(self, ops: list[localv1.OpItem]) -> None:
         self._applier.apply_ops(ops)
 
@@ -66,74 +62,138 @@ class ApplierSink:
         del reason, partial  # the client logged it; the dataplane stays as it is
 
 
-def watch(config: ClientConfig, sink: OpsSink, metrics: Metrics, exit_after: int = 0) -> None:
-    """Run a watch client until a signal (or `exit_after` change sets)."""
+def _watch_client(config: ClientConfig, sink: OpsSink, metrics: Metrics,
+                  exit_after: int) -> WatchClient:
+    """A watch client that stops after `exit_after` change sets (0: never)."""
     limited = StopAfter(sink, exit_after)
     client = WatchClient(config, limited, metrics)
     limited.client = client
-    on_termination(client.stop)
-    client.run()
+    return client
 
 
-def _backend_pipeline(backend: Backend, metrics: Metrics,
-                      observability: Observability) -> tuple[OpsSink, ChangeSetApplier]:
-    """Change sets to `backend`, reported to /healthz; and the applier."""
+def watch(config: ClientConfig, sink: OpsSink, metrics: Metrics, exit_after: int = 0) -> None:
+    """Run a watch client until a signal (or `exit_after` change sets)."""
+    client = _watch_client(config, sink, metrics, exit_after)
+    with Termination(client.stop):
+        client.run()
+
+
+def _backend_pipeline(backend: Backend, metrics: Metrics, observability: Observability,
+                      limits: Limits) -> tuple[OpsSink, ChangeSetApplier]:
+    """Change sets to `backend`, reported to /healthz; and the applier (which
+    tells /healthz what the dataplane did; close it before the backend)."""
     health = observability.start(metrics)
-    applier = ChangeSetApplier(backend, NodeState(Skips(metrics)), metrics)
+    applier = ChangeSetApplier(backend, NodeState(Skips(metrics), limits), metrics, listener=health)
     return HealthSink(ApplierSink(applier), health), applier
 
 
 def run_backend(config: ClientConfig, backend: Backend, metrics: Metrics,
-                observability: Observability, exit_after: int = 0) -> None:
+                observability: Observability, exit_after: int = 0,
+                limits: Limits = Limits()) -> None:
     """`kpng-py local ... to-<backend>`."""
-    sink, _ = _backend_pipeline(backend, metrics, observability)
-    backend.setup()
-    try:
-        watch(config, sink, metrics, exit_after)
-    finally:
-        backend.close()
+    sink, applier = _backend_pipeline(backend, metrics, observability, limits)
+    client = _watch_client(config, sink, metrics, exit_after)
+    with Termination(client.stop):  # from the start: a backend's setup may take seconds
+        backend.setup()
+        try:
+            client.run()
+        finally:
+            applier.close()
+            backend.close()
 
 
 def run_in_process(source: ChangeSetSource, node_name: str, backend: Backend,
-                   metrics: Metrics, observability: Observability, stop: threading.Event,
-                   exit_after: int = 0) -> None:
+                   metrics: Metrics, observability: Observability, stop: ThreadsafeEvent,
+                   exit_after: int = 0, limits: Limits = Limits()) -> None:
     """Brain and backend in one process (KPNG's `to-local`): the source's change
     sets for `node_name` go straight to the applier, without gRPC. As over the
     wire, the next change set is asked for only once `apply` has returned.
     Runs until `stop` is set (or `exit_after` change sets were applied)."""
-    sink, applier = _backend_pipeline(backend, metrics, observability)
-    session = source.open_stream()
+    sink, applier = _backend_pipeline(backend, metrics, observability, limits)
     backend.setup()
     try:
-        while (reply := session.next_reply(node_name, stop)) is not None:
-            sink.on_changeset(list(reply.ops))
-            if exit_after and applier.syncs >= exit_after:
-                break
+        asyncio.run(_apply_until_stopped(source.open_stream(), node_name, sink, applier,
+                                         stop, exit_after))
     finally:
-        session.close()
+        applier.close()
         backend.close()
 
 
+async def _apply_until_stopped(session: StreamSession, node_name: str, sink: OpsSink,
+                               applier: ChangeSetApplier, stop: ThreadsafeEvent,
+                               exit_after: int) -> None:
+    """The session API is asyncio's (the server's). The backend's apply is
+    synchronous and must not run where an event loop is running (pyroute2's
+    IPRoute runs one of its own for every call), so it runs on one thread of
+    its own, always the same; the next reply is awaited only once it returned."""
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="apply") as apply_thread:
+        async def apply_replies() -> None:
+            try:
+                while not exit_after or applier.syncs < exit_after:
+                    reply = await session.next_reply(node_name)
+                    await loop.run_in_executor(apply_thread, sink.on_changeset, list(reply.ops))
+            finally:
+                session.close()
+
+        applying = asyncio.ensure_future(apply_replies())
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((applying, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            applying.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await applying  # raises what the backend raised
+
+
 class RecordSink:
-    """`kpng-py record`: writes every op, and each stream failure, as received."""
+    """`kpng-py record`: writes every op, and each stream failure, as received.
+    A failed write (disk full, a closed pipe) ends the recording."""
 
     def __init__(self, out: IO[str]) -> None:
-        self._writer = RecordingWriter(out)
+        self._out = out
+        with self._writing():
+            self._writer = RecordingWriter(out)
+
+    def on_changeset_started(self) -> None:
+        pass  # ops are written as a whole change set, or as the partial one of a failure
 
     def on_changeset(self, ops: list[localv1.OpItem]) -> None:
-        for op in ops:
-            self._writer.op(op)
-        self._writer.flush()
+        with self._writing():
+            for op in ops:
+                self._writer.op(op)
+            self._writer.flush()
 
     def on_stream_error(self, reason: str, partial: list[localv1.OpItem]) -> None:
-        for op in partial:
-            self._writer.op(op)
-        self._writer.disconnect(reason)
+        with self._writing():
+            for op in partial:
+                self._writer.op(op)
+            self._writer.disconnect(reason)
+
+    def close(self) -> None:
+        with self._writing():
+            self._out.close()
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as err:
+            raise SinkFailed(f"writing the recording {self._out.name} failed: "
+                             f"{err.strerror}") from err
 
 
-def record(config: ClientConfig, output: Path, metrics: Metrics, exit_after: int = 0) -> None:
-    with output.open("w", encoding="utf-8") as out:
-        watch(config, RecordSink(out), metrics, exit_after)
+def record(config: ClientConfig, out: IO[str], metrics: Metrics, exit_after: int = 0) -> None:
+    """`kpng-py record`: the stream into `out` (closed at the end)."""
+    sink = RecordSink(out)
+    try:
+        watch(config, sink, metrics, exit_after)
+    except SinkFailed:
+        with contextlib.suppress(OSError):  # what could not be written is lost either way
+            out.close()
+        raise
+    sink.close()
 
 
 def serve(source: ChangeSetSource, listen: ListenAddress, tls: TLSFiles,
@@ -141,10 +201,9 @@ def serve(source: ChangeSetSource, listen: ListenAddress, tls: TLSFiles,
     """Serve localv1 until SIGTERM/SIGINT (or `until` is set)."""
     server = LocalApiServer(source, listen, tls)
     stop = until or threading.Event()
-    on_termination(stop.set)
-    server.start()
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        server.stop()
+    with Termination(stop.set):
+        server.start()
+        try:
+            stop.wait()
+        finally:
+            server.stop()

@@ -5,6 +5,12 @@ a Sync) and returns what changed per ServicePortName. Work is proportional to
 what changed: only services whose object or endpoints were touched are
 recomputed.
 
+Each frontend (address, port, protocol) has one owner (`kpng_py/frontends.py`):
+a service port is published with the ClusterIPs whose frontends it owns, and
+not at all when it owns none, so no two published ports share a frontend.
+What one service and the whole node may cost is bounded (`kpng_py/limits.py`);
+a service over a bound keeps its previous version in force.
+
 After a reconnect the brain sends Reset and the full state again. Like KPNG's
 `filterreset`, the store then ignores Sets whose bytes did not change and, at
 the Sync, deletes what was not re-sent, so the backend sees only real
@@ -25,9 +31,12 @@ from kpng_py.decode import (
     decode_service,
     split_endpoint_path,
 )
+from kpng_py.frontends import FrontendOwners
+from kpng_py.limits import Limits
 from kpng_py.model import (
     ChangeSet,
     Endpoint,
+    Frontend,
     IPAddress,
     ServicePort,
     ServicePortName,
@@ -50,17 +59,30 @@ class _ServiceEntry:
     record: ServiceRecord | None = None
     # endpoint key -> (raw bytes, decoded record or None when undecodable)
     endpoints: dict[str, tuple[bytes, EndpointRecord | None]] = field(default_factory=dict)
-    # What the backend was last given for this service.
+    # The version in force: the service's ports with their endpoints and
+    # every frontend they claim, and how many endpoints they hold.
+    claiming: dict[ServicePortName, ServicePort] = field(default_factory=dict)
+    endpoint_count: int = 0
+    # What the backend was last given for this service (`claiming` without
+    # the frontends other ports own).
     published: dict[ServicePortName, ServicePort] = field(default_factory=dict)
-    # Problems already logged, as (reason, port name or "", endpoint key), so
-    # each is reported once until the service or that endpoint changes.
+    # Problems already logged, as (reason, port name or limit flag or "",
+    # endpoint key or ""), so each is reported once until the service or that
+    # endpoint changes.
     reported: set[tuple[SkipReason, str, str]] = field(default_factory=set)
+    # Frontends of this version of the service already reported as another's.
+    conflicts: set[tuple[ServicePortName, Frontend]] = field(default_factory=set)
 
     def forget_reports(self, key: str) -> None:
         self.reported = {r for r in self.reported if r[2] != key}
 
+    def new_version(self) -> None:
+        self.reported.clear()
+        self.conflicts.clear()
+
     def is_empty(self) -> bool:
-        return self.raw is None and not self.endpoints and not self.published
+        return (self.raw is None and not self.endpoints and not self.claiming
+                and not self.published)
 
 
 @dataclass
@@ -72,8 +94,15 @@ class _Counts:
 class NodeState:
     """The services and endpoints of one node's view, and what changed."""
 
-    def __init__(self, skips: Skips) -> None:
+    def __init__(self, skips: Skips, limits: Limits = Limits()) -> None:
         self._skips = skips
+        self._limits = limits
+        self._owners = FrontendOwners()
+        # Endpoints of every service's version in force (--max-endpoints).
+        self._endpoint_total = 0
+        # Services refused for --max-endpoints, with the endpoints their new
+        # version holds: tried again when that much room is made.
+        self._over_node_limit: dict[str, int] = {}
         self._services: dict[str, _ServiceEntry] = {}
         self._dirty: set[str] = set()
         self._counts = _Counts()
@@ -89,6 +118,12 @@ class NodeState:
     def service_ports(self) -> list[ServicePort]:
         """Every programmable service port, sorted by name then protocol."""
         ports = [p for e in self._services.values() for p in e.published.values()]
+        return sorted(ports, key=lambda p: p.name.sort_key())
+
+    def claiming_ports(self) -> list[ServicePort]:
+        """Every service port as its service and endpoints make it, with all the
+        frontends it claims, owned or not; sorted like `service_ports`."""
+        ports = [p for e in self._services.values() for p in e.claiming.values()]
         return sorted(ports, key=lambda p: p.name.sort_key())
 
     # -- applying ops ----------------------------------------------------------
@@ -137,12 +172,12 @@ class NodeState:
         entry = self._services.get(path)
         if entry is not None and entry.raw == data:
             return True
-        record = decode_service(path, data, self._skips)
+        record = decode_service(path, data, self._skips, self._limits)
         if record is None:
             return False
         entry = self._services.setdefault(path, _ServiceEntry())
         entry.raw, entry.record = data, record
-        entry.reported.clear()
+        entry.new_version()
         self._touch(path, services=1)
         return True
 
@@ -200,16 +235,17 @@ class NodeState:
         if self._resync_seen is not None:
             self._drop_not_resent(self._resync_seen)
             self._resync_seen = None
+        replaced = self._recompute()
+        taken_over = self._owners.update(self._claims(replaced))
+        self._report_conflicts(replaced)
         added: list[ServicePort] = []
         updated: list[tuple[ServicePort, ServicePort]] = []
         removed: list[ServicePort] = []
         # In name order: a change set, and so what a full dataplane skips, is
         # the same whatever order the brain sent things in.
-        for path in sorted(self._dirty):
+        for path in sorted(replaced.keys() | {_service_path(name) for name in taken_over}):
             entry = self._services[path]
-            if entry.raw is None:
-                self._report_orphans(path, entry)
-            new = self._compute_ports(entry)
+            new = self._publishable(entry.claiming)
             old = entry.published
             for name, port in new.items():
                 before = old.get(name)
@@ -229,6 +265,112 @@ class NodeState:
         self._counts = _Counts()
         return changes
 
+    def _recompute(self) -> dict[str, dict[ServicePortName, ServicePort]]:
+        """Compute the changed services' ports within the limits. Returns, for
+        every service whose new ports are now in force, the ports it had."""
+        computed: dict[str, dict[ServicePortName, ServicePort]] = {}
+        for path in sorted(self._dirty):
+            entry = self._services[path]
+            if entry.raw is None:
+                self._report_orphans(path, entry)
+            ports = self._compute_ports(entry)
+            if ports is None:
+                self._over_node_limit.pop(path, None)
+            else:
+                computed[path] = ports
+        return self._within_node_limit(computed)
+
+    def _within_node_limit(self, computed: dict[str, dict[ServicePortName, ServicePort]]
+                           ) -> dict[str, dict[ServicePortName, ServicePort]]:
+        """Put the computed ports in force where the node total allows it
+        (--max-endpoints); the others keep their previous version."""
+        growth = {path: _endpoint_count(ports) - self._services[path].endpoint_count
+                  for path, ports in computed.items()}
+        self._retry_over_node_limit(computed, growth)
+        replaced: dict[str, dict[ServicePortName, ServicePort]] = {}
+        marker = (SkipReason.LIMIT, "--max-endpoints", "")
+        # Services that shrink first, so that those that grow (in name order)
+        # find the room made in the same Sync.
+        for path in sorted(computed, key=lambda p: (growth[p] > 0, p)):
+            entry = self._services[path]
+            total = self._endpoint_total + growth[path]
+            if growth[path] > 0 and total > self._limits.max_endpoints:
+                self._over_node_limit[path] = entry.endpoint_count + growth[path]
+                self._report_once(
+                    entry, marker, f"service {path}",
+                    f"its {entry.endpoint_count + growth[path]} endpoints would bring the node "
+                    f"to {total}, over --max-endpoints {self._limits.max_endpoints}; its "
+                    "previous version, if any, stays in force until other services make room "
+                    "(raise --max-endpoints)")
+                continue
+            self._over_node_limit.pop(path, None)
+            entry.reported.discard(marker)
+            self._endpoint_total = total
+            entry.endpoint_count += growth[path]
+            replaced[path], entry.claiming = entry.claiming, computed[path]
+        return replaced
+
+    def _retry_over_node_limit(self, computed: dict[str, dict[ServicePortName, ServicePort]],
+                               growth: dict[str, int]) -> None:
+        """Add to `computed` the unchanged services refused for --max-endpoints
+        that fit in the room this Sync makes (in name order), so that only
+        those are computed again."""
+        room = self._limits.max_endpoints - self._endpoint_total - sum(
+            g for g in growth.values() if g < 0)
+        for path in sorted(self._over_node_limit.keys() - computed.keys()):
+            entry = self._services[path]
+            needed = self._over_node_limit[path] - entry.endpoint_count
+            if needed > room:
+                continue
+            ports = self._compute_ports(entry)
+            if ports is not None:
+                computed[path] = ports
+                growth[path] = _endpoint_count(ports) - entry.endpoint_count
+                room -= growth[path]
+
+    def _claims(self, replaced: dict[str, dict[ServicePortName, ServicePort]]
+                ) -> dict[ServicePortName, frozenset[Frontend]]:
+        """What each port of the replaced services whose frontends changed
+        claims now."""
+        claims: dict[ServicePortName, frozenset[Frontend]] = {}
+        for path, before in replaced.items():
+            now = self._services[path].claiming
+            for name in before.keys() | now.keys():
+                old, port = before.get(name), now.get(name)
+                if old is not None and port is not None and (
+                        (old.cluster_ips, old.port) == (port.cluster_ips, port.port)):
+                    continue  # the same frontends (the name holds the protocol)
+                claims[name] = frozenset(port.frontends()) if port else frozenset()
+        return claims
+
+    def _report_conflicts(self, replaced: dict[str, dict[ServicePortName, ServicePort]]) -> None:
+        """One line per frontend a new version of a port claims but does not get."""
+        for path in sorted(replaced):
+            entry = self._services[path]
+            for port in entry.claiming.values():
+                for frontend in port.frontends():
+                    owner = self._owners.owner(frontend)
+                    if owner == port.name or (port.name, frontend) in entry.conflicts:
+                        continue
+                    entry.conflicts.add((port.name, frontend))
+                    self._skips.skip(
+                        SkipReason.FRONTEND_CONFLICT, f"service port {port.name}",
+                        f"{frontend} belongs to {owner}, which claimed it first; this port "
+                        "is served without it until that port gives it up")
+
+    def _publishable(self, ports: dict[ServicePortName, ServicePort]
+                     ) -> dict[ServicePortName, ServicePort]:
+        """The ports with only the ClusterIPs whose frontends they own; a port
+        that owns none is left out."""
+        published: dict[ServicePortName, ServicePort] = {}
+        for name, port in ports.items():
+            owned = tuple(frontend.ip for frontend in port.frontends()
+                          if self._owners.owner(frontend) == name)
+            if owned:
+                published[name] = (port if len(owned) == len(port.cluster_ips)
+                                   else replace(port, cluster_ips=owned))
+        return published
+
     def _drop_not_resent(self, seen: set[tuple[int, str]]) -> None:
         """End of a resync: what the new stream did not re-send is gone."""
         self._rejected = {ref: data for ref, data in self._rejected.items() if ref in seen}
@@ -240,13 +382,27 @@ class NodeState:
                 entry.raw, entry.record = None, None
                 self._touch(path, services=1)
 
-    def _compute_ports(self, entry: _ServiceEntry) -> dict[ServicePortName, ServicePort]:
+    def _compute_ports(self, entry: _ServiceEntry) -> dict[ServicePortName, ServicePort] | None:
+        """The service's ports with their endpoints; None (reported once) when
+        that would be over --max-service-endpoints, checked before any
+        endpoint is resolved."""
         record = entry.record
         if record is None:
             return {}
         # In key order, so that of two endpoints with one address the same one
         # wins whatever order they came in (a resync may reorder them).
         endpoints = [ep for _, (_, ep) in sorted(entry.endpoints.items()) if ep is not None]
+        addresses = sum(len(ep.ips) for ep in endpoints)
+        size, limit = len(record.ports) * addresses, self._limits.max_service_endpoints
+        marker = (SkipReason.LIMIT, "--max-service-endpoints", "")
+        if size > limit:
+            self._report_once(
+                entry, marker, f"service {record.namespace}/{record.name}",
+                f"{len(record.ports)} ports x {addresses} endpoint addresses = {size} "
+                f"endpoints, over --max-service-endpoints {limit}; its previous version, if "
+                "any, stays in force (raise --max-service-endpoints)")
+            return None
+        entry.reported.discard(marker)
         return {
             port.name: replace(port, endpoints=self._resolve(entry, record, port, endpoints))
             for port in record.ports
@@ -296,6 +452,14 @@ class NodeState:
         if marker not in entry.reported:
             entry.reported.add(marker)
             self._skips.skip(marker[0], obj, detail)
+
+
+def _endpoint_count(ports: dict[ServicePortName, ServicePort]) -> int:
+    return sum(len(port.endpoints) for port in ports.values())
+
+
+def _service_path(name: ServicePortName) -> str:
+    return f"{name.namespace}/{name.name}"
 
 
 def resolve_endpoint_port(port: ServicePort, endpoint: EndpointRecord) -> int | None:

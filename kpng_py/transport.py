@@ -7,10 +7,18 @@ or `127.0.0.1:12090`; `tcp://host:port` is accepted too).
 
 from __future__ import annotations
 
+import os
+import socket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+
+from kpng_py.model import MAX_PORT
+
+# sun_path holds 108 bytes, the last one a NUL.
+MAX_UNIX_PATH = 107
 
 
 class AddressError(ValueError):
@@ -29,16 +37,46 @@ class ListenAddress:
         if spec.startswith("unix://"):
             path = spec[len("unix://"):]
             if not path.startswith("/"):
-                raise AddressError(f"listen address {spec!r}: use unix:///absolute/path")
+                raise AddressError(f"--listen {spec!r}: use unix:///absolute/path")
+            if path.endswith("/") or "\0" in path:
+                raise AddressError(f"--listen {spec!r}: give the path of a socket file to create")
+            if len(os.fsencode(path)) > MAX_UNIX_PATH:
+                raise AddressError(f"--listen {spec!r}: a unix socket path has at most "
+                                   f"{MAX_UNIX_PATH} bytes; pick a shorter one")
             return cls(unix_path=Path(path))
         if spec.startswith("tcp://"):
-            host_port = spec[len("tcp://"):]
-            host, sep, port = host_port.rpartition(":")
-            if not sep or not port.isdigit():
-                raise AddressError(f"listen address {spec!r}: use tcp://host:port (e.g. tcp://:12090)")
+            host, port = _host_port(spec[len("tcp://"):])
+            if port is None:
+                raise AddressError(f"--listen {spec!r}: use tcp://host:port with a port in "
+                                   f"0..{MAX_PORT} (e.g. tcp://:12090)")
             return cls(host_port=f"{host or '[::]'}:{port}")
         raise AddressError(
-            f"listen address {spec!r}: use unix:///path/to.sock or tcp://host:port")
+            f"--listen {spec!r}: use unix:///path/to.sock or tcp://host:port")
+
+    def check(self) -> None:
+        """Fail early, naming the flag and the cause, if a TCP address cannot
+        be bound (in use, not an address of this host, not permitted). A
+        unix socket's path is checked by the server (a live socket is not
+        stolen, a stale one is replaced)."""
+        if self.host_port is None:
+            return
+        host, _, port = self.host_port.rpartition(":")
+        try:
+            candidates = socket.getaddrinfo(host.strip("[]") or None, int(port),
+                                            type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except socket.gaierror as err:
+            raise AddressError(f"--listen {self}: cannot resolve {host!r} ({err.strerror})") from err
+        failure: OSError | None = None
+        for family, kind, proto, _, address in candidates:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc's own
+                try:
+                    probe.bind(address)
+                    return
+                except OSError as err:
+                    failure = err
+        assert failure is not None
+        raise AddressError(f"--listen {self}: {failure.strerror}; pick another address or port")
 
     def grpc_address(self) -> str:
         return f"unix:{self.unix_path}" if self.unix_path else str(self.host_port)
@@ -49,13 +87,26 @@ class ListenAddress:
 
 def dial_target(api: str) -> str:
     """A gRPC target for `--api`."""
-    if api.startswith("tcp://"):
-        return api[len("tcp://"):]
-    if api.startswith("unix://") and not api.startswith("unix:///"):
-        raise AddressError(f"--api {api!r}: use unix:///absolute/path")
     if not api:
         raise AddressError("--api is empty: give unix:///path or host:port")
+    if not api.isprintable() or any(c.isspace() for c in api):
+        raise AddressError(f"--api {api!r}: a gRPC target has no spaces or control characters")
+    if api.startswith("tcp://"):
+        host, port = _host_port(api[len("tcp://"):])
+        if not host or port is None:
+            raise AddressError(f"--api {api!r}: use tcp://host:port with a port in 1..{MAX_PORT}")
+        return f"{host}:{port}"
+    if api.startswith("unix://") and not api.startswith("unix:///"):
+        raise AddressError(f"--api {api!r}: use unix:///absolute/path")
     return api
+
+
+def _host_port(text: str) -> tuple[str, int | None]:
+    """`host:port` split; the port is None unless it is a number in 0..MAX_PORT."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or int(port) > MAX_PORT:
+        return host, None
+    return host, int(port)
 
 
 @dataclass(frozen=True)
@@ -82,9 +133,14 @@ class TLSFiles:
             if path is None:
                 return None
             try:
-                return path.read_bytes()
+                if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block, /dev/zero never end
+                    raise AddressError(f"{flag} {path}: not a regular file; give a PEM file")
+                content = path.read_bytes()
             except OSError as err:
                 raise AddressError(f"{flag} {path}: {err.strerror}") from err
+            if b"-----BEGIN " not in content:
+                raise AddressError(f"{flag} {path}: not a PEM file (no -----BEGIN line)")
+            return content
 
         return read(self.key, "--tls-key"), read(self.cert, "--tls-crt"), read(self.ca, "--tls-ca")
 

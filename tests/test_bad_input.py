@@ -10,10 +10,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
 from kpng_py.api import localv1 as L
 from kpng_py.client import ClientConfig
+from kpng_py.limits import MAX_ENDPOINT_IPS, Limits
 from kpng_py.metrics import Metrics
 from kpng_py.server import Reply
 from kpng_py.skips import Skips
@@ -29,6 +31,7 @@ from tests.streams.build import (
     set_service,
     sync,
 )
+from tests.support.hostile import Abort, RawBrain, Stall, Step
 from tests.support.watch import RecordingSink, ScriptedSource, run_client, start
 
 KEEP = "default/keep:http"
@@ -43,6 +46,19 @@ def pod(*ips: str, overrides=(("http", 8080),)) -> L.Endpoint:
     return endpoint(list(ips), overrides=overrides)
 
 
+def dual(name: str, v6: str, ns: str = "default") -> L.Service:
+    return service(name, ns=ns, v6=[v6], ports=[port("http", 80, target=8080)])
+
+
+def with_ips(name: str, v4: str, **ips: list[str]) -> L.Service:
+    """A service whose external or load-balancer IPs are given."""
+    svc = web(name, v4=[v4])
+    for field, values in ips.items():
+        getattr(svc.IPs, field).V4.extend(v for v in values if ":" not in v)
+        getattr(svc.IPs, field).V6.extend(v for v in values if ":" in v)
+    return svc
+
+
 def ep_raw(ips: L.IPSet, overrides=(("http", 8080),)) -> L.Endpoint:
     """An endpoint whose IPs are given as they arrive (families unchecked)."""
     return L.Endpoint(IPs=ips, PortOverrides=[L.PortName(Name=n, Port=p) for n, p in overrides],
@@ -55,11 +71,42 @@ class Case:
     reason: str
     # What the state holds afterwards, besides KEEP (unchanged) and FRESH.
     also: dict[str, list[str]] | None = None
+    limits: Limits = Limits()
 
 
 # The second endpoint of KEEP is served, without what was wrong in it (a bad
 # override falls back to the numeric targetPort).
 BOTH_KEEP = {KEEP: ["10.244.0.5:8080", "10.244.0.6:8080"]}
+
+# One of each class no service or endpoint may use.
+SPECIAL_IPS = {
+    "the unspecified IPv4 address": "0.0.0.0",
+    "the unspecified IPv6 address": "::",
+    "an IPv4 loopback address": "127.0.0.53",
+    "the IPv6 loopback address": "::1",
+    "the IPv4 metadata address (link-local)": "169.254.169.254",
+    "an IPv6 link-local address": "fe80::1",
+    "an IPv4 multicast address": "224.0.0.251",
+    "an IPv6 multicast address": "ff02::fb",
+    "the IPv4 limited broadcast address": "255.255.255.255",
+}
+
+
+def _special_cases() -> dict[str, Case]:
+    cases = {}
+    for what, ip in SPECIAL_IPS.items():
+        v6 = ":" in ip
+        cases[f"{what} as a ClusterIP"] = Case(
+            (set_service(service("bad", v4=[] if v6 else [ip], v6=[ip] if v6 else [],
+                                 ports=[port("http", 80, target=8080)])),), "special-ip")
+        ips = L.IPSet(V4=["10.244.0.6"] + ([] if v6 else [ip]), V6=[ip] if v6 else [])
+        cases[f"{what} as an endpoint IP"] = Case(
+            (set_endpoint("default", "keep", "k1", ep_raw(ips)),), "special-ip", BOTH_KEEP)
+    return cases
+
+
+def _many_ips(count: int) -> L.Endpoint:
+    return pod(*(f"10.244.{i // 250}.{i % 250 + 1}" for i in range(count)))
 
 CASES = {
     "garbage bytes for a new service": Case(
@@ -132,6 +179,51 @@ CASES = {
         (set_service(web("sticky", v4=["10.96.0.13"], ClientIP=L.ClientIPAffinity(
             TimeoutSeconds=90000))),),
         "bad-affinity", {"default/sticky:http": []}),
+    # Canonical addresses only: another spelling of keep's VIP is refused.
+    "keep's ClusterIP IPv4-mapped, in the IPv6 list": Case(
+        (set_service(dual("intruder", "::ffff:10.96.0.10", ns="aaa")),), "bad-ip"),
+    "keep's ClusterIP IPv4-mapped, in the IPv4 list": Case(
+        (set_service(web("intruder", v4=["::ffff:10.96.0.10"])),), "bad-ip"),
+    "a ClusterIP with a scope id": Case(
+        (set_service(dual("scoped", "fd00::1%eth0")),), "bad-ip"),
+    "an endpoint IP with a scope id": Case(
+        (set_endpoint("default", "keep", "k1", ep_raw(L.IPSet(V4=["10.244.0.6"],
+                                                              V6=["fd00::6%a"]))),),
+        "bad-ip", BOTH_KEEP),
+    "an IPv4-mapped endpoint IP": Case(
+        (set_endpoint("default", "keep", "k1", ep_raw(L.IPSet(V4=["10.244.0.6"],
+                                                              V6=["::ffff:10.244.0.6"]))),),
+        "bad-ip", BOTH_KEEP),
+    "a second IPv4 ClusterIP": Case(
+        (set_service(web("two", v4=["10.96.0.14", "10.96.0.15"])),), "bad-ip",
+        {"default/two:http": []}),
+    **_special_cases(),
+    "a special external IP": Case(
+        (set_service(with_ips("ext", "10.96.0.14", ExternalIPs=["127.0.0.1"])),),
+        "special-ip", {"default/ext:http": []}),
+    "a special load-balancer IP": Case(
+        (set_service(with_ips("lb", "10.96.0.14", LoadBalancerIPs=["::"])),),
+        "special-ip", {"default/lb:http": []}),
+    # keep claimed 10.96.0.10:80/TCP first: it keeps it, though "aaa" sorts first.
+    "keep's frontend claimed by a service of another namespace": Case(
+        (set_service(web("intruder", ns="aaa")),), "frontend-conflict"),
+    "two ports of one service on one frontend": Case(
+        (set_service(web("twin", v4=["10.96.0.14"], ports=[
+            port("web", 80, target=8080), port("http", 80, target=8080)])),),
+        "frontend-conflict", {"default/twin:http": []}),
+    "an endpoint with more addresses than Kubernetes allows": Case(
+        (set_endpoint("default", "keep", "k1", _many_ips(MAX_ENDPOINT_IPS + 1)),), "limit"),
+    "a service over --max-service-ports": Case(
+        (set_service(web("many", v4=["10.96.0.14"], ports=[
+            port(f"p{i}", 80 + i, target=8080) for i in range(3)])),),
+        "limit", limits=Limits(max_service_ports=2)),
+    "a service growing over --max-service-endpoints": Case(
+        (set_endpoint("default", "keep", "k1", pod("10.244.0.6", "10.244.0.8")),),
+        "limit", limits=Limits(max_service_endpoints=2)),
+    "a service that would bring the node over --max-endpoints": Case(
+        (set_service(web("huge", v4=["10.96.0.14"])),
+         set_endpoint("default", "huge", "h0", pod("10.244.0.8", "10.244.0.9"))),
+        "limit", limits=Limits(max_endpoints=3)),
 }
 
 
@@ -161,7 +253,7 @@ def test_one_line_one_count_and_the_rest_applied(name: str,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     case = CASES[name]
     metrics = Metrics()
-    state = NodeState(Skips(metrics))
+    state = NodeState(Skips(metrics), case.limits)
     state.apply(_base())
     before = state.service_ports()
     assert _skipped(metrics) == {}
@@ -219,14 +311,33 @@ def _watch(replies: list[Reply], tmp_path: Path, caplog: pytest.LogCaptureFixtur
     returns what it applied and the warnings it logged."""
     source = ScriptedSource(replies)
     server, target = start(source, tmp_path)
-    sink = RecordingSink(source)
-    sink.stop_after = 1
     try:
-        with caplog.at_level(logging.WARNING, logger="kpng_py"):
-            run_client(ClientConfig(target, "n", error_delay=0.05, **config), sink, 20, metrics)
+        return _watch_target(target, RecordingSink(source), caplog, metrics, 1, **config)
     finally:
         server.stop(0)
-    return sink, [r for r in caplog.records if r.name.startswith("kpng_py")]
+
+
+def _watch_raw(replies: list[list[Step]], tmp_path: Path, caplog: pytest.LogCaptureFixture,
+               metrics: Metrics, changesets: int = 1,
+               **config) -> tuple[RawBrain, RecordingSink, list[logging.LogRecord]]:
+    """`_watch` against a brain that sends raw bytes, until `changesets`."""
+    brain = RawBrain(replies)
+    target = brain.start(tmp_path / "raw.sock")
+    try:
+        return brain, *_watch_target(target, RecordingSink(), caplog, metrics, changesets, **config)
+    finally:
+        brain.stop()
+
+
+def _watch_target(target: str, sink: RecordingSink, caplog: pytest.LogCaptureFixture,
+                  metrics: Metrics, changesets: int,
+                  **config) -> tuple[RecordingSink, list[logging.LogRecord]]:
+    sink.stop_after = changesets
+    with caplog.at_level(logging.WARNING, logger="kpng_py"):
+        run_client(ClientConfig(target, "n", error_delay=0.05, **config), sink, 20, metrics)
+    # Only warnings: a logging set-up left by an earlier test may let info through.
+    return sink, [r for r in caplog.records
+                  if r.name.startswith("kpng_py") and r.levelno >= logging.WARNING]
 
 
 def _paths(changesets: list[list[L.OpItem]]) -> list[list[str]]:
@@ -258,4 +369,79 @@ def test_a_message_over_the_size_limit_gets_one_line_and_one_count(
     sink, warnings = _watch([oversized, whole], tmp_path, caplog, metrics, max_msg_size=4096)
     assert len(warnings) == 1 and "raise --max-msg-size" in warnings[0].kpng_fields["error"]
     assert _skipped(metrics) == {"oversized-message": 1}
+    assert _paths(sink.changesets) == [["default/fresh"]]
+
+
+def test_an_undecodable_message_is_one_bad_op_and_the_stream_goes_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Not an OpItem at all (a Set whose length runs past the message): one
+    bad-op skip; the ops around it are applied, and so are later change sets
+    of the same stream."""
+    metrics = Metrics()
+    first = [reset(), b"\x12\xff", set_service(web("fresh")), sync()]
+    second = [set_service(web("later", v4=["10.96.0.12"])), sync()]
+    brain, sink, warnings = _watch_raw([first, second], tmp_path, caplog, metrics, changesets=2)
+    assert len(warnings) == 1 and warnings[0].kpng_fields["reason"] == "bad-op"
+    assert "message 2 of a change set" in warnings[0].getMessage()
+    assert _skipped(metrics) == {"bad-op": 1}
+    assert _paths(sink.changesets) == [["default/fresh"], ["default/later"]]
+    assert sink.errors == [] and brain.streams == 1
+
+
+def test_a_resource_exhausted_status_from_the_brain_is_reported_as_the_brains(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Only grpcio's own limit is an oversized message with advice to raise
+    --max-msg-size; the brain's status is what it says."""
+    metrics = Metrics()
+    refused = [reset(), set_service(web("lost")), Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "quota")]
+    whole = [reset(), set_service(web("fresh")), sync()]
+    _, sink, warnings = _watch_raw([refused, whole], tmp_path, caplog, metrics)
+    assert len(warnings) == 1
+    error = warnings[0].kpng_fields["error"]
+    assert "the brain answered RESOURCE_EXHAUSTED: quota" in error and "--max-msg-size" not in error
+    assert _skipped(metrics) == {"incomplete-changeset": 1}
+    assert _paths(sink.changesets) == [["default/fresh"]]
+
+
+def test_a_change_set_that_stalls_is_dropped_and_retried(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Ops stop coming before the Sync: after --changeset-stall-timeout the
+    stream is dropped (one line, one count) and the next one applies."""
+    metrics = Metrics()
+    stalled = [reset(), set_service(web("lost")), Stall()]
+    whole = [reset(), set_service(web("fresh")), sync()]
+    _, sink, warnings = _watch_raw([stalled, whole], tmp_path, caplog, metrics,
+                                   changeset_stall_timeout=0.3)
+    assert len(warnings) == 1 and "--changeset-stall-timeout" in warnings[0].kpng_fields["error"]
+    assert _skipped(metrics) == {"incomplete-changeset": 1}
+    assert _paths(sink.changesets) == [["default/fresh"]]
+    assert sink.started == 2  # each change set was seen starting
+
+
+def test_a_quiet_brain_between_change_sets_is_not_a_stall(tmp_path: Path) -> None:
+    """The deadline is only inside a change set: a brain with nothing new to
+    say keeps its stream."""
+    brain = RawBrain([[reset(), set_service(web("fresh")), sync()]])
+    target = brain.start(tmp_path / "raw.sock")
+    sink = RecordingSink()
+    try:
+        run_client(ClientConfig(target, "n", changeset_stall_timeout=0.1), sink, 1.5)
+    finally:
+        brain.stop()
+    assert _paths(sink.changesets) == [["default/fresh"]]
+    assert sink.errors == [] and brain.streams == 1
+
+
+def test_a_change_set_over_max_changeset_size_is_dropped_with_one_line_and_one_count(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A brain that never Syncs cannot make the client buffer without limit."""
+    metrics = Metrics()
+    big = [web(f"big-{i}", Annotations={"filler": "x" * 1000}) for i in range(5)]
+    endless = [reset(), *(set_service(svc) for svc in big), Stall()]
+    whole = [reset(), set_service(web("fresh")), sync()]
+    _, sink, warnings = _watch_raw([endless, whole], tmp_path, caplog, metrics,
+                                   max_changeset_size=3000)
+    assert len(warnings) == 1 and "--max-changeset-size" in warnings[0].kpng_fields["error"]
+    assert warnings[0].kpng_fields["reason"] == "oversized-changeset"
+    assert _skipped(metrics) == {"oversized-changeset": 1}
     assert _paths(sink.changesets) == [["default/fresh"]]

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
 from pathlib import Path
 
 import pytest
 
 from kpng_py.cli import build_parser, main
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    """main() points the root logger at this test's captured stderr; later
+    tests must not log into a closed stream (nor at its level)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str]:
@@ -62,3 +76,85 @@ def test_a_file_that_is_not_a_recording(capsys: pytest.CaptureFixture, tmp_path:
     bad.write_text('{"format": "kpng-py-recording", "version": 1}\n{"op": {"Nope": {}}}\n')
     code, out = run(capsys, "replay", "-i", str(bad), "to-api", "--listen", f"unix://{tmp_path}/s")
     assert code == 2 and f"{bad}:2: not an OpItem" in out
+
+
+# Hostile values for every flag of every command (the backends' own flags are
+# their modules' tests). Placeholders: {dir} a directory, {fifo} a FIFO nobody
+# writes or reads, {missing} a path that does not exist, {text} a file that is
+# not what the flag wants, {busy} a TCP port something listens on.
+DURATIONS = ["", "x", "-1", "0", "nan", "inf", "-inf", "1e400", "1e12"]
+CLIENT_DURATIONS = ["--error-delay", "--max-error-delay", "--keepalive-time",
+                    "--keepalive-timeout", "--changeset-stall-timeout"]
+COUNTS = ["", "x", "-1", "1.5", "nan", "\u00b2"]
+SIZES = ["", "x", "0", "-1", "1.5M", "nan", "4T", "\u00b2"]
+LIMITS = ["--max-service-ports", "--max-service-endpoints", "--max-endpoints"]
+FILES = ["{dir}", "{fifo}", "{missing}", "/dev/zero", "{text}"]
+LOCAL = ["local", "--api", "unix:///nonexistent.sock"]
+TO_LOCAL = ["file", "-i", "{missing}", "to-local"]
+REPLAY = ["replay", "-i", "{missing}", "to-api"]
+HOSTILE = [
+    *[(LOCAL[:1], ["--api", api], ["to-print"])
+      for api in ["", " ", "unix://rel.sock", "tcp://", "tcp://:1", "tcp://h:99999", "a\nb"]],
+    *[(LOCAL, [flag, value], ["to-print"]) for flag in CLIENT_DURATIONS for value in DURATIONS],
+    *[(LOCAL, ["--healthz-timeout", value], ["to-print"]) for value in DURATIONS],
+    *[(LOCAL, ["--max-msg-size", value], ["to-print"]) for value in SIZES + ["3G", "2G"]],
+    *[(LOCAL, ["--max-changeset-size", value], ["to-print"]) for value in SIZES[:-2]],
+    *[(LOCAL, ["--exit-after", value], ["to-print"]) for value in COUNTS],
+    *[(LOCAL, [flag, value], ["to-print"]) for flag in LIMITS for value in COUNTS + ["0"]],
+    *[(LOCAL, ["--node-name", value], ["to-print"]) for value in ["", "x" * 300, "a\nb"]],
+    *[(LOCAL, [flag, value], ["to-print"])
+      for flag in ["--healthz-bind-address", "--metrics-bind-address"]
+      for value in ["x", ":99999", "1.2.3.4", "::::"]],
+    *[(LOCAL, ["--tls-ca", value], ["to-print"]) for value in FILES],
+    *[(LOCAL, ["--tls-key", value, "--tls-crt", "{pem}"], ["to-print"]) for value in FILES],
+    *[(["record", "--api", "unix:///nonexistent.sock"], ["-o", value], [])
+      for value in ["{dir}", "{fifo}", "{missing}/out.jsonl", "{text}/out.jsonl"]],
+    *[(["replay"], ["-i", value], ["to-api", "--listen", "unix:///{dir}/s.sock"])
+      for value in FILES[:-1]],
+    *[(REPLAY, ["--listen", value], [])
+      for value in ["", "x", "unix://rel", "unix:///", "unix:///" + "x" * 120, "tcp://",
+                    "tcp://:99999", "tcp://:-1", "tcp://192.0.2.1:1", "tcp://{busy}",
+                    "tcp://nosuch.invalid:1"]],
+    *[(REPLAY, ["--tls-ca", value], []) for value in FILES],
+    *[(["file"], ["-i", value], ["to-api", "--listen", "unix:///{dir}/s.sock"])
+      for value in FILES[:-1]],
+    *[(["file", "-i", "{missing}"], ["--max-file-size", value], ["to-api"]) for value in SIZES],
+    *[(["file", "-i", "{missing}"], ["--settle", value], ["to-api"]) for value in DURATIONS],
+    *[(TO_LOCAL, ["--node-name", value], ["to-print"]) for value in ["", "x" * 300]],
+    *[(TO_LOCAL, ["--exit-after", value], ["to-print"]) for value in COUNTS],
+    *[(TO_LOCAL, [flag, "0"], ["to-print"]) for flag in LIMITS],
+    *[(TO_LOCAL, ["--healthz-timeout", value], ["to-print"]) for value in DURATIONS],
+    ([], ["--log-format", "xml"], ["local"]),
+]
+
+
+@pytest.fixture
+def hostile_paths(tmp_path: Path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    text = tmp_path / "text"
+    text.write_text("not what any flag wants\n")
+    pem = tmp_path / "pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----\n")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        yield {"dir": str(tmp_path), "fifo": str(fifo), "missing": str(tmp_path / "missing"),
+               "text": str(text), "pem": str(pem), "busy": "127.0.0.1:%d" % busy.getsockname()[1]}
+
+
+@pytest.mark.parametrize("command, flag, rest", HOSTILE,
+                         ids=[" ".join(c + f + r) for c, f, r in HOSTILE])
+def test_a_hostile_value_is_one_clear_error(capsys: pytest.CaptureFixture, hostile_paths,
+                                            command, flag, rest) -> None:
+    """Exit code 2, one error line naming the flag (or, for -i and -o, the
+    path given), and no traceback."""
+    argv = [arg.format(**hostile_paths) for arg in command + flag + rest]
+    code, out = run(capsys, *argv)
+    errors = [line for line in out.splitlines() if "error:" in line]
+    name, value = flag[0], flag[1].format(**hostile_paths)
+    assert code == 2, out
+    assert "Traceback" not in out
+    assert len(errors) == 1 and "unrecognized arguments" not in errors[0], out
+    given_file = name in ("-i", "-o") and value.removesuffix("/out.jsonl") in errors[0]
+    assert name in errors[0] or given_file, out

@@ -3,6 +3,8 @@ backoff, stop, node name, and TLS."""
 
 from __future__ import annotations
 
+import logging
+import random
 import subprocess
 import threading
 import time
@@ -46,10 +48,75 @@ def test_reconnects_with_doubling_backoff(tmp_path: Path) -> None:
 
 
 def test_backoff_doubles_up_to_its_cap_and_resets() -> None:
-    backoff = Backoff(1.0, 5.0)
+    backoff = Backoff(1.0, 5.0, random_unit=lambda: 0.0)
     assert [backoff.next() for _ in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
     backoff.reset()
     assert backoff.next() == 1.0
+
+
+def test_backoff_jitter_only_lengthens_a_delay_by_less_than_a_quarter() -> None:
+    """--error-delay stays the shortest delay; clients of one brain spread out."""
+    longest = Backoff(1.0, 4.0, random_unit=lambda: 1 - 1e-12)
+    assert [round(longest.next(), 6) for _ in range(4)] == [1.25, 2.5, 5.0, 5.0]
+    units = random.Random(12)
+    delays = [Backoff(1.0, 1.0, random_unit=units.random).next() for _ in range(1000)]
+    assert all(1.0 <= d < 1.25 for d in delays)
+    assert len({round(d, 3) for d in delays}) > 100  # spread, not one value
+
+
+def applied_then_failed(streams: int) -> list[Reply]:
+    """Each stream applies its full state, then fails at the next WatchReq."""
+    return [reply for _ in range(streams)
+            for reply in (changeset("a"), Reply((), close_reason="UNAVAILABLE: test"))]
+
+
+def watch_retries(replies: list[Reply], sink: RecordingSink, changesets: int, tmp_path: Path,
+                  caplog: pytest.LogCaptureFixture, **client_args) -> list[float]:
+    """The retry delays a client logs until it applied `changesets`; no jitter."""
+    sink.source = ScriptedSource(replies)
+    server, target = start(sink.source, tmp_path)
+    sink.stop_after = changesets
+    config = ClientConfig(target, "n", error_delay=0.05, max_error_delay=0.2)
+    try:
+        with caplog.at_level(logging.INFO, logger="kpng_py.client"):
+            run_client(config, sink, 30, random_unit=lambda: 0.0, **client_args)
+    finally:
+        server.stop(0)
+    assert len(sink.changesets) == changesets
+    return [r.kpng_fields["retry_in_s"] for r in caplog.records
+            if r.getMessage() == "reconnecting to the brain"]
+
+
+def test_a_stream_that_fails_soon_after_its_full_state_does_not_reset_the_backoff(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """As a brain that sends something the client cannot take later in every
+    stream: the retries (each a full resync) slow down to --max-error-delay."""
+    delays = watch_retries(applied_then_failed(5), RecordingSink(), 5, tmp_path, caplog)
+    assert delays == [0.05, 0.1, 0.2, 0.2]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_stream_that_stayed_up_resets_the_backoff(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Up for --max-error-delay after its full state (the clock is moved on
+    while each change set is applied): the next retry is --error-delay again."""
+    clock = FakeClock()
+
+    class AgingSink(RecordingSink):
+        def on_changeset(self, ops):
+            clock.now += 0.2
+            super().on_changeset(ops)
+
+    replies = [Reply((), close_reason="UNAVAILABLE: before")] * 2 + applied_then_failed(3)
+    delays = watch_retries(replies, AgingSink(), 3, tmp_path, caplog, clock=clock)
+    assert delays == [0.05, 0.1, 0.05, 0.05]
 
 
 def test_reconnects_when_no_brain_is_listening_yet(tmp_path: Path) -> None:

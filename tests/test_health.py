@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
+import io
 import json
+import threading
 import urllib.error
 import urllib.request
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 
-from kpng_py.health import BindAddress, SyncHealth, serve_healthz, serve_metrics
+from kpng_py.api import localv1 as L
+from kpng_py.backend import ChangeSetApplier
+from kpng_py.client import ClientConfig, WatchClient
+from kpng_py.health import (
+    BindAddress, HealthSink, Observability, SyncHealth, serve_healthz, serve_metrics,
+)
 from kpng_py.metrics import Metrics
+from kpng_py.print_backend import PrintBackend
+from kpng_py.runner import ApplierSink
+from kpng_py.server import Reply
+from kpng_py.skips import Skips
+from kpng_py.state import NodeState
+from tests.streams.build import port, reset, service, set_service, sync
+from tests.support.watch import ScriptedSource, changeset, start
+
+TIMEOUT = 60
+WAIT = 30.0  # liveness bound: generous, the machine is shared
 
 
 class Clock:
@@ -20,72 +40,232 @@ class Clock:
         return self.now
 
 
-def test_health_follows_the_pipeline() -> None:
-    clock = Clock()
-    health = SyncHealth(timeout=60, clock=clock)
-    assert health.status()[0] is False  # nothing applied yet
-    health.apply_started()
-    health.apply_finished()
-    healthy, body = health.status()
-    assert healthy and body["lastUpdated"] == "2023-11-14T22:13:20Z" and body["nodeEligible"]
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
 
+
+@pytest.fixture
+def health(clock: Clock) -> SyncHealth:
+    """Health of a dataplane that has been programmed once."""
+    health = SyncHealth(timeout=TIMEOUT, clock=clock)
+    health.changeset_started()
+    health.changeset_applied()
+    return health
+
+
+def healthy(health: SyncHealth) -> bool:
+    return health.status()[0]
+
+
+def test_healthy_once_programmed_and_while_nothing_is_pending(clock: Clock) -> None:
+    health = SyncHealth(timeout=TIMEOUT, clock=clock)
+    assert not healthy(health)  # nothing applied yet
+    clock.now += 3600
+    assert not healthy(health)
+    health.changeset_started()
+    health.changeset_applied()
+    ok, body = health.status()
+    assert ok and body == {"lastUpdated": "2023-11-14T23:13:20Z",
+                           "currentTime": "2023-11-14T23:13:20Z", "nodeEligible": True}
     clock.now += 3600  # idle for an hour with the brain connected: still current
-    assert health.status()[0]
+    assert healthy(health)
 
-    health.apply_started()  # a change set stuck in the dataplane
-    clock.now += 59
-    assert health.status()[0]
+
+def test_a_changeset_that_never_syncs_turns_stale(health: SyncHealth, clock: Clock) -> None:
+    health.changeset_started()  # ops arrive, their Sync does not
+    clock.now += TIMEOUT - 1
+    assert healthy(health)
     clock.now += 2
-    assert health.status()[0] is False
-    health.apply_finished()
-    assert health.status()[0]
+    assert not healthy(health)
+    health.changeset_applied()
+    assert healthy(health)
 
-    health.brain_lost()  # the brain is gone: stale after the timeout
+
+def test_a_failed_apply_stays_pending_until_a_retry_succeeds(health: SyncHealth,
+                                                             clock: Clock) -> None:
+    last_updated = health.status()[1]["lastUpdated"]
+    health.changeset_started()
+    clock.now += 30
+    health.changeset_failed()  # the oldest moment, the change set's start, counts
+    clock.now += 31
+    ok, body = health.status()
+    assert not ok and body["lastUpdated"] == last_updated
+    health.changeset_started()  # the next change set starting does not restart the clock
+    health.changeset_failed()
+    assert not healthy(health)
+    health.reconciled()
+    ok, body = health.status()
+    assert ok and body["lastUpdated"] == body["currentTime"]
+
+
+def test_a_lost_brain_turns_stale_until_a_changeset_is_applied(health: SyncHealth,
+                                                               clock: Clock) -> None:
+    health.brain_lost()
     clock.now += 30
     health.brain_lost()  # a second failed reconnect does not restart the clock
+    health.changeset_started()  # reconnected: the new stream's first change set arrives
     clock.now += 31
-    assert health.status()[0] is False
-    health.apply_started()  # reconnected: the new stream's first change set
-    health.apply_finished()
-    assert health.status()[0]
+    assert not healthy(health)
+    health.changeset_applied()
+    assert healthy(health)
 
 
-def get(url: str) -> tuple[int, str]:
+def test_a_reconcile_does_not_hide_a_lost_brain(health: SyncHealth, clock: Clock) -> None:
+    health.changeset_started()
+    health.changeset_failed()
+    clock.now += 10
+    health.brain_lost()
+    health.reconciled()  # the dataplane holds what is known, but the brain is still gone
+    clock.now += TIMEOUT - 9
+    assert not healthy(health)
+    health.changeset_started()
+    health.changeset_applied()
+    assert healthy(health)
+
+
+def test_a_failed_changeset_from_a_new_stream_ends_the_outage_once_reconciled(
+        health: SyncHealth, clock: Clock) -> None:
+    health.brain_lost()
+    health.changeset_started()
+    health.changeset_failed()  # the brain is back, the dataplane is not current yet
+    health.reconciled()
+    clock.now += TIMEOUT + 1
+    assert healthy(health)
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def on_changeset_started(self) -> None:
+        self.calls.append("started")
+
+    def on_changeset(self, ops: list[L.OpItem]) -> None:
+        self.calls.append(f"changeset of {len(ops)}")
+
+    def on_stream_error(self, reason: str, partial: list[L.OpItem]) -> None:
+        self.calls.append(f"error {reason}")
+
+
+@pytest.mark.parametrize("arrive", [
+    lambda sink: sink.on_changeset_started(),  # the watch client: ops came, no Sync yet
+    lambda sink: sink.on_changeset([reset(), sync()]),  # an in-process source's change set
+    lambda sink: sink.on_stream_error("UNAVAILABLE: gone", []),
+], ids=["started", "changeset", "stream-error"])
+def test_the_sink_marks_what_arrives_as_pending(arrive: Callable[[HealthSink], None],
+                                                health: SyncHealth, clock: Clock) -> None:
+    sink = Sink()
+    arrive(HealthSink(sink, health))
+    assert len(sink.calls) == 1  # passed on
+    clock.now += TIMEOUT + 1
+    assert not healthy(health)  # pending until the applier reports the dataplane current
+
+
+def get(url: str) -> tuple[int, str, str]:
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.headers["Content-Type"], response.read().decode()
     except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
+        return err.code, err.headers["Content-Type"], err.read().decode()
+
+
+@pytest.fixture
+def cleanup() -> Iterator[ExitStack]:
+    with ExitStack() as stack:
+        yield stack
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
-def test_healthz_over_http(host: str) -> None:
-    health = SyncHealth(timeout=60)
-    port = serve_healthz(BindAddress(host, 0), health)
-    base = f"http://{'[::1]' if ':' in host else host}:{port}"
-    status, body = get(f"{base}/healthz")
-    assert status == 503 and json.loads(body)["lastUpdated"] == ""
-    health.apply_started()
-    health.apply_finished()
-    status, body = get(f"{base}/healthz")
+def test_healthz_over_http(host: str, clock: Clock, cleanup: ExitStack) -> None:
+    health = SyncHealth(timeout=TIMEOUT, clock=clock)
+    server = serve_healthz(BindAddress(host, 0), health, Metrics())
+    cleanup.callback(server.close)
+    base = f"http://{'[::1]' if ':' in host else host}:{server.port}"
+    status, content_type, body = get(f"{base}/healthz")
+    assert (status, content_type) == (503, "application/json")
+    assert json.loads(body)["lastUpdated"] == ""
+    health.changeset_started()
+    health.changeset_applied()
+    status, _, body = get(f"{base}/healthz")
     assert status == 200 and set(json.loads(body)) == {"lastUpdated", "currentTime", "nodeEligible"}
+    health.brain_lost()
+    clock.now += TIMEOUT + 1
+    assert get(f"{base}/healthz")[0] == 503
+    assert get(f"{base}/livez")[0] == 503
     assert get(f"{base}/nope")[0] == 404
 
 
-def test_metrics_over_http() -> None:
+def test_metrics_over_http(cleanup: ExitStack) -> None:
     metrics = Metrics()
     metrics.sync_duration.observe(0.01)
     metrics.skipped.labels("headless").inc()
-    port = serve_metrics(BindAddress("127.0.0.1", 0), metrics)
-    status, body = get(f"http://127.0.0.1:{port}/metrics")
-    assert status == 200
+    server = serve_metrics(BindAddress("127.0.0.1", 0), metrics)
+    cleanup.callback(server.close)
+    status, content_type, body = get(f"http://127.0.0.1:{server.port}/metrics")
+    assert status == 200 and content_type == "text/plain; version=0.0.4; charset=utf-8"
     for name in ("kubeproxy_sync_proxy_rules_duration_seconds_bucket",
                  "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
                  "kubeproxy_sync_proxy_rules_endpoint_changes_total",
                  "kubeproxy_sync_proxy_rules_service_changes_total",
                  "kpng_py_brain_connected", "kpng_py_brain_reconnects_total",
+                 "kpng_py_apply_retries_total",
                  'kpng_py_skipped_total{reason="headless"} 1.0'):
         assert name in body, name
+    assert get(f"http://127.0.0.1:{server.port}/")[0] == 404
+
+
+def test_a_port_in_use_is_logged_and_counted_not_fatal(
+        cleanup: ExitStack, caplog: pytest.LogCaptureFixture) -> None:
+    taken = serve_metrics(BindAddress("127.0.0.1", 0), Metrics())
+    cleanup.callback(taken.close)
+    metrics = Metrics()
+    in_use = BindAddress("127.0.0.1", taken.port)
+    health = Observability(healthz=in_use, metrics=in_use).start(metrics)
+    assert isinstance(health, SyncHealth)
+    for name in ("healthz", "metrics"):
+        assert metrics.dataplane_errors.labels(f"{name}-bind")._value.get() == 1
+        assert f"set --{name}-bind-address to a free address" in caplog.text
+
+
+class StartWatcher(ApplierSink):
+    """The runner's sink, telling the test when a change set starts arriving."""
+
+    def __init__(self, applier: ChangeSetApplier) -> None:
+        super().__init__(applier)
+        self.started = threading.Semaphore(0)
+
+    def on_changeset_started(self) -> None:
+        super().on_changeset_started()
+        self.started.release()
+
+
+def test_healthz_sees_a_changeset_whose_sync_never_comes_over_a_real_stream(
+        tmp_path: Path, clock: Clock, cleanup: ExitStack) -> None:
+    dns = service("dns", v4=["10.96.0.53"], ports=[port("dns", 53, L.UDP)])
+    source = ScriptedSource([changeset("web"), Reply((set_service(dns),))])  # no Sync
+    server, target = start(source, tmp_path)
+    cleanup.callback(server.stop, 0)
+    metrics = Metrics()
+    health = SyncHealth(timeout=TIMEOUT, clock=clock)
+    applier = ChangeSetApplier(PrintBackend(io.StringIO()), NodeState(Skips(metrics)), metrics,
+                               listener=health)
+    cleanup.callback(applier.close)
+    inner = StartWatcher(applier)
+    client = WatchClient(ClientConfig(target, "n"), HealthSink(inner, health), metrics)
+    watching = threading.Thread(target=client.run, daemon=True)
+    watching.start()
+    cleanup.callback(watching.join, WAIT)
+    cleanup.callback(client.stop)
+    probe = serve_healthz(BindAddress("127.0.0.1", 0), health, metrics)
+    cleanup.callback(probe.close)
+
+    assert inner.started.acquire(timeout=WAIT)  # web's change set: applied
+    assert inner.started.acquire(timeout=WAIT)  # dns's Set, and no Sync after it
+    assert applier.syncs == 1 and get(f"http://127.0.0.1:{probe.port}/healthz")[0] == 200
+    clock.now += TIMEOUT + 1
+    assert get(f"http://127.0.0.1:{probe.port}/healthz")[0] == 503
+    assert applier.syncs == 1
 
 
 @pytest.mark.parametrize("text", ["10256", "host:", "a:b", "1.2.3.4:99999"])

@@ -1,11 +1,21 @@
-"""Logs: text or JSON lines with structured fields, one line per applied sync."""
+"""Logs: text or JSON lines with structured fields, one line per applied sync, and
+exactly one line per record whatever a name from the brain holds."""
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from kpng_py.logs import JsonFormatter, TextFormatter, fields
+from kpng_py.metrics import Metrics
+from kpng_py.skips import SkipReason, Skips
 
 
 KPNG_PY = Path(sys.executable).parent / "kpng-py"
@@ -56,3 +66,92 @@ def test_text_logs_and_verbosity(tmp_path: Path) -> None:
     verbose = to_local(tmp_path, "-v")
     assert any(" DEBUG kpng_py.backend: service port added service_port=default/web:http "
                "protocol=TCP endpoints=1" in line for line in verbose), verbose
+
+
+FORGED = "2024-01-01 00:00:00,000 WARNING kpng_py.skips: skipped service default/web: forged"
+HOSTILE_NAME = (f"service default/evil\n{FORGED}\r{FORGED}\u2028{FORGED}\u2029\x85{FORGED}"
+                "\x1b[2J\x7f\x00")
+
+
+@pytest.fixture
+def skip_log() -> Iterator[Callable[[logging.Formatter], list[str]]]:
+    """Lines a real skip of HOSTILE_NAME writes through a formatter."""
+    logger = logging.getLogger("kpng_py.skips")
+    handlers: list[logging.Handler] = []
+
+    def write(formatter: logging.Formatter) -> list[str]:
+        out = io.StringIO()
+        handler = logging.StreamHandler(out)
+        handler.setFormatter(formatter)
+        handlers.append(handler)
+        logger.addHandler(handler)
+        metrics = Metrics()
+        Skips(metrics).skip(SkipReason.BAD_PATH, HOSTILE_NAME, f"path {HOSTILE_NAME!r}\nx")
+        assert metrics.skipped.labels("bad-path")._value.get() == 1
+        return out.getvalue().splitlines()
+
+    yield write
+    for handler in handlers:
+        logger.removeHandler(handler)
+
+
+BREAKS = "\n\r\u2028\u2029\x85\x1b\x7f\x00"  # what must never reach a text log raw
+
+
+def test_a_newline_in_a_name_cannot_forge_a_text_line(skip_log) -> None:
+    (line,) = skip_log(TextFormatter())  # str.splitlines() breaks at every line separator
+    assert not any(c in line for c in BREAKS), repr(line)
+    assert " WARNING kpng_py.skips: skipped service default/evil\\n2024-01-01 00:00:00" in line
+    assert "\\r2024" in line and "\\u2028" in line and "\\x85" in line and "\\x1b[2J" in line
+    # The field value is quoted, its quotes and backslashes escaped.
+    assert ' object="service default/evil\\n2024-01-01 ' in line
+    assert line.endswith("\\x7f\\x00\"")
+
+
+def test_a_newline_in_a_name_stays_inside_its_json_line(skip_log) -> None:
+    (line,) = skip_log(JsonFormatter())
+    assert not any(c in line for c in BREAKS), repr(line)
+    record = json.loads(line)
+    assert record["object"] == HOSTILE_NAME and record["reason"] == "bad-path"
+    assert record["msg"].startswith(f"skipped {HOSTILE_NAME}: path ")
+
+
+def log_failure(formatter: logging.Formatter, **values: object) -> str:
+    logger = logging.Logger("test")
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(formatter)
+    logger.addHandler(handler)
+    try:
+        raise ValueError(f"bad name {HOSTILE_NAME}")
+    except ValueError:
+        logger.exception("apply failed", extra=fields(**values), stack_info=True)
+    return out.getvalue()
+
+
+def test_a_traceback_is_one_escaped_field_of_its_text_line() -> None:
+    text = log_failure(TextFormatter(), n=1)
+    (line,) = text.splitlines()
+    assert not any(c in line for c in BREAKS), repr(line)
+    assert " ERROR test: apply failed n=1 error=\"Traceback (most recent call last):\\n" in line
+    assert "ValueError: bad name service default/evil\\n2024" in line and " stack=\"" in line
+
+
+def test_a_traceback_stays_inside_its_json_line() -> None:
+    text = log_failure(JsonFormatter(), ratio=float("nan"), big=float("inf"), n=2, ok=True)
+    (line,) = text.splitlines()
+    record = json.loads(line)  # strict JSON: nan and inf are not numbers there
+    assert record["error"].endswith(f"ValueError: bad name {HOSTILE_NAME}")
+    assert "Stack (most recent call last)" in record["stack"]
+    assert (record["ratio"], record["big"], record["n"], record["ok"]) == ("nan", "inf", 2, True)
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    ("plain", "plain"), ("", '""'), ("a b", '"a b"'), ('a"b', '"a\\"b"'), ("a=b", '"a=b"'),
+    ("a\\b", '"a\\\\b"'), ("a\nb", '"a\\nb"'), ("a\tb", '"a\\tb"'), ("naïve", "naïve"),
+    (1.5, "1.5"), (None, "None"),
+])
+def test_text_field_values(value: object, text: str) -> None:
+    record = logging.LogRecord("x", logging.INFO, "f", 1, "m", None, None)
+    record.__dict__.update(fields(v=value))
+    assert TextFormatter().format(record).endswith(f" x: m v={text}")

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
+import logging
 
 import pytest
 
 from kpng_py.api import localv1 as L
 from kpng_py.decode import EndpointRecord
+from kpng_py.limits import Limits, add_limit_flags, limits_from_args
 from kpng_py.metrics import Metrics
 from kpng_py.model import ChangeSet, Protocol, ServicePort, ServicePortName
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState, resolve_endpoint_port
 from tests.streams.build import (
-    delete, endpoint, port, reset, service, set_endpoint, set_raw, set_service, sync,
+    SCENARIOS, delete, endpoint, port, reset, service, set_endpoint, set_raw, set_service, sync,
 )
 
 
@@ -26,8 +29,8 @@ def web(ips=("10.96.0.10",), **fields) -> L.Service:
     return service("web", v4=ips, ports=[port("http", 80, target=8080)], **fields)
 
 
-def pod(ip: str, **kw) -> L.Endpoint:
-    return endpoint([ip], overrides=[("http", 8080)], **kw)
+def pod(*ips: str, **kw) -> L.Endpoint:
+    return endpoint(list(ips), overrides=[("http", 8080)], **kw)
 
 
 def endpoints_of(changes: ChangeSet) -> dict[str, list[str]]:
@@ -72,7 +75,7 @@ def test_work_is_proportional_to_what_changed(monkeypatch: pytest.MonkeyPatch) -
     state, _ = new_state()
     ops = [reset()]
     for i in range(300):
-        ops.append(set_service(service(f"s{i}", v4=[f"10.96.1.{i % 250}"],
+        ops.append(set_service(service(f"s{i}", v4=[f"10.96.{i // 250}.{i % 250 + 1}"],
                                        ports=[port("http", 80, target=8080)])))
         ops.append(set_endpoint("default", f"s{i}", "p", pod(f"10.244.1.{i % 250}")))
     state.apply(ops + [sync()])
@@ -187,3 +190,222 @@ def test_duplicate_endpoints_resolve_the_same_whatever_order_they_came_in() -> N
         state.apply([reset(), set_service(web())] + [ops[key] for key in order] + [sync()])
         (sp,) = state.service_ports()
         assert [(str(e), e.local) for e in sp.endpoints] == [("10.244.0.5:8080", True)]
+
+
+# -- frontend ownership ---------------------------------------------------------
+
+def vip(name: str, v4=(), v6=(), ns: str = "default", number: int = 80) -> L.Service:
+    return service(name, ns=ns, v4=v4, v6=v6, ports=[port("http", number, target=8080)])
+
+
+def published(state: NodeState) -> dict[str, list[str]]:
+    """Each published service port with its ClusterIPs."""
+    return {str(p.name): [str(ip) for ip in p.cluster_ips] for p in state.service_ports()}
+
+
+def names(ports) -> list[str]:
+    return [str(p.name) for p in ports]
+
+
+def skipped(metrics: Metrics, reason: str) -> float:
+    return metrics.registry.get_sample_value("kpng_py_skipped_total", {"reason": reason}) or 0
+
+
+def test_the_issue_s_intruders_change_nothing() -> None:
+    """Issue 12: `::ffff:10.96.0.10` beside `10.96.0.10`, and `fd00::1%a` and
+    `%b` beside `fd00::1`, are refused; deleting the intruders and a Reset
+    with only the good state then change nothing."""
+    state, metrics = new_state()
+    keep = vip("keep", v4=["10.96.0.10"], v6=["fd00::1"])
+    good = [set_service(keep), set_endpoint("default", "keep", "k0", pod("10.244.0.5"))]
+    intruders = [set_service(vip("mapped", ns="other", v6=["::ffff:10.96.0.10"])),
+                 set_service(vip("scope-a", ns="other", v6=["fd00::1%a"])),
+                 set_service(vip("scope-b", ns="other", v6=["fd00::1%b"]))]
+    first = state.apply([reset(), *good, *intruders, sync()])
+    assert names(first.added) == ["default/keep:http"]
+    assert published(state) == {"default/keep:http": ["10.96.0.10", "fd00::1"]}
+    assert skipped(metrics, "bad-ip") == 3
+
+    gone = state.apply([delete(L.ServicesSet, f"other/{n}") for n in ("mapped", "scope-a",
+                                                                       "scope-b")] + [sync()])
+    assert len(gone) == 0
+    assert len(state.apply([reset(), *good, sync()])) == 0
+    assert published(state) == {"default/keep:http": ["10.96.0.10", "fd00::1"]}
+
+
+def test_a_waiting_claimant_takes_over_in_the_same_changeset() -> None:
+    state, metrics = new_state()
+    state.apply([reset(), set_service(vip("keep", v4=["10.96.0.10"])), sync()])
+    # "aaa" sorts before "default": keep owns the VIP because it claimed it first.
+    intruder = vip("intruder", ns="aaa", v4=["10.96.0.10"])
+    waits = state.apply([set_service(intruder), set_endpoint("aaa", "intruder", "i0",
+                                                              pod("10.244.0.9")), sync()])
+    assert len(waits) == 0 and skipped(metrics, "frontend-conflict") == 1
+    assert published(state) == {"default/keep:http": ["10.96.0.10"]}
+
+    # keep's own updates do not give the VIP away, nor report the intruder again
+    kept = state.apply([set_endpoint("default", "keep", "k0", pod("10.244.0.5")),
+                        set_service(vip("keep", v4=["10.96.0.10"], number=80)), sync()])
+    assert names(new for _, new in kept.updated) == ["default/keep:http"]
+    assert skipped(metrics, "frontend-conflict") == 1
+
+    taken = state.apply([delete(L.EndpointsSet, "default/keep/k0"),
+                         delete(L.ServicesSet, "default/keep"), sync()])
+    assert names(taken.removed) == ["default/keep:http"]
+    assert [(str(p.name), [str(e) for e in p.endpoints]) for p in taken.added] == [
+        ("aaa/intruder:http", ["10.244.0.9:8080"])]
+    assert published(state) == {"aaa/intruder:http": ["10.96.0.10"]}
+
+    # keep comes back: now it is the one that waits
+    back = state.apply([set_service(vip("keep", v4=["10.96.0.10"])), sync()])
+    assert len(back) == 0 and skipped(metrics, "frontend-conflict") == 2
+
+
+def test_an_owner_that_changes_its_clusterip_hands_the_old_one_over() -> None:
+    state, _ = new_state()
+    state.apply([reset(), set_service(vip("a", v4=["10.96.0.10"])),
+                 set_service(vip("b", v4=["10.96.0.10"])), sync()])
+    assert published(state) == {"default/a:http": ["10.96.0.10"]}
+    moved = state.apply([set_service(vip("a", v4=["10.96.0.11"])), sync()])
+    assert names(new for _, new in moved.updated) == ["default/a:http"]
+    assert names(moved.added) == ["default/b:http"]
+    assert published(state) == {"default/a:http": ["10.96.0.11"], "default/b:http": ["10.96.0.10"]}
+
+
+def test_a_port_is_published_with_the_clusterips_it_owns() -> None:
+    state, _ = new_state()
+    state.apply([reset(), set_service(vip("keep", v4=["10.96.0.10"])), sync()])
+    half = state.apply([set_service(vip("half", v4=["10.96.0.10"], v6=["fd00::1"])), sync()])
+    assert [[str(ip) for ip in p.cluster_ips] for p in half.added] == [["fd00::1"]]
+    assert [str(f) for p in state.claiming_ports() for f in p.frontends()] == [
+        "10.96.0.10:80/TCP", "[fd00::1]:80/TCP", "10.96.0.10:80/TCP"]
+    whole = state.apply([delete(L.ServicesSet, "default/keep"), sync()])
+    assert [([str(ip) for ip in old.cluster_ips], [str(ip) for ip in new.cluster_ips])
+            for old, new in whole.updated] == [(["fd00::1"], ["10.96.0.10", "fd00::1"])]
+
+
+def test_the_oldest_waiting_claim_takes_over_then_the_first_by_name() -> None:
+    state, _ = new_state()
+    state.apply([reset(), set_service(vip("owner", v4=["10.96.0.10"])), sync()])
+    state.apply([set_service(vip("zed", v4=["10.96.0.10"])), sync()])
+    state.apply([set_service(vip("bee", v4=["10.96.0.10"])),
+                 set_service(vip("ant", v4=["10.96.0.10"])), sync()])
+    for gone, heir in (("owner", "zed"), ("zed", "ant"), ("ant", "bee")):
+        changes = state.apply([delete(L.ServicesSet, f"default/{gone}"), sync()])
+        assert (names(changes.removed), names(changes.added)) == (
+            [f"default/{gone}:http"], [f"default/{heir}:http"])
+
+
+def test_in_one_full_state_ties_go_in_name_order_whatever_the_op_order() -> None:
+    ops = [set_service(vip("b", v4=["10.96.0.10"])), set_service(vip("a", v4=["10.96.0.10"]))]
+    for order in (ops, ops[::-1]):
+        state, _ = new_state()
+        state.apply([reset(), *order, sync()])
+        assert published(state) == {"default/a:http": ["10.96.0.10"]}
+
+
+def test_a_reconnect_keeps_the_owners(caplog: pytest.LogCaptureFixture) -> None:
+    state, metrics = new_state()
+    keep = set_service(vip("keep", v4=["10.96.0.10"]))
+    intruder = set_service(vip("intruder", ns="aaa", v4=["10.96.0.10"]))
+    state.apply([reset(), keep, sync()])
+    state.apply([intruder, sync()])
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="kpng_py"):
+        again = state.apply([reset(), intruder, keep, sync()])
+    assert len(again) == 0 and caplog.records == []
+    assert published(state) == {"default/keep:http": ["10.96.0.10"]}
+    assert skipped(metrics, "frontend-conflict") == 1
+
+
+def test_a_new_version_of_a_waiting_port_is_reported_again() -> None:
+    state, metrics = new_state()
+    state.apply([reset(), set_service(vip("keep", v4=["10.96.0.10"])),
+                 set_service(vip("other", v4=["10.96.0.10"])), sync()])
+    state.apply([set_endpoint("default", "other", "o0", pod("10.244.0.7")), sync()])
+    assert skipped(metrics, "frontend-conflict") == 1
+    state.apply([set_service(vip("other", v4=["10.96.0.10"], v6=["fd00::7"])), sync()])
+    assert skipped(metrics, "frontend-conflict") == 2
+    assert published(state) == {"default/keep:http": ["10.96.0.10"],
+                                "default/other:http": ["fd00::7"]}
+
+
+# -- limits ---------------------------------------------------------------------
+
+def test_a_service_over_the_limit_is_refused_before_its_endpoints_are_resolved(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    state = NodeState(Skips(Metrics()), Limits(max_service_endpoints=4))
+    resolved: list[str] = []
+    original = NodeState._resolve
+
+    def spy(self, entry, record, sp, endpoints):
+        resolved.append(str(sp.name))
+        return original(self, entry, record, sp, endpoints)
+
+    monkeypatch.setattr(NodeState, "_resolve", spy)
+    two_ports = service("big", v4=["10.96.0.10"], ports=[port("http", 80, target=8080),
+                                                           port("dns", 53, target=53)])
+    state.apply([reset(), set_service(two_ports),
+                 set_endpoint("default", "big", "a", pod("10.244.0.5", "10.244.0.6")), sync()])
+    assert len(resolved) == 2
+    resolved.clear()
+    refused = state.apply([set_endpoint("default", "big", "b", pod("10.244.0.7")), sync()])
+    assert len(refused) == 0 and resolved == []
+    assert [len(p.endpoints) for p in state.service_ports()] == [2, 2]
+
+
+def test_room_made_under_the_node_limit_lets_a_refused_service_in() -> None:
+    metrics = Metrics()
+    state = NodeState(Skips(metrics), Limits(max_endpoints=3))
+    state.apply([reset(), set_service(vip("zed", v4=["10.96.0.10"])),
+                 set_endpoint("default", "zed", "z0", pod("10.244.0.5", "10.244.0.6")), sync()])
+    refused = state.apply([set_service(vip("bee", v4=["10.96.0.11"])),
+                           set_endpoint("default", "bee", "b0", pod("10.244.0.7", "10.244.0.8")),
+                           sync()])
+    assert len(refused) == 0 and skipped(metrics, "limit") == 1
+    # nothing else changes: bee stays out and is not reported again
+    assert len(state.apply([set_endpoint("default", "zed", "z1", pod("10.244.0.9")),
+                            delete(L.EndpointsSet, "default/zed/z1"), sync()])) == 0
+    assert skipped(metrics, "limit") == 1
+    # zed shrinks: bee gets in in the same change set (zed is taken first, though
+    # bee sorts first, so that its room counts)
+    room = state.apply([set_endpoint("default", "zed", "z0", pod("10.244.0.5")), sync()])
+    assert names(room.added) == ["default/bee:http"]
+    assert names(new for _, new in room.updated) == ["default/zed:http"]
+    assert skipped(metrics, "limit") == 1
+    # bee grows too, in the same Sync as zed shrinks to nothing: it fits
+    grow = state.apply([delete(L.EndpointsSet, "default/zed/z0"),
+                        set_endpoint("default", "bee", "b1", pod("10.244.0.9")), sync()])
+    assert names(new for _, new in grow.updated) == ["default/bee:http", "default/zed:http"]
+    assert skipped(metrics, "limit") == 1
+
+
+def test_limit_flags() -> None:
+    parser = argparse.ArgumentParser()
+    add_limit_flags(parser)
+    assert limits_from_args(parser.parse_args([])) == Limits()
+    assert limits_from_args(parser.parse_args(
+        ["--max-service-ports", "5", "--max-service-endpoints", "6", "--max-endpoints", "7"])
+    ) == Limits(max_service_ports=5, max_service_endpoints=6, max_endpoints=7)
+    for bad in ("0", "-1", "x", "1.5", ""):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--max-endpoints", bad])
+    help_text = parser.format_help()
+    for flag, default in (("--max-service-ports", 1000), ("--max-service-endpoints", 100000),
+                          ("--max-endpoints", 2000000)):
+        assert flag in help_text and f"(default: {default})" in " ".join(help_text.split())
+
+
+def test_the_hostile_frontends_scenario_is_counted_by_reason() -> None:
+    """tests/streams/hostile-frontends: what to-print shows is checked by
+    tests/test_streams.py; here each refusal is counted once."""
+    state, metrics = new_state()
+    state.apply(op for op in SCENARIOS["hostile-frontends"]() if not isinstance(op, str))
+    assert {reason: skipped(metrics, reason) for reason in (
+        "bad-ip", "special-ip", "frontend-conflict", "no-cluster-ip")} == {
+        "bad-ip": 2,  # keep's VIPs IPv4-mapped and with a scope id
+        "special-ip": 4,  # 0.0.0.0, ::, 169.254.169.254, the endpoint's 127.0.0.1
+        # same and half wait for keep's VIPs; after the reconnect keep waits for both
+        "frontend-conflict": 4,
+        "no-cluster-ip": 0,  # the refused ClusterIPs' own lines say it all
+    }

@@ -1,17 +1,27 @@
 """Property: whatever the stream, applying each ChangeSet incrementally gives
 the same programmed state as computing it from scratch from the objects the
-brain has sent so far (reconnects and resyncs included)."""
+brain has sent so far (reconnects and resyncs included), and no two published
+service ports share a frontend.
+
+Services draw their ClusterIPs from a small pool, in canonical and in refused
+spellings (IPv4-mapped, scope ids, special addresses), so that they collide.
+Which port owns a frontend depends on history (the first to claim it keeps
+it), so the from-scratch side is a reference that replays the Syncs: at each
+one it takes the ports as a fresh NodeState computes them from everything sent
+so far, and gives each frontend to the port whose claim on it is the oldest
+(ties in name order)."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from kpng_py.api import localv1 as L
 from kpng_py.metrics import Metrics
-from kpng_py.model import ChangeSet, ServicePort, ServicePortName
+from kpng_py.model import ChangeSet, Frontend, ServicePort, ServicePortName
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState
 from tests.streams.build import delete, endpoint, port, reset, service, set_raw, sync
@@ -25,20 +35,29 @@ SERVICES = ["s0", "s1", "s2"]
 KEYS = ["a", "b", "c"]
 PORT_NAMES = ["", "http", "dns"]
 
+# Mostly valid, few numbers: ports of several services (and of one) collide.
 ports = st.lists(st.builds(
-    port, st.sampled_from(PORT_NAMES), st.sampled_from([0, 53, 80, 70000]),
-    st.sampled_from([L.TCP, L.UDP, L.SCTP]), st.sampled_from([0, 8080]),
+    port, st.sampled_from(PORT_NAMES), st.sampled_from([80, 53, 80, 0, 70000]),
+    st.sampled_from([L.TCP, L.UDP, L.TCP, L.SCTP]), st.sampled_from([0, 8080]),
     st.sampled_from(["", "web"])), max_size=3)
+# Shared by every service: the valid ones collide, the others are refused
+# (another spelling of a valid one, a special address, not an address).
+V4_CLUSTER_IPS = ["10.96.0.1", "10.96.0.1", "10.96.0.2", "10.96.0.999", "::ffff:10.96.0.1",
+                  "127.0.0.1"]
+V6_CLUSTER_IPS = ["fd00::1", "fd00::1", "fd00::2", "fd00::1%a", "fd00::1%b", "::ffff:10.96.0.1",
+                  "::"]
 services = st.builds(
     lambda name, v4, v6, ps, itl, kind: service(
         name, v4=v4, v6=v6, ports=ps, InternalTrafficToLocal=itl, Type=kind),
-    st.sampled_from(SERVICES), st.lists(st.sampled_from(["10.96.0.1", "10.96.0.999"]), max_size=1),
-    st.lists(st.sampled_from(["fd00::1"]), max_size=1), ports, st.booleans(),
-    st.sampled_from(["ClusterIP", "NodePort", "ExternalName"]))
+    st.sampled_from(SERVICES), st.lists(st.sampled_from(V4_CLUSTER_IPS), max_size=1),
+    st.lists(st.sampled_from(V6_CLUSTER_IPS), max_size=1), ports, st.booleans(),
+    st.sampled_from(["ClusterIP", "NodePort", "ClusterIP", "ExternalName"]))
 endpoints = st.builds(
     lambda v4, v6, local, internal, overrides: endpoint(v4, v6, local, internal, overrides),
-    st.lists(st.sampled_from(["10.244.0.1", "10.244.0.2", "fd00::9"]), max_size=2),
-    st.lists(st.sampled_from(["fd00::5", "fd00::6"]), max_size=1),
+    st.lists(st.sampled_from(["10.244.0.1", "10.244.0.2", "fd00::9", "127.0.0.1"]),
+             max_size=2),
+    st.lists(st.sampled_from(["fd00::5", "fd00::6", "fe80::5", "fd00::5%a", "::ffff:10.244.0.1"]),
+             max_size=1),
     st.booleans(), st.booleans(),
     st.lists(st.tuples(st.sampled_from(PORT_NAMES + ["web"]), st.sampled_from([8080, 9090])),
              max_size=2))
@@ -48,6 +67,31 @@ def programmed(ports: list[ServicePort]) -> dict[ServicePortName, ServicePort]:
     return {p.name: p for p in ports}
 
 
+class OldestClaimOwns:
+    """Frontend ownership from scratch, given the claiming ports at each Sync:
+    a claim's age is the Sync since which the port has claimed the frontend
+    without a break."""
+
+    def __init__(self) -> None:
+        self.syncs = 0
+        self.since: dict[tuple[ServicePortName, Frontend], int] = {}
+
+    def publish(self, claiming: list[ServicePort]) -> dict[ServicePortName, ServicePort]:
+        self.syncs += 1
+        self.since = {(p.name, f): self.since.get((p.name, f), self.syncs)
+                      for p in claiming for f in p.frontends()}
+        owners: dict[Frontend, ServicePortName] = {}
+        for (name, frontend), _ in sorted(self.since.items(),
+                                          key=lambda claim: (claim[1], claim[0][0].sort_key())):
+            owners.setdefault(frontend, name)
+        published = {}
+        for p in claiming:
+            owned = tuple(f.ip for f in p.frontends() if owners[f] == p.name)
+            if owned:
+                published[p.name] = replace(p, cluster_ips=owned)
+        return published
+
+
 class StreamMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -55,10 +99,22 @@ class StreamMachine(RuleBasedStateMachine):
         self.sent: dict[tuple[int, str], bytes] = {}  # what the brain has sent, by ref
         self.pending: list[L.OpItem] = [reset()]
         self.dataplane: dict[ServicePortName, ServicePort] = {}
+        self.reference = OldestClaimOwns()
+        self.expected: dict[ServicePortName, ServicePort] = {}
+        self.claiming: list[ServicePort] = []  # as computed from scratch
 
     @rule(svc=services)
     def set_service(self, svc: L.Service) -> None:
         self._set(L.ServicesSet, f"default/{svc.Name}", svc.SerializeToString())
+
+    @rule(name=st.sampled_from(SERVICES), v6=st.booleans(), protocol=st.sampled_from([L.TCP,
+                                                                                    L.UDP]))
+    def set_contender(self, name: str, v6: bool, protocol: int) -> None:
+        """A valid service on the most contended frontends, so that owners
+        come and go while others wait."""
+        svc = service(name, v4=["10.96.0.1"], v6=["fd00::1"] if v6 else [],
+                      ports=[port("http", 80, protocol, target=8080)])
+        self.set_service(svc)
 
     @rule(svc=st.sampled_from(SERVICES), key=st.sampled_from(KEYS), ep=endpoints)
     def set_endpoint(self, svc: str, key: str, ep: L.Endpoint) -> None:
@@ -77,6 +133,18 @@ class StreamMachine(RuleBasedStateMachine):
         changes = self.state.apply(self.pending + [sync()])
         self.pending = []
         self._program(changes)
+        fresh = NodeState(Skips(Metrics()))
+        fresh.apply(self._full_state() + [sync()])
+        self.claiming = fresh.claiming_ports()
+        self.expected = self.reference.publish(self.claiming)
+
+    @rule()
+    def restart(self) -> None:
+        """A new process: its state starts from the brain's full state, so
+        claims made at its first Sync go in name order."""
+        self.state = NodeState(Skips(Metrics()))
+        self.reference = OldestClaimOwns()
+        self.pending = self._full_state()
 
     @rule(forget=st.sets(st.sampled_from(KEYS)))
     def reconnect(self, forget: set[str]) -> None:
@@ -112,10 +180,14 @@ class StreamMachine(RuleBasedStateMachine):
     def incremental_equals_from_scratch(self) -> None:
         if self.pending:
             return  # only comparable at a Sync
-        fresh = NodeState(Skips(Metrics()))
-        fresh.apply(self._full_state() + [sync()])
-        assert self.dataplane == programmed(fresh.service_ports())
+        assert self.state.claiming_ports() == self.claiming
+        assert self.dataplane == self.expected
         assert programmed(self.state.service_ports()) == self.dataplane
+
+    @invariant()
+    def published_ports_never_share_a_frontend(self) -> None:
+        frontends = [f for p in self.dataplane.values() for f in p.frontends()]
+        assert len(frontends) == len(set(frontends))
 
 
 TestStreams = StreamMachine.TestCase

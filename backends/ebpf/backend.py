@@ -9,6 +9,7 @@ from backends.ebpf import maps
 from backends.ebpf.loader import Datapath, DatapathConfig
 from backends.ebpf.programmer import Capacity, ServiceProgrammer
 from backends.ebpf.stale_udp import StaleUdpTerminator
+from backends.ebpf.usage import CachedCount
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
 from kpng_py.model import ChangeSet
@@ -39,23 +40,27 @@ class EbpfBackend:
         self._programmer = ServiceProgrammer(
             services, backends,
             Capacity(services.info().max_entries, backends.info().max_entries), self._skips)
-        self._terminator = StaleUdpTerminator(self._config.cgroup,
+        config = self._datapath.config  # with its paths resolved: use no other
+        self._terminator = StaleUdpTerminator(config.cgroup,
                                               self._datapath.maps[maps.REVERSE_NAT.pin])
         for spec in maps.MAP_SPECS:
             self._metrics.map_capacity.labels(spec.pin).set(
                 self._datapath.maps[spec.pin].info().max_entries)
         for spec in (maps.SERVICES, maps.BACKENDS):  # the maps this process writes
             self._metrics.map_writes.labels(spec.pin)
-        for spec in (maps.REVERSE_NAT, maps.AFFINITY):  # written by the datapath:
-            lru = self._datapath.maps[spec.pin]       # counted when /metrics is read
-            self._metrics.map_entries.labels(spec.pin).set_function(lambda m=lru: len(m))
+        for spec in (maps.REVERSE_NAT, maps.AFFINITY):  # written by the datapath
+            self._metrics.map_entries.labels(spec.pin).set_function(
+                CachedCount(self._datapath.maps[spec.pin].count))
         log.info("eBPF datapath loaded", extra=fields(
-            bpffs_dir=self._config.bpffs_dir, cgroup=self._config.cgroup,
+            bpffs_dir=config.bpffs_dir, cgroup=config.cgroup,
             seconds=round(time.monotonic() - started, 3)))
 
     def apply(self, changes: ChangeSet) -> None:
         assert self._datapath and self._programmer and self._terminator, "setup() first"
-        writes = self._programmer.apply(changes)
+        try:
+            writes = self._programmer.apply(changes)
+        finally:  # after a failed write too: then the counts are what the maps hold
+            self._publish_entries()
         for pin, entries in writes.entries_written().items():
             self._metrics.map_writes.labels(pin).inc(entries)
         if not self._attached:
@@ -63,8 +68,11 @@ class EbpfBackend:
             self._attached = True
         if writes.removed_udp:
             self._terminate_stale_udp(writes.removed_udp)
-        self._metrics.map_entries.labels(maps.SERVICES.pin).set(self._programmer.service_entries)
-        self._metrics.map_entries.labels(maps.BACKENDS.pin).set(self._programmer.backend_entries)
+
+    def _publish_entries(self) -> None:
+        programmer = self._programmer
+        self._metrics.map_entries.labels(maps.SERVICES.pin).set(programmer.service_entries)
+        self._metrics.map_entries.labels(maps.BACKENDS.pin).set(programmer.backend_entries)
 
     def _terminate_stale_udp(self, removed_udp: set) -> None:
         try:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from backends.ebpf.maps import DEFAULT_PIN_DIR, MAP_SPECS
+from backends.ebpf.privileges import privilege_hint
 from kpng_py.backend import Backend, BackendSetupError
 from kpng_py.metrics import Metrics
 
@@ -77,18 +78,23 @@ def run_tool(args: argparse.Namespace) -> None:
     try:
         _run_tool(args)
     except OSError as err:
-        raise BackendSetupError(f"ebpf {args.ebpf_action}: {err} (needs root)") from err
+        raise BackendSetupError(f"ebpf {args.ebpf_action}: {err}{privilege_hint(err)}") from err
 
 
 def _run_tool(args: argparse.Namespace) -> None:
+    # The same checks as to-ebpf's: a cleanup of a path that escapes bpffs
+    # through ".." or of a bpffs root would unlink what is not ours.
+    from backends.ebpf.loader import checked_bpffs_dir, checked_cgroup
+
+    bpffs_dir = checked_bpffs_dir(args.bpffs_dir)
     if args.ebpf_action == "cleanup":
         from backends.ebpf.loader import cleanup
 
-        removed = cleanup(args.bpffs_dir, args.cgroup)
+        removed = cleanup(bpffs_dir, checked_cgroup(args.cgroup) if args.cgroup else None)
         print("\n".join(f"removed {item}" for item in removed) or
-              f"nothing installed under {args.bpffs_dir}")
+              f"nothing installed under {bpffs_dir}")
     else:
         from backends.ebpf.dump import dump_json, format_text, read_dump
 
-        dump = read_dump(args.bpffs_dir)
+        dump = read_dump(bpffs_dir)
         sys.stdout.write((dump_json(dump) if args.json else format_text(dump)) + "\n")

@@ -177,14 +177,32 @@ class BpfMap(Generic[K, V]):
 
     def items(self) -> Iterator[tuple[K, V]]:
         """Every entry, read in batches."""
+        for keys, values, count in self._read_batches(reuse_buffers=False):
+            yield from zip(keys[:count], values[:count])
+
+    def count(self) -> int:
+        """How many entries the map holds: the batches are read into the same
+        two buffers and only their lengths added up, with no object per entry
+        (docs/ebpf.md has the cost on a full reverse-NAT map)."""
+        return sum(count for _, _, count in self._read_batches(reuse_buffers=True))
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def _read_batches(self, reuse_buffers: bool) -> Iterator[tuple[ct.Array, ct.Array, int]]:
+        """(keys, values, count) of each batch of the map. The entries of a
+        batch are views into its buffers: with reuse_buffers they are only
+        valid until the next batch is read."""
         token_size = max(ct.sizeof(self.key_type), 4)
         in_batch, out_batch = ct.create_string_buffer(token_size), ct.create_string_buffer(
             token_size)
         capacity = _READ_BATCH
+        buffers: tuple[ct.Array, ct.Array] | None = None
         first = True
         while True:
-            keys = (self.key_type * capacity)()
-            values = (self.value_type * capacity)()
+            if buffers is None or not reuse_buffers or len(buffers[0]) != capacity:
+                buffers = (self.key_type * capacity)(), (self.value_type * capacity)()
+            keys, values = buffers
             count = _c_u32(capacity)
             result = _lib.bpf_map_lookup_batch(self.fd, None if first else in_batch, out_batch,
                                                keys, values, ct.byref(count), None)
@@ -193,14 +211,11 @@ class BpfMap(Generic[K, V]):
                 continue
             if result < 0 and -result != errno.ENOENT:
                 raise OSError(-result, f"read map {self.name}: {os.strerror(-result)}")
-            yield from zip(keys[:count.value], values[:count.value])
+            yield keys, values, count.value
             if result < 0:  # ENOENT: that was the last batch
                 return
             ct.memmove(in_batch, out_batch, token_size)
             first = False
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self.items())
 
 
 # -- cgroup links -------------------------------------------------------------

@@ -18,19 +18,19 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Mapping
 
 from backends.ebpf import libbpf
-from backends.ebpf.maps import MAP_SPECS, MapSpec
-from backends.ebpf.privileges import check_privileges
+from backends.ebpf.maps import DEFAULT_PIN_DIR, MAP_SPECS, MapSpec
+from backends.ebpf.privileges import check_privileges, privilege_hint
 from kpng_py.backend import BackendSetupError
 from kpng_py.logs import fields
 
 log = logging.getLogger(__name__)
 
-BPF_SOURCE_DIR = Path(__file__).parent / "bpf"
+BPF_SOURCE_DIR = Path(__file__).resolve().parent / "bpf"
 LINKS_DIR = "links"
 PROGRAM_PREFIX = "kpng_"
 
@@ -56,18 +56,27 @@ HOOKS = (
 )
 
 
-def mount_point(fstype: str, under: Path | None = None) -> Path | None:
-    """The mount point of a filesystem type (the one holding `under`, if given)."""
-    candidates = []
+@dataclass(frozen=True)
+class Mount:
+    point: Path
+    fstype: str
+
+
+def _mounts() -> list[Mount]:
     with open("/proc/mounts", encoding="utf-8") as mounts:
-        for line in mounts:
-            parts = line.split()
-            if len(parts) >= 3 and parts[2] == fstype:
-                candidates.append(Path(parts[1].replace("\\040", " ")))
-    if under is None:
-        return candidates[0] if candidates else None
-    holding = [m for m in candidates if under == m or m in under.parents]
-    return max(holding, key=lambda m: len(m.parts), default=None)
+        return [Mount(Path(parts[1].replace("\\040", " ")), parts[2])
+                for parts in (line.split() for line in mounts) if len(parts) >= 3]
+
+
+def mount_point(fstype: str) -> Path | None:
+    """The first mount point of a filesystem type."""
+    return next((m.point for m in _mounts() if m.fstype == fstype), None)
+
+
+def mount_holding(path: Path) -> Mount | None:
+    """The innermost mount that holds an absolute, resolved path."""
+    holding = [m for m in _mounts() if path == m.point or m.point in path.parents]
+    return max(holding, key=lambda m: len(m.point.parts), default=None)
 
 
 def default_cgroup() -> Path:
@@ -84,6 +93,43 @@ def cgroup_id(cgroup: Path) -> int:
     return os.stat(cgroup).st_ino
 
 
+def _resolved(flag: str, given: Path) -> tuple[Path, str]:
+    """A flag's path without symlinks and "..", relative ones taken from the
+    cwd, and how to name it in an error."""
+    path = Path(os.path.realpath(given))
+    return path, f"{flag} {given}" + ("" if path == given else f" (that is {path})")
+
+
+def checked_bpffs_dir(given: Path) -> Path:
+    """--bpffs-dir, resolved and checked. Only the returned path may be used
+    afterwards: it is what the checks saw, and it is compiled into the
+    programs (KPNG_PIN_DIR)."""
+    path, named = _resolved("--bpffs-dir", given)
+    if any(c in str(path) for c in '"\\\n'):
+        raise BackendSetupError(f"{named} has a quote, backslash or newline; pick a plain path")
+    mount = mount_holding(path)
+    if mount is None or mount.fstype != "bpf":
+        raise BackendSetupError(f"{named} is not on a bpf filesystem; mount one "
+                                "(mount -t bpf bpf /sys/fs/bpf) or pick a directory under it")
+    if path == mount.point:
+        # It is often world-writable (1777) on purpose, and made root-only it
+        # would lock every other BPF user out.
+        raise BackendSetupError(f"{named} is the root of a bpf filesystem, which kpng-py "
+                                "would make root-only (0700); pick a directory under it, "
+                                f"such as {path / DEFAULT_PIN_DIR.name}")
+    return path
+
+
+def checked_cgroup(given: Path) -> Path:
+    """--cgroup, resolved and checked (only the returned path may be used)."""
+    path, named = _resolved("--cgroup", given)
+    mount = mount_holding(path)
+    if mount is None or mount.fstype != "cgroup2" or not (path / "cgroup.procs").is_file():
+        raise BackendSetupError(f"{named} is not a cgroup v2 directory; pass one under the "
+                                "cgroup2 mount")
+    return path
+
+
 @dataclass(frozen=True)
 class DatapathConfig:
     bpffs_dir: Path
@@ -97,23 +143,16 @@ class DatapathConfig:
     def size(self, spec: MapSpec) -> int:
         return self.map_sizes.get(spec.pin, spec.default_size)
 
-    def check(self) -> None:
-        """Fail early, naming the flag and the fix."""
-        if mount_point("bpf", self.bpffs_dir) is None:
-            raise BackendSetupError(f"--bpffs-dir {self.bpffs_dir} is not on a bpf filesystem; "
-                                    "mount one (mount -t bpf bpf /sys/fs/bpf) or pick a "
-                                    "directory under it")
-        if any(c in str(self.bpffs_dir) for c in '"\\\n'):
-            raise BackendSetupError(f"--bpffs-dir {self.bpffs_dir!s} has a quote, backslash or "
-                                    "newline; pick a plain path")
-        if not (self.cgroup / "cgroup.procs").exists() or mount_point(
-                "cgroup2", self.cgroup) is None:
-            raise BackendSetupError(f"--cgroup {self.cgroup} is not a cgroup v2 directory; "
-                                    "pass one under the cgroup2 mount")
+    def checked(self) -> DatapathConfig:
+        """This configuration with its paths resolved and checked; fails
+        early, naming the flag and the fix."""
+        return replace(self, bpffs_dir=checked_bpffs_dir(self.bpffs_dir),
+                       cgroup=checked_cgroup(self.cgroup))
 
 
 class Datapath:
-    """The loaded programs and the pinned maps they share, in this process."""
+    """The loaded programs and the pinned maps they share, in this process.
+    `config` is the checked one: its paths are resolved."""
 
     def __init__(self, config: DatapathConfig, bpf: object,
                  maps: dict[str, libbpf.BpfMap], programs: dict[str, int]) -> None:
@@ -127,7 +166,7 @@ class Datapath:
         """Adopt or create the pinned maps, then compile and load the programs.
         Nothing is attached yet: the caller fills the maps first."""
         check_privileges()
-        config.check()
+        config = config.checked()
         try:
             config.bpffs_dir.parent.mkdir(parents=True, exist_ok=True)
             _private_directory(config.bpffs_dir)
@@ -140,7 +179,7 @@ class Datapath:
                     for spec in MAP_SPECS}
         except OSError as err:
             raise BackendSetupError(f"cannot set up the datapath under {config.bpffs_dir}: "
-                                    f"{err} (needs root)") from err
+                                    f"{err}{privilege_hint(err)}") from err
         for spec in MAP_SPECS:
             if not spec.matches(maps[spec.pin].info(), config.size(spec)):
                 raise BackendSetupError(
@@ -228,7 +267,8 @@ def _copy_entries(old: libbpf.BpfMap, new: libbpf.BpfMap) -> None:
 
 
 def _cflags(config: DatapathConfig, reject_with_eperm: bool) -> list[str]:
-    flags = [f"-I{BPF_SOURCE_DIR}", f'-DKPNG_PIN_DIR="{config.bpffs_dir}"']
+    flags = [f'-DKPNG_MAPS_HEADER="{BPF_SOURCE_DIR / "lb_maps.h"}"',
+             f'-DKPNG_PIN_DIR="{config.bpffs_dir}"']
     flags += [f"-D{spec.size_macro}={config.size(spec)}" for spec in MAP_SPECS]
     if reject_with_eperm:
         flags.append("-DKPNG_REJECT_WITH_EPERM")

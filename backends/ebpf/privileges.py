@@ -14,6 +14,7 @@ separately.
 
 from __future__ import annotations
 
+import errno
 import platform
 import re
 from dataclasses import dataclass
@@ -78,3 +79,9 @@ def check_privileges(status: str | None = None, release: str | None = None) -> N
         f"to-ebpf lacks capabilities it needs: {reasons}. It needs "
         f"{', '.join(cap.name for cap in required(kernel))}: run it as root, or grant them "
         "(securityContext.capabilities.add, docs/deploy.md)")
+
+
+def privilege_hint(err: OSError) -> str:
+    """What to add to the message of a failed system call: " (needs root)"
+    when permission was refused, nothing otherwise (the error says it all)."""
+    return " (needs root)" if err.errno in (errno.EPERM, errno.EACCES) else ""

@@ -72,17 +72,27 @@ class HostPort:
 
 @dataclass(frozen=True)
 class Frontend:
-    """What a socket dials: ClusterIP, port, protocol."""
+    """What a socket dials: ClusterIP, port, protocol.
 
-    vip: HostPort
-    protocol: Protocol
+    Two frontends are the same exactly when their map keys are: 10.96.0.10
+    and ::ffff:10.96.0.10, or fd00::1%a and fd00::1%b, are different
+    addresses to Python but one key to the datapath, so one frontend here,
+    which one service port at a time may own."""
+
+    vip: HostPort = field(compare=False)
+    protocol: Protocol = field(compare=False)
     # What every key of this frontend starts with (computed once: a frontend
     # has a key per slot, and a full sync makes hundreds of thousands).
-    _key_prefix: bytes = field(init=False, repr=False, compare=False)
+    _key_prefix: bytes = field(init=False, repr=False)
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_key_prefix", ServiceKey.frontend_prefix(
-            self.vip.l4addr(), IPPROTO[self.protocol]))
+        prefix = ServiceKey.frontend_prefix(self.vip.l4addr(), IPPROTO[self.protocol])
+        object.__setattr__(self, "_key_prefix", prefix)
+        object.__setattr__(self, "_hash", hash(prefix))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def key(self, slot: int) -> ServiceKey:
         return ServiceKey.at_slot(self._key_prefix, slot)
@@ -207,6 +217,17 @@ class Capacity:
     backends: int
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """A service port not (fully) programmed: a frontend of it belongs to
+    another service port, or its new version does not fit the maps. It is
+    retried with every later change set; `reported` holds the problems
+    already logged and counted for this version of it."""
+
+    port: ServicePort
+    reported: frozenset[tuple[SkipReason, Frontend | None]]
+
+
 class ServiceProgrammer:
     """Owns the contents of the `services` and `backends` maps."""
 
@@ -225,8 +246,7 @@ class ServiceProgrammer:
         self._backends: dict[int, tuple[int, HostPort]] = {}
         self._backend_ids: dict[tuple[int, HostPort], int] = {}
         self._owners: dict[Frontend, ServicePortName] = {}
-        # Service ports skipped because a map was full, retried on every apply.
-        self._waiting: dict[ServicePortName, ServicePort] = {}
+        self._waiting: dict[ServicePortName, Waiting] = {}
         # Entries recovered from the maps that no frontend explains (what a
         # crash between two write steps leaves); the next full change set
         # deletes them.
@@ -288,23 +308,25 @@ class ServiceProgrammer:
     def apply(self, changes: ChangeSet) -> MapWrites:
         """Write one change set; returns what was written (with the (service
         id, backend) pairs UDP frontends lost). On a failed write the mirror is
-        re-read from the maps and the error raised (the next full change set
-        repairs the maps)."""
+        re-read from the maps (so the entry counts are what the maps hold) and
+        the error raised; the next full change set repairs the maps."""
         writes = MapWrites()
         ports = (changes.added if changes.full
                  else self._plan_incremental(changes, writes))
         planned = [(port, frontends_of(port)) for port in ports]
         if changes.full:
             self._plan_full(planned, writes)
+        waiting, self._waiting = self._waiting, {}
         for port, specs in planned:
-            self._program_port(port, specs, writes)
-        retry, self._waiting = self._waiting, {}
-        for port in retry.values():
-            self._program_port(port, frontends_of(port), writes, report=False)
+            self._program_port(port, specs, writes, _reported(waiting.pop(port.name, None), port))
+        if not changes.full:  # a full change set lists every port there is
+            for earlier in sorted(waiting.values(), key=lambda w: w.port.name.sort_key()):
+                self._program_port(earlier.port, frontends_of(earlier.port), writes,
+                                   earlier.reported)
         try:
             self._write(writes)
         except OSError:
-            self._recover()
+            self._recover_after_failed_write()
             raise
         self._service_ids.settle()
         self._backend_id_pool.settle()
@@ -312,11 +334,21 @@ class ServiceProgrammer:
         self.backend_entries -= len(writes.orphan_backends)
         return writes
 
+    def _recover_after_failed_write(self) -> None:
+        """Re-read the maps; who owns which frontend and what was already
+        reported stay known (the maps cannot say)."""
+        owners, waiting = self._owners, self._waiting
+        self._recover()
+        self._owners = {f: owner for f, owner in owners.items() if f in self._frontends}
+        self._waiting = waiting
+
     def _plan_full(self, planned: Sequence[tuple[ServicePort, FrontendSpecs]],
                    writes: MapWrites) -> None:
-        wanted = {frontend for _, specs in planned for frontend in specs}
-        self._owners.clear()
-        self._waiting.clear()
+        claims = {(frontend, port.name) for port, specs in planned for frontend in specs}
+        wanted = {frontend for frontend, _ in claims}
+        # An owner keeps its frontend through a full change set (a reconnect)
+        # while it still claims it: no churn, whatever the order of claimants.
+        self._owners = {f: owner for f, owner in self._owners.items() if (f, owner) in claims}
         for frontend in [f for f in self._frontends if f not in wanted]:
             self._remove_frontend(frontend, writes)
         # No connect() can reach a stray (a slot above its master's count, a
@@ -324,6 +356,8 @@ class ServiceProgrammer:
         # that are gone, and never collide with what this change set writes.
         writes.gone_service_keys += self._stray_keys
         writes.gone_backends += self._stray_backends
+        for backend_id in self._stray_backends:
+            self._backend_id_pool.release(backend_id)
         self.service_entries -= len(self._stray_keys)
         self.backend_entries -= len(self._stray_backends)
         self._stray_keys, self._stray_backends = [], []
@@ -333,10 +367,7 @@ class ServiceProgrammer:
             self._remove_port(port, keep=(), writes=writes)
         for old, new in changes.updated:
             self._remove_port(old, keep=frontends_of(new), writes=writes)
-        current = changes.current()
-        for port in current:
-            self._waiting.pop(port.name, None)
-        return list(current)
+        return list(changes.current())
 
     def _remove_port(self, port: ServicePort, keep: Iterable[Frontend],
                      writes: MapWrites) -> None:
@@ -367,25 +398,41 @@ class ServiceProgrammer:
             writes.removed_udp.add((service_id, target))
 
     def _program_port(self, port: ServicePort, specs: FrontendSpecs, writes: MapWrites,
-                      report: bool = True) -> None:
-        """Program a service port, or skip it (reported once, retried on every
-        later change set) when a ClusterIP of it belongs to another service
-        port or the maps have no room."""
-        owners = {self._owners.get(frontend, port.name) for frontend in specs} - {port.name}
-        if owners:
-            reason, problem = SkipReason.DUPLICATE_PORT, (
-                f"its ClusterIP, port and protocol are already programmed for {owners.pop()}")
-        else:
-            reason, problem = SkipReason.CAPACITY, self._capacity_problem(specs)
-        if problem:
-            if report:
-                self._skips.skip(reason, f"service port {port.name}", problem)
-            self._remove_port(port, keep=(), writes=writes)
-            self._waiting[port.name] = port
+                      reported: frozenset) -> None:
+        """Program the frontends of a service port. A frontend that another
+        service port owns stays with its owner (`frontend-conflict`; the
+        state model already decides so, this is the datapath's own guard).
+        When the rest does not fit the maps (`capacity`), what the port had
+        stays programmed, untouched. Either way the port waits, retried with
+        every later change set, and each problem is reported once per
+        version of the port."""
+        problems: list[tuple[SkipReason, Frontend | None, str]] = []
+        fitting: FrontendSpecs = {}
+        for frontend, spec in specs.items():
+            owner = self._owners.get(frontend, port.name)
+            if owner == port.name:
+                fitting[frontend] = spec
+            else:
+                problems.append((SkipReason.FRONTEND_CONFLICT, frontend,
+                                 f"frontend {frontend} is already programmed for service port "
+                                 f"{owner}, which keeps it"))
+        no_room = self._capacity_problem(fitting)
+        for frontend, (targets, affinity_timeout) in fitting.items():
+            if not no_room:
+                self._program_frontend(frontend, targets, affinity_timeout, writes)
+            if frontend in self._frontends:  # programmed now, or kept as it was
+                self._owners[frontend] = port.name
+        if no_room:
+            kept = any(frontend in self._frontends for frontend in fitting)
+            problems.append((SkipReason.CAPACITY, None, no_room + (
+                "; its previous version stays programmed" if kept else "")))
+        if not problems:
             return
-        for frontend, (targets, affinity_timeout) in specs.items():
-            self._program_frontend(frontend, targets, affinity_timeout, writes)
-            self._owners[frontend] = port.name
+        for reason, frontend, detail in problems:
+            if (reason, frontend) not in reported:
+                self._skips.skip(reason, f"service port {port.name}", detail)
+        self._waiting[port.name] = Waiting(port, reported | {
+            (reason, frontend) for reason, frontend, _ in problems})
 
     def _capacity_problem(self, specs: FrontendSpecs) -> str:
         """Why the port does not fit, counting every entry this change set adds
@@ -460,3 +507,9 @@ def _frontend_of_key(key: ServiceKey) -> Frontend | None:
     if protocol is None or key.pad or key.vip.pad:
         return None
     return Frontend(HostPort(key.vip.ip, key.vip.host_port), protocol)
+
+
+def _reported(earlier: Waiting | None, port: ServicePort) -> frozenset:
+    """What was already reported for this version of a port (nothing for a
+    new version: it is a new input)."""
+    return earlier.reported if earlier is not None and earlier.port == port else frozenset()

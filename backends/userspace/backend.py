@@ -5,6 +5,13 @@ on an asyncio loop (uvloop when installed) in a thread of their own, and
 `apply` waits until the loop has applied the change. Order per change set:
 new ClusterIPs first, then listeners, then ClusterIPs no longer used, so a
 client never finds a ClusterIP it may use missing.
+
+Bad input and bad neighbours cost only what they touch: a ClusterIP that
+`kpng_py.decode.address_problem` refuses is dropped (guard.py); one the
+kernel refuses, or a ClusterIP:port another process holds, leaves only that
+frontend unserved, logged and counted once, and is tried again with every
+later change set. Only a failure of the interface itself fails the change
+set (addresses.py).
 """
 
 from __future__ import annotations
@@ -24,10 +31,12 @@ from backends.userspace.context import (
     ProxyContext,
     ProxyStats,
 )
+from backends.userspace.guard import ClusterIPGuard
 from backends.userspace.listener import Listener
 from backends.userspace.picker import EndpointPicker
 from backends.userspace.tcp import TcpListener
 from backends.userspace.udp import UdpListener
+from kpng_py.aio import new_event_loop
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
 from kpng_py.model import (
@@ -40,6 +49,7 @@ from kpng_py.model import (
     family_of,
     format_host_port,
 )
+from kpng_py.skips import Skips
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +58,6 @@ _LISTENERS: dict[Protocol, type[Listener]] = {
     Protocol.UDP: UdpListener,
 }
 T = TypeVar("T")
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:
-        log.info("uvloop is not installed; using asyncio's default event loop")
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
 
 
 def raise_open_files_limit() -> None:
@@ -70,45 +71,70 @@ def raise_open_files_limit() -> None:
 
 class ServicePortListeners:
     """The listeners of one service port: one per ClusterIP that has endpoints
-    of its own family. No endpoints, no listener: the kernel refuses clients."""
+    of its own family and is on the interface. No endpoints, no listener: the
+    kernel refuses clients."""
 
     def __init__(self, ctx: ProxyContext, name: ServicePortName) -> None:
         self._ctx = ctx
         self.name = name
+        self.port: ServicePort | None = None
         self._listeners: dict[IPFamily, Listener] = {}
+        # Why a listener could not be opened, per family: logged and counted
+        # once, not again by each retry that fails the same way.
+        self._listen_errors: dict[IPFamily, str] = {}
 
-    def update(self, port: ServicePort) -> None:
+    def update(self, port: ServicePort, on_interface: Callable[[IPAddress], bool]) -> bool:
+        """Listen as `port` says; False while a listener it needs is missing
+        (its ClusterIP is not on the interface, or it cannot listen), for
+        the backend to try again with the next change set."""
+        self.port = port
+        complete = True
         for family in IPFamily:
             address = port.cluster_ip(family)
             endpoints = port.cluster_endpoints(family)
+            wanted = address is not None and bool(endpoints)
             listener = self._listeners.get(family)
-            if listener is not None and (not endpoints or (listener.address, listener.port)
+            if listener is not None and (not wanted or (listener.address, listener.port)
                                          != (address, port.port)):
                 listener.close()
                 del self._listeners[family]
                 listener = None
-            if address is None or not endpoints:
-                continue
-            if listener is not None:
+            if not wanted:
+                self._listen_errors.pop(family, None)
+            elif listener is not None:
                 listener.update(endpoints, port.affinity_timeout_seconds)
-            else:
-                self._open(address, port, endpoints)
+            elif not (on_interface(address) and self._open(address, port, endpoints)):
+                complete = False
+        return complete
 
-    def _open(self, address: IPAddress, port: ServicePort, endpoints: tuple) -> None:
+    def retry(self, on_interface: Callable[[IPAddress], bool]) -> bool:
+        """`update` again with the last version of the port."""
+        assert self.port is not None, "update() first"
+        return self.update(self.port, on_interface)
+
+    def _open(self, address: IPAddress, port: ServicePort, endpoints: tuple) -> bool:
         label = f"{self.name}/{port.protocol.value} {format_host_port(address, port.port)}"
         picker = EndpointPicker(label, endpoints, port.affinity_timeout_seconds)
         listener = _LISTENERS[port.protocol](self._ctx, label, address, port.port, picker)
+        family = family_of(address)
         try:
             listener.start()
         except OSError as err:
-            # E.g. two services claiming one ClusterIP:port (bad input): keep
-            # the rest working; the next update of this port retries.
-            self._ctx.stats.error("listen")
-            log.error("cannot listen; this service port is not served on this address",
-                      extra=fields(service_port=str(self.name), listener=label,
-                                   error=err.strerror or str(err)))
-            return
-        self._listeners[family_of(address)] = listener
+            # E.g. another process holding this ClusterIP:port: keep the rest
+            # working; each later change set tries again.
+            error = err.strerror or str(err)
+            if self._listen_errors.get(family) != error:
+                self._listen_errors[family] = error
+                self._ctx.stats.error("listen")
+                log.error("cannot listen; this service port is not served on this address "
+                          "until a later change set can", extra=fields(
+                              service_port=str(self.name), listener=label, error=error))
+            return False
+        if self._listen_errors.pop(family, None) is not None:
+            log.info("listening after an earlier failure", extra=fields(
+                service_port=str(self.name), listener=label))
+        self._listeners[family] = listener
+        return True
 
     def close(self) -> None:
         for listener in self._listeners.values():
@@ -155,7 +181,8 @@ class UserspaceBackend:
         self.config = config
         self._metrics = metrics
         self._stats = ProxyStats(metrics)
-        self._addresses = ClusterIPAddresses(config.interface)
+        self._addresses = ClusterIPAddresses(config.interface, self._stats)
+        self._guard = ClusterIPGuard(Skips(metrics))
         self._loop_thread = _LoopThread()
         interval = min(MAX_HOUSEKEEPING_INTERVAL, config.udp_idle_timeout / 4)
         self._ctx = ProxyContext(self._loop_thread.loop, config, self._stats,
@@ -163,6 +190,8 @@ class UserspaceBackend:
         # What is programmed: the service ports, and how many use each ClusterIP.
         self._ports: dict[ServicePortName, ServicePortListeners] = {}
         self._address_users: Counter[IPAddress] = Counter()
+        # Service ports missing a listener (see ServicePortListeners.update).
+        self._incomplete: set[ServicePortName] = set()
 
     def setup(self) -> None:
         raise_open_files_limit()
@@ -171,7 +200,10 @@ class UserspaceBackend:
         self._loop_thread.call(self._ctx.housekeeping.start)
 
     def apply(self, changes: ChangeSet) -> None:
+        changes = self._guard.filter(changes)
+        self._addresses.repair()
         if changes.full:
+            self._addresses.refresh()
             self._address_users = Counter(ip for p in changes.added for ip in p.cluster_ips)
             wanted = set(self._address_users)
             self._addresses.add(wanted)
@@ -179,7 +211,8 @@ class UserspaceBackend:
             self._addresses.retain_only(wanted)
         else:
             appeared, vanished = self._count_address_users(changes)
-            self._addresses.add(appeared)
+            # ClusterIPs the kernel refused before are tried again each time.
+            self._addresses.add((appeared | self._addresses.failed) - vanished)
             self._loop_thread.call(lambda: self._apply_listeners(changes))
             self._addresses.remove(vanished)
         self._stats.cluster_ips.set(len(self._addresses.present))
@@ -205,19 +238,31 @@ class UserspaceBackend:
 
     def _apply_listeners(self, changes: ChangeSet) -> None:
         """On the loop: removals first, so a ClusterIP:port that moves from one
-        service port to another is free to bind."""
+        service port to another is free to bind; then the changed ports; then
+        the ports still missing a listener from earlier change sets."""
         gone: Iterable[ServicePortName] = (
             set(self._ports) - {p.name for p in changes.added} if changes.full
             else (p.name for p in changes.removed))
         for name in list(gone):
+            self._incomplete.discard(name)
             listeners = self._ports.pop(name, None)
             if listeners is not None:
                 listeners.close()
-        for port in changes.current():
+        holds = self._addresses.holds
+        current = changes.current()
+        for port in current:
             listeners = self._ports.get(port.name)
             if listeners is None:
                 listeners = self._ports[port.name] = ServicePortListeners(self._ctx, port.name)
-            listeners.update(port)
+            self._track(port.name, listeners.update(port, holds))
+        for name in self._incomplete - {p.name for p in current}:
+            self._track(name, self._ports[name].retry(holds))
+
+    def _track(self, name: ServicePortName, complete: bool) -> None:
+        if complete:
+            self._incomplete.discard(name)
+        else:
+            self._incomplete.add(name)
 
     def close(self) -> None:
         """Close listeners and connections; the ClusterIPs stay (see addresses)."""

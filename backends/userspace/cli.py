@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from backends.userspace.context import ProxyConfig
+from backends.userspace.context import MARKER, ProxyConfig
 from kpng_py.cli import _positive_float, _size
 from kpng_py.metrics import Metrics
 
@@ -41,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interface", type=_interface_name, default=defaults.interface,
                         help="interface that holds the ClusterIPs: created if missing (a dummy "
                              "link, or a bridge with no ports where the kernel lacks the dummy "
-                             "driver); addresses on it that no service uses are removed "
+                             f"driver) and marked as kpng-py's (alias {MARKER!r}); an existing "
+                             "one is used only if it carries that mark (docs/userspace.md); "
+                             "/32 and /128 addresses on it that no service uses are removed "
                              f"(default: {defaults.interface})")
     parser.add_argument("--udp-idle-timeout", type=_positive_float,
                         default=defaults.udp_idle_timeout,

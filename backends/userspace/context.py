@@ -9,13 +9,17 @@ from typing import Protocol
 
 from kpng_py.metrics import Metrics
 
+# The interface the backend creates (and marks as its own) by default.
+DEFAULT_INTERFACE = "kpng-py0"
+# The interface alias (IFLA_IFALIAS) that says "this interface is kpng-py's".
+MARKER = "kpng-py: ClusterIPs"
 # The longest pause between expiry rounds; shorter when the UDP timeout is.
 MAX_HOUSEKEEPING_INTERVAL = 1.0
 
 
 @dataclass(frozen=True)
 class ProxyConfig:
-    interface: str = "kpng-py0"
+    interface: str = DEFAULT_INTERFACE
     # VPP's default flow timeout; longer than most UDP request/response
     # exchanges and DNS retries, short enough to bound the session table.
     udp_idle_timeout: float = 40.0

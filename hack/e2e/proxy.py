@@ -24,6 +24,8 @@ from e2e.statefile import LOCAL_NODE, ClusterState, write_atomically
 KPNG_PY = str(Path(sys.executable).with_name("kpng-py"))
 START_TIMEOUT = 120.0  # BCC compiles the programs at start-up: seconds on a busy machine
 SYNC_TIMEOUT = 20.0
+# Two polls of the brain (0.2 s each): enough for a file only ever replaced atomically.
+ATOMIC_SAVES_SETTLE_SECONDS = 0.2
 
 
 def kpng_py(*args: str) -> list[str]:
@@ -127,8 +129,11 @@ class ControlPlane:
     # -- processes --------------------------------------------------------
     def start(self) -> None:
         write_atomically(self.state_path, self.state.to_yaml())
+        # Every save is atomic (write_atomically), so the brain need not wait
+        # the default settle time for a half-written file.
         self.brain = self.cluster.spawn_on_node("brain", kpng_py(
-            "file", "-i", str(self.state_path), "to-api", "--listen", f"unix://{self.socket}"))
+            "file", "-i", str(self.state_path), "--settle", str(ATOMIC_SAVES_SETTLE_SECONDS),
+            "to-api", "--listen", f"unix://{self.socket}"))
         wait_until("brain socket", self._brain_listening, 30.0)
         self.start_backend()
 

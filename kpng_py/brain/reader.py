@@ -14,8 +14,10 @@ any scalar's text.
 
 from __future__ import annotations
 
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, NoReturn
+from typing import Any, Callable, Iterable, Iterator, NoReturn
 
 import yaml
 from google.protobuf.descriptor import FieldDescriptor
@@ -25,6 +27,13 @@ from google.protobuf.message import Message
 # both give the same nodes and line marks.
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _TAG = "tag:yaml.org,2002:"
+# A document's aliases may make it at most this many times its own size in
+# nodes (and at least the floor), once expanded: see _check_alias_expansion.
+ALIAS_EXPANSION_FACTOR = 10
+ALIAS_EXPANSION_FLOOR = 100_000
+# Where an alias may start (after a space, a flow indicator, at a line's
+# start); a `*` inside a scalar makes only for a needless check.
+_MAYBE_ALIAS = re.compile(r"(?:^|[\s\[{,])\*", re.MULTILINE)
 _INT_RANGES = {
     FieldDescriptor.TYPE_INT32: (-(1 << 31), (1 << 31) - 1),
     FieldDescriptor.TYPE_ENUM: (-(1 << 31), (1 << 31) - 1),
@@ -231,15 +240,70 @@ class Value:
 
 def read_document(text: str, file: str) -> Value:
     """The document's root; YAML syntax errors name the line."""
-    loader = _Loader(text)
+    with _yaml_errors(file):
+        if _MAYBE_ALIAS.search(text):
+            _check_alias_expansion(text, file)
+        loader = _Loader(text)
+        try:
+            node = loader.get_single_node()
+        finally:
+            loader.dispose()
+    return Value(node, Place(file, "", 1), loader)
+
+
+@contextmanager
+def _yaml_errors(file: str) -> Iterator[None]:
     try:
-        node = loader.get_single_node()
+        yield
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         line = f":{mark.line + 1}" if mark is not None else ""
         raise StateFileError(f"{file}{line}: not valid YAML: {err.problem or err.context}") from err
     except yaml.YAMLError as err:
         raise StateFileError(f"{file}: not valid YAML: {err}") from err
-    finally:
-        loader.dispose()
-    return Value(node, Place(file, "", 1), loader)
+
+
+def _check_alias_expansion(text: str, file: str) -> None:
+    """Refuse a document whose aliases expand it past its budget of nodes.
+
+    An alias costs a few bytes and stands for its whole anchored value: the
+    document composes into a graph as small as its text, but reading it visits
+    every alias's value again, so a few nested anchors multiply the work
+    without bound. Counted on the parser's events (linear in the text):
+    each node once, each alias as the nodes of its anchored value. The
+    budget is ALIAS_EXPANSION_FACTOR times the nodes written, and at least
+    ALIAS_EXPANSION_FLOOR, so modest aliasing works (KPNG's yaml.v2 reads
+    aliases). An alias to a value it is inside of is left to the reader,
+    whose strict types stop it (localv1 messages do not nest in themselves).
+    """
+    written = expanded = 0
+    anchored: dict[str, int] = {}  # anchor -> nodes of its value, expanded
+    open_collections: list[tuple[str | None, int]] = []  # (anchor, expanded before it)
+    aliases: list[tuple[int, str, int]] = []  # (line, anchor, expanded after it)
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in anchored:
+                expanded += anchored[event.anchor]
+                aliases.append((event.start_mark.line + 1, event.anchor, expanded))
+            continue
+        if isinstance(event, (yaml.ScalarEvent, yaml.CollectionStartEvent)):
+            written += 1
+            expanded += 1
+        if isinstance(event, yaml.ScalarEvent) and event.anchor is not None:
+            anchored[event.anchor] = 1
+        elif isinstance(event, yaml.CollectionStartEvent):
+            if event.anchor is not None:
+                anchored.pop(event.anchor, None)  # not usable inside itself
+            open_collections.append((event.anchor, expanded - 1))
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, before = open_collections.pop()
+            if anchor is not None:
+                anchored[anchor] = expanded - before
+    budget = max(ALIAS_EXPANSION_FLOOR, ALIAS_EXPANSION_FACTOR * written)
+    for line, anchor, total in aliases:
+        if total > budget:
+            raise StateFileError(
+                f"{file}:{line}: the alias *{anchor} takes the document past {budget} nodes "
+                f"once its aliases are expanded ({written} nodes as written; at most "
+                f"{ALIAS_EXPANSION_FACTOR} times that, or {ALIAS_EXPANSION_FLOOR}, are read); "
+                "write the aliased values out instead")

@@ -14,54 +14,61 @@ from __future__ import annotations
 
 import threading
 
+from kpng_py.aio import ThreadsafeEvent
 from kpng_py.api import localv1
 from kpng_py.brain.statefile import ClusterState
 from kpng_py.brain.view import NodeView, Ref, node_view
 from kpng_py.server import Reply
 
-# How often a waiting stream checks whether it was cancelled.
-_CANCEL_CHECK_SECONDS = 0.2
-
 
 class StateSnapshots:
     """The current ClusterState and its version; per node, its view is computed
-    once per version and shared by every stream of that node."""
+    once per version and shared by every stream of that node.
+
+    The watcher thread publishes; streams wait on an event loop, woken when
+    their version is superseded."""
 
     def __init__(self, state: ClusterState) -> None:
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
         self._state = state
         self._version = 1
         self._views: dict[str, NodeView] = {}
+        self._superseded = ThreadsafeEvent()  # set when the version changes
 
     @property
     def version(self) -> int:
-        with self._changed:
+        with self._lock:
             return self._version
 
     def publish(self, state: ClusterState) -> bool:
         """Make `state` current; False (and no new version) if nothing changed."""
-        with self._changed:
+        with self._lock:
             if state == self._state:
                 return False
             self._state = state
             self._version += 1
             self._views.clear()
-            self._changed.notify_all()
-            return True
+            superseded, self._superseded = self._superseded, ThreadsafeEvent()
+        superseded.set()
+        return True
 
-    def wait_view(self, node_name: str, seen_version: int | None,
-                  cancelled: threading.Event) -> tuple[int, NodeView] | None:
-        """The node's view once the version differs from `seen_version`;
-        None if `cancelled` is set first."""
-        with self._changed:
-            while self._version == seen_version:
-                if cancelled.is_set():
-                    return None
-                self._changed.wait(_CANCEL_CHECK_SECONDS)
+    def current_view(self, node_name: str) -> tuple[int, NodeView]:
+        """The version and the node's view of it."""
+        with self._lock:
             view = self._views.get(node_name)
             if view is None:
                 view = self._views[node_name] = node_view(self._state, node_name)
             return self._version, view
+
+    async def wait_view(self, node_name: str, seen_version: int | None) -> tuple[int, NodeView]:
+        """The node's view once the version differs from `seen_version`."""
+        while True:
+            with self._lock:
+                changed = self._version != seen_version
+                superseded = self._superseded
+            if changed:
+                return self.current_view(node_name)
+            await superseded.wait()
 
 
 class BrainSource:
@@ -82,14 +89,11 @@ class BrainSession:
         self._sent: NodeView | None = None  # None until the first answer
         self._answered: tuple[str, int] | None = None
 
-    def next_reply(self, node_name: str, cancelled: threading.Event) -> Reply | None:
+    async def next_reply(self, node_name: str) -> Reply:
         while True:
             seen = self._answered[1] if self._answered and self._answered[0] == node_name \
                 else None
-            current = self._snapshots.wait_view(node_name, seen, cancelled)
-            if current is None:
-                return None
-            version, view = current
+            version, view = await self._snapshots.wait_view(node_name, seen)
             self._answered = (node_name, version)
             ops = changeset(self._sent, view)
             if ops:

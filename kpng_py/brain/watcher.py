@@ -4,23 +4,41 @@ Polling (every 0.2 s by default) rather than inotify: it follows a path, so it
 works the same whether an editor rewrites the file in place or replaces it
 with a new one, and it needs no library. A poll reads the file only when its
 stat signature (device, inode, size, mtime, ctime) changed, or while its mtime
-is recent: timestamps are coarse, so two writes close together can leave the
-signature unchanged.
+is recent, or while a new content is settling: timestamps are coarse, so two
+writes close together can leave the signature unchanged.
 
-A new content is parsed once it reads the same on two polls in a row, so a
-save caught half-written is not served. A file that cannot be read or parsed
-keeps the last good state in force and is reported once (one error log line
-per bad version, not per poll).
+A writer that saves in place (open, truncate, write) shows every reader a
+half-written file for as long as it takes, and it may stall at any point. A
+new content is therefore used only once it has settled: read the same for
+`Settle.seconds` (1 s) and not modified for as long by its mtime, whichever
+is later. A content that looks cut short waits `Settle.incomplete_seconds`
+(5 s): one that does not end with a newline (a save cut inside a line:
+`targetport: 80` of `8080`), and one that is a proper prefix of the content
+in force read from the same file (an in-place rewrite caught before its first
+changed byte; the empty file of a fresh truncation). A prefix is also what
+deleting the last entries gives, so such an in-place edit is slower to apply,
+never refused; a new file renamed over the old one is not an in-place rewrite
+and waits only the settle time. No delay makes a stalled in-place save safe;
+an atomic save (a temporary file in the same directory renamed over this one)
+is: a reader sees the old file or the new. A writer that only ever saves
+atomically may lower the settle time (`kpng-py file --settle`).
+
+Only a regular file is read, of at most `max_size` bytes: a FIFO would block
+the open, a device could be read forever. A file that cannot be read or
+parsed keeps the last good state in force and is reported once (one error log
+line per bad version, not per poll).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from kpng_py.brain.source import StateSnapshots
 from kpng_py.brain.statefile import ClusterState, StateFileError, parse_state
@@ -29,9 +47,35 @@ from kpng_py.logs import fields
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.2
+# The largest state file read (`kpng-py file --max-file-size`). The bench's
+# largest scenario, 30 000 services of 10 endpoints, is 58.5 MB as yaml.dump
+# writes it (and takes minutes and about 3 GB to parse): it fits.
+DEFAULT_MAX_FILE_SIZE = 64 << 20
 # Re-read a file whose mtime is younger than this even if its stat looks the
 # same: a write within one timestamp tick of the previous one keeps the mtime.
 _RECENT_SECONDS = 2.0
+# stop() waits this long for a poll in progress, and no longer: a big parse
+# must not hold up a stopping brain (the thread is a daemon).
+_STOP_WAIT_SECONDS = 1.0
+_ATOMIC_SAVE_HINT = ("if it was being written, save it atomically instead: write a temporary "
+                     "file in the same directory and rename it over {path}")
+_FILE_TYPES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+               (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"))
+
+
+@dataclass(frozen=True)
+class Settle:
+    """How long a new content must stay the same before it is used."""
+
+    seconds: float = 1.0
+    incomplete_seconds: float = 5.0  # for a content that looks cut short
+
+    @classmethod
+    def after(cls, seconds: float) -> Settle:
+        """`seconds` for a content that looks whole, and never less than the
+        default wait for one that looks cut short."""
+        return cls(seconds, max(seconds, cls.incomplete_seconds))
 
 
 class _Signature(NamedTuple):
@@ -44,19 +88,35 @@ class _Signature(NamedTuple):
     ctime_ns: int
 
 
-class StateFileWatcher:
-    """Loads the file (raising StateFileError if it is unusable), then, once
-    started, publishes each new good version to `snapshots`."""
+@dataclass(frozen=True)
+class _Candidate:
+    """A new content, and when this watcher first read it (monotonic)."""
 
-    def __init__(self, path: Path, poll_seconds: float = POLL_SECONDS) -> None:
+    data: bytes
+    since: float
+
+
+class StateFileWatcher:
+    """Loads the file once it has settled (raising StateFileError if it is
+    unusable), then, once started, publishes each new good version to
+    `snapshots`."""
+
+    def __init__(self, path: Path, poll_seconds: float = POLL_SECONDS,
+                 max_size: int = DEFAULT_MAX_FILE_SIZE, settle: Settle = Settle(),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
         self._poll_seconds = poll_seconds
-        signature = self._signature()
-        self._applied = self._read()
+        self._max_size = max_size
+        self._settle = settle
+        self._clock = clock
+        self._applied = b""
+        # The file (device, inode) the content in force was read from.
+        self._applied_file: tuple[int, int] = (0, 0)
+        self._seen_signature, self._applied = self._first_content()
+        self._applied_file = self._seen_signature[:2]
         state = parse_state(self._applied, str(path))
         self.snapshots = StateSnapshots(state)
-        self._seen_signature: _Signature | None = signature
-        self._candidate: bytes | None = None  # new content, waiting to read the same twice
+        self._candidate: _Candidate | None = None
         # The problem last logged, and the content it was about (None: unreadable).
         self._reported: tuple[bytes | None, str] | None = None
         self._stop = threading.Event()
@@ -70,8 +130,12 @@ class StateFileWatcher:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        if self._thread is None:
+            return
+        self._thread.join(_STOP_WAIT_SECONDS)
+        if self._thread.is_alive():
+            log.info("not waiting for the state file being parsed",
+                     extra=fields(file=str(self.path)))
 
     def __enter__(self) -> StateFileWatcher:
         self.start()
@@ -93,44 +157,114 @@ class StateFileWatcher:
         try:
             signature = self._signature()
             if signature == self._seen_signature and self._candidate is None \
-                    and time.time() - signature.mtime_ns / 1e9 > _RECENT_SECONDS:
+                    and not _modified_within(signature, _RECENT_SECONDS):
                 return
             self._seen_signature = signature
             data = self._read()
         except StateFileError as err:
             self._seen_signature = None
+            self._candidate = None
             self._report(None, str(err))
             return
-        if data == self._applied:
-            self._candidate = None
-            self._reported = None
+        if data == self._applied or (self._reported and self._reported[0] == data):
+            self._candidate = None  # in force, or rejected (and reported) already
+            if data == self._applied:
+                self._reported = None
             return
-        if data != self._candidate:
-            self._candidate = data  # wait one poll: it may be half-written
+        if self._candidate is None or self._candidate.data != data:
+            self._candidate = _Candidate(data, self._clock())
+        if not self._settled(self._candidate, signature):
             return
         self._candidate = None
+        self._use(data, signature)
+
+    def _use(self, data: bytes, signature: _Signature) -> None:
         try:
             state = parse_state(data, str(self.path))
         except StateFileError as err:
-            self._report(data, str(err))
+            problem = str(err)
+            if self._looks_cut(data, signature):
+                problem += "; " + _ATOMIC_SAVE_HINT.format(path=self.path)
+            self._report(data, problem)
             return
-        self._applied = data
+        if self._stop.is_set():
+            return  # stopped while parsing: nobody is served any more
+        self._applied, self._applied_file = data, signature[:2]
         self._reported = None
         if self.snapshots.publish(state):
             _log_loaded(self.path, self.snapshots.version, state)
+
+    def _first_content(self) -> tuple[_Signature, bytes]:
+        """The file's content at start, once it has settled: a file saved a
+        while ago is used at once, one being written as the brain starts is
+        waited for as an edited one is."""
+        signature, data = self._signature(), self._read()
+        if not _modified_within(signature, self._wait_for(data, signature)):
+            return signature, data
+        log.info("waiting for the state file to settle", extra=fields(file=str(self.path)))
+        candidate = _Candidate(data, self._clock())
+        while not self._settled(candidate, signature):
+            time.sleep(self._poll_seconds)
+            signature, data = self._signature(), self._read()
+            if data != candidate.data:
+                candidate = _Candidate(data, self._clock())
+        return signature, data
+
+    def _settled(self, candidate: _Candidate, signature: _Signature) -> bool:
+        wait = self._wait_for(candidate.data, signature)
+        return self._clock() - candidate.since >= wait \
+            and not _modified_within(signature, wait)
+
+    def _wait_for(self, data: bytes, signature: _Signature) -> float:
+        return (self._settle.incomplete_seconds if self._looks_cut(data, signature)
+                else self._settle.seconds)
+
+    def _looks_cut(self, data: bytes, signature: _Signature) -> bool:
+        """Cut inside a line, or a proper prefix of the content in force
+        read from the same file (an in-place rewrite)."""
+        return not data.endswith(b"\n") or (
+            signature[:2] == self._applied_file and data != self._applied
+            and self._applied.startswith(data))
 
     def _signature(self) -> _Signature:
         try:
             st = os.stat(self.path)
         except OSError as err:
             raise StateFileError(f"{self.path}: cannot read: {err.strerror}") from err
+        self._check(st)
         return _Signature(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
     def _read(self) -> bytes:
+        """The file's bytes. It was checked by stat to be a regular file; it is
+        opened without blocking (it may have been replaced by a FIFO since),
+        checked again, and read no further than the size limit."""
         try:
-            return self.path.read_bytes()
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as err:
             raise StateFileError(f"{self.path}: cannot read: {err.strerror}") from err
+        try:
+            self._check(os.fstat(fd))
+            data = _read_at_most(fd, self._max_size + 1)
+        except OSError as err:
+            raise StateFileError(f"{self.path}: cannot read: {err.strerror}") from err
+        finally:
+            os.close(fd)
+        if len(data) > self._max_size:
+            raise self._too_big(f"more than {self._max_size} bytes")
+        return data
+
+    def _check(self, st: os.stat_result) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((name for test, name in _FILE_TYPES if test(st.st_mode)),
+                        "not a regular file")
+            raise StateFileError(f"{self.path}: is {kind}; the state file must be a "
+                                 "regular file")
+        if st.st_size > self._max_size:
+            raise self._too_big(f"{st.st_size} bytes")
+
+    def _too_big(self, size: str) -> StateFileError:
+        return StateFileError(f"{self.path}: {size} is more than --max-file-size "
+                              f"({self._max_size} bytes); raise --max-file-size")
 
     def _report(self, data: bytes | None, problem: str) -> None:
         if self._reported == (data, problem):
@@ -138,6 +272,24 @@ class StateFileWatcher:
         self._reported = (data, problem)
         log.error("state file rejected, the last good state stays in force: %s", problem,
                   extra=fields(file=str(self.path)))
+
+
+def _modified_within(signature: _Signature, seconds: float) -> bool:
+    """Whether the mtime is less than `seconds` old. An mtime in the future
+    (another host's clock) tells nothing: then only what was read counts."""
+    age = time.time() - signature.mtime_ns / 1e9
+    return 0 <= age < seconds
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    chunks = []
+    while limit > 0:
+        chunk = os.read(fd, min(limit, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        limit -= len(chunk)
+    return b"".join(chunks)
 
 
 def _log_loaded(path: Path, version: int, state: ClusterState) -> None:

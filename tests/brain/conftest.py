@@ -34,6 +34,7 @@ def start_brain(state_file: StateFile, socket_dir: Path) -> Iterator:
 
     def start(document: dict | str) -> Brain:
         state_file.write(document)
+        state_file.date_back()  # saved a while ago: no need to wait for it to settle
         brain = Brain(state_file, socket_dir / "brain.sock")
         brains.append(brain)
         return brain

@@ -7,6 +7,7 @@ import json
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -102,6 +103,11 @@ class StateFile:
         temporary.write_text(text, encoding="utf-8")
         os.replace(temporary, self.path)
 
+    def date_back(self, seconds: float = 60.0) -> None:
+        """Date the mtime back, as if the file had been saved `seconds` ago."""
+        then = time.time() - seconds
+        os.utime(self.path, (then, then))
+
 
 # -- watching -----------------------------------------------------------------
 
@@ -142,6 +148,9 @@ class RecordingSink:
                                           self._metrics)
         self.applied: queue.Queue[Applied] = queue.Queue()
         self.stream_errors: queue.Queue[str] = queue.Queue()
+
+    def on_changeset_started(self) -> None:
+        pass
 
     def on_changeset(self, ops: list[localv1.OpItem]) -> None:
         changes = self._applier.apply_ops(ops)

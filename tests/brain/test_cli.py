@@ -4,6 +4,7 @@ and `replay`."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,20 @@ def test_replaying_a_recording_of_the_brain_prints_what_the_live_stream_did(
     assert [replayed.line() for _ in edits] == printed
     assert replayed.wait() == 0
     assert replay.terminate() == 0
+
+
+@pytest.mark.parametrize("problem", ["too-big", "fifo"])
+def test_a_state_file_that_is_not_read_at_start_is_a_clear_error(
+        run, state_file: StateFile, problem: str) -> None:
+    if problem == "fifo":
+        os.mkfifo(state_file.path)
+        flags, expected = [], "is a FIFO; the state file must be a regular file"
+    else:
+        state_file.write(state(WEB, DNS))
+        size = state_file.path.stat().st_size
+        flags = ["--max-file-size", "1k"]
+        expected = f"{size} bytes is more than --max-file-size (1024 bytes); raise --max-file-size"
+    process = run("file", "-i", str(state_file.path), *flags, "to-api",
+                  "--listen", "tcp://127.0.0.1:0")
+    assert process.wait() == 2
+    assert process.stderr().strip().endswith(f"kpng-py: error: {state_file.path}: {expected}")

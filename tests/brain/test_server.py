@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
 import stat
+import threading
 from pathlib import Path
 
+import grpc
 import pytest
 
-from kpng_py.server import LocalApiServer
+from kpng_py.api import WATCH_METHOD, localv1
 from kpng_py.brain.source import BrainSource
+from kpng_py.server import LocalApiServer, Reply
 from kpng_py.transport import AddressError, ListenAddress
 from tests.brain.helpers import (
     DNS,
@@ -23,12 +27,15 @@ from tests.brain.helpers import (
     Brain,
     StateFile,
     endpoint,
+    op_kinds,
     port,
     service,
     state,
     wait_until,
     web,
 )
+from tests.streams.build import reset, set_raw, sync
+from tests.support.watch import ScriptedSource, changeset
 
 START = state(web(W1, W2), DNS, nodes=NODES)
 
@@ -181,3 +188,87 @@ def test_a_live_socket_or_another_file_is_not_taken_over(
     with pytest.raises(AddressError, match="exists and is not a socket"):
         LocalApiServer(source, ListenAddress(unix_path=other)).start()
     assert other.read_text() == "data"
+
+
+def _refuses_connections(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return True
+    finally:
+        probe.close()
+    return False
+
+
+def _big_reply() -> Reply:
+    """A full state far larger than the transport's flow-control windows."""
+    value = localv1.Service(Name="x" * 80).SerializeToString()
+    return Reply((reset(), *(set_raw(localv1.ServicesSet, f"default/s{i}", value)
+                             for i in range(80_000)), sync()))
+
+
+def test_a_stopping_brain_leaves_the_socket_of_its_successor(socket_dir: Path) -> None:
+    """The old brain stops listening, then drains a reply to a slow client for
+    its grace period; meanwhile a new brain, finding the socket no longer
+    answered, replaces it. When the old one is done it must not remove the new
+    one's socket (grpcio itself unlinks the path it bound): backends must be
+    able to reach the new brain."""
+    path = socket_dir / "brain.sock"
+    old_source = ScriptedSource([_big_reply()])
+    old = LocalApiServer(old_source, ListenAddress(unix_path=path))
+    old.start()
+    slow = grpc.insecure_channel(f"unix://{path}")
+    requests: queue.Queue[localv1.WatchReq | None] = queue.Queue()
+    requests.put(localv1.WatchReq(NodeName="n1"))
+    unread = slow.stream_stream(WATCH_METHOD,
+                                request_serializer=localv1.WatchReq.SerializeToString,
+                                response_deserializer=localv1.OpItem.FromString)(
+        iter(requests.get, None))  # never read: the reply stalls on flow control
+    successor: LocalApiServer | None = None
+    try:
+        wait_until(lambda: old_source.requests, "the old brain to answer")
+        stopping = threading.Thread(target=old.stop, kwargs={"grace": 3.0})
+        stopping.start()
+        wait_until(lambda: _refuses_connections(path), "the old brain to stop listening")
+        successor = LocalApiServer(ScriptedSource([changeset("new")]),
+                                   ListenAddress(unix_path=path))
+        successor.start()
+        assert stopping.is_alive()  # the race of the issue: the old one is still stopping
+        stopping.join(WAIT_SECONDS)
+        assert not stopping.is_alive()
+        assert stat.S_ISSOCK(os.lstat(path).st_mode)
+        with grpc.insecure_channel(f"unix://{path}") as channel:
+            watch = channel.stream_stream(WATCH_METHOD,
+                                          request_serializer=localv1.WatchReq.SerializeToString,
+                                          response_deserializer=localv1.OpItem.FromString)
+            answer = watch(iter([localv1.WatchReq(NodeName="n1")]), timeout=WAIT_SECONDS)
+            assert op_kinds(answer) == ["Reset", "Set services/default/new", "Sync"]
+    finally:
+        requests.put(None)
+        unread.cancel()
+        slow.close()
+        old.stop(grace=0)
+        if successor is not None:
+            successor.stop(grace=0)
+    assert not path.exists()  # the successor removes its own
+
+
+def test_a_stopping_brain_closes_waiting_streams_with_unavailable(start_brain) -> None:
+    brain: Brain = start_brain(START)
+    with grpc.insecure_channel(f"unix://{brain.socket}") as channel:
+        requests: queue.Queue[localv1.WatchReq | None] = queue.Queue()
+        watch = channel.stream_stream(WATCH_METHOD,
+                                      request_serializer=localv1.WatchReq.SerializeToString,
+                                      response_deserializer=localv1.OpItem.FromString)
+        responses = watch(iter(requests.get, None))
+        requests.put(localv1.WatchReq(NodeName="n1"))
+        for op in responses:
+            if op.WhichOneof("Op") == "Sync":
+                break
+        brain.stop_server()  # grace 0; the stream waits for the client's next WatchReq
+        with pytest.raises(grpc.RpcError) as failure:
+            next(responses)
+        assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert failure.value.details() == "the brain is stopping"
+        requests.put(None)

@@ -3,8 +3,9 @@ KPNG's op order; no op for unchanged objects and no answer for no change."""
 
 from __future__ import annotations
 
-import threading
+import asyncio
 
+import pytest
 import yaml
 
 from kpng_py.brain.source import BrainSource, StateSnapshots, changeset
@@ -58,15 +59,14 @@ def test_no_difference_is_no_change_set() -> None:
 
 
 class _Session:
-    """One stream of a BrainSource, asked as the server asks it."""
+    """One stream of a BrainSource, asked as the server asks it (for an answer
+    that is there already)."""
 
     def __init__(self, snapshots: StateSnapshots) -> None:
         self._session = BrainSource(snapshots).open_stream()
 
     def next(self, node: str) -> Reply:
-        reply = self._session.next_reply(node, threading.Event())
-        assert reply is not None
-        return reply
+        return asyncio.run(asyncio.wait_for(self._session.next_reply(node), 10))
 
 
 def test_versions_published_meanwhile_merge_into_one_change_set() -> None:
@@ -108,25 +108,47 @@ def test_a_stream_that_changes_node_name_gets_the_difference_of_the_views() -> N
     assert _kinds(stream.next("n2")) == ["Delete endpoints/default/web/web-0", "Sync"]
 
 
-def test_a_waiting_stream_returns_none_once_cancelled() -> None:
+def test_a_waiting_stream_is_woken_by_a_version_published_from_another_thread() -> None:
     snapshots = StateSnapshots(_state(WEB))
     session = BrainSource(snapshots).open_stream()
-    assert session.next_reply("n1", threading.Event()) is not None
-    cancelled = threading.Event()
-    answer: list[Reply | None] = []
-    waiter = threading.Thread(target=lambda: answer.append(session.next_reply("n1", cancelled)))
-    waiter.start()
-    cancelled.set()
-    waiter.join(5)
-    assert answer == [None]
+
+    async def answers() -> tuple[Reply, Reply]:
+        first = await session.next_reply("n1")
+        waiting = asyncio.ensure_future(session.next_reply("n1"))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()  # nothing new: no answer
+        publisher = asyncio.get_running_loop().run_in_executor(
+            None, snapshots.publish, _state(WEB, DB))
+        second = await asyncio.wait_for(waiting, 10)
+        assert await publisher
+        return first, second
+
+    first, second = asyncio.run(answers())
+    assert _kinds(first)[0] == "Reset"
+    assert _kinds(second) == ["Set services/default/db", "Set endpoints/default/db/db-0", "Sync"]
+
+
+def test_a_waiting_stream_ends_when_its_task_is_cancelled() -> None:
+    snapshots = StateSnapshots(_state(WEB))
+    session = BrainSource(snapshots).open_stream()
+
+    async def cancel_a_wait() -> None:
+        await session.next_reply("n1")
+        waiting = asyncio.ensure_future(session.next_reply("n1"))
+        await asyncio.sleep(0.1)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    asyncio.run(cancel_a_wait())
+    assert snapshots.publish(_state(DB))  # nobody waits any more: nothing to wake
 
 
 def test_streams_of_one_node_share_its_view() -> None:
     snapshots = StateSnapshots(_state(WEB))
     first, second = _Session(snapshots), _Session(snapshots)
     assert first.next("n1").ops == second.next("n1").ops
-    cancelled = threading.Event()
-    cancelled.set()
-    version, view = snapshots.wait_view("n1", None, cancelled)
-    assert snapshots.wait_view("n1", None, cancelled)[1] is view
-    assert snapshots.wait_view("n1", version, cancelled) is None
+    version, view = snapshots.current_view("n1")
+    assert snapshots.current_view("n1") == (version, view)
+    assert snapshots.current_view("n1")[1] is view
+    assert asyncio.run(snapshots.wait_view("n1", None))[1] is view

@@ -270,3 +270,64 @@ def test_a_top_level_that_is_not_a_mapping_is_an_error() -> None:
 def test_an_empty_file_is_an_empty_state() -> None:
     assert parse_state(b"", "state.yaml") == ClusterState()
     assert parse_state(b"# nothing yet\n", "state.yaml") == ClusterState()
+
+
+# -- aliases ---------------------------------------------------------------------
+
+def test_modest_aliasing_reads_as_if_the_values_were_written_out() -> None:
+    """KPNG's yaml.v2 reads aliases: a port list or an endpoint shared by
+    services is the same as written out twice."""
+    aliased = parse("""\
+        services:
+        - service: {name: web, ports: &ports [{name: http, protocol: 1, port: 80}]}
+          endpoints: [&pod {podname: p0, endpoint: {ips: {v4: [10.1.0.1]}}}]
+        - service: {name: api, ports: *ports}
+          endpoints: [*pod]
+        """)
+    written_out = parse("""\
+        services:
+        - service: {name: web, ports: [{name: http, protocol: 1, port: 80}]}
+          endpoints: [{podname: p0, endpoint: {ips: {v4: [10.1.0.1]}}}]
+        - service: {name: api, ports: [{name: http, protocol: 1, port: 80}]}
+          endpoints: [{podname: p0, endpoint: {ips: {v4: [10.1.0.1]}}}]
+        """)
+    assert aliased == written_out
+
+
+def _many_ips_by_alias(endpoints: int, ips: int) -> str:
+    """The attack of issue 12: a list of IPs anchored once and aliased by
+    every endpoint, so that a small file makes the reader check
+    endpoints x ips addresses."""
+    listed = ", ".join(f"10.1.{i // 250}.{i % 250 + 1}" for i in range(ips))
+    pods = "".join(f"  - {{podname: p{i}, endpoint: {{ips: *ips}}}}\n"
+                   for i in range(1, endpoints))
+    return ("services:\n- service: {name: web, ports: [{protocol: 1, port: 80}]}\n"
+            f"  endpoints:\n  - {{podname: p0, endpoint: {{ips: &ips {{v4: [{listed}]}}}}}}\n"
+            + pods)
+
+
+def test_aliases_that_expand_without_bound_are_refused_at_the_alias() -> None:
+    text = _many_ips_by_alias(endpoints=4000, ips=1000)
+    assert len(text) < 300_000  # 4 million IPs to check, as the issue found
+    with pytest.raises(StateFileError) as error:
+        parse_state(text.encode(), "state.yaml")
+    message = str(error.value)
+    line = int(re.match(r"state\.yaml:(\d+): ", message).group(1))
+    assert "*ips" in text.splitlines()[line - 1]  # the line of the alias that ran over
+    assert "the alias *ips takes the document past" in message
+    assert message.endswith("write the aliased values out instead")
+
+
+def test_a_billion_laughs_is_refused_before_it_is_read() -> None:
+    laughs = "".join(f"- &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 10))
+    with pytest.raises(StateFileError, match=r"^state\.yaml:\d+: the alias \*l\d takes"):
+        parse_state(("nodes:\n- &l0 {name: x}\nservices:\n" + laughs).encode(), "state.yaml")
+
+
+def test_aliases_within_the_budget_are_read() -> None:
+    """Ten endpoints sharing one list of 1000 IPs: 10 times the nodes written
+    at most, so it is read (and each IP checked)."""
+    state = parse_state(_many_ips_by_alias(endpoints=10, ips=1000).encode(), "state.yaml")
+    (web,) = state.services
+    assert len(web.endpoints) == 10
+    assert len(localv1.Endpoint.FromString(web.endpoints[9].endpoint).IPs.V4) == 1000

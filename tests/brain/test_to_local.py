@@ -6,6 +6,7 @@ import json
 import queue
 import threading
 
+from kpng_py.aio import ThreadsafeEvent
 from kpng_py.brain.source import BrainSource
 from kpng_py.brain.watcher import StateFileWatcher
 from kpng_py.health import Observability
@@ -47,7 +48,7 @@ def test_the_backend_gets_the_nodes_view_and_each_edit(state_file: StateFile) ->
         internaltraffictolocal=True)
     state_file.write(state(web))
     out = _Lines()
-    stop = threading.Event()
+    stop = ThreadsafeEvent()
     with StateFileWatcher(state_file.path, poll_seconds=0.05) as watcher:
         runner = threading.Thread(target=run_in_process, args=(
             BrainSource(watcher.snapshots), "n1", PrintBackend(out), Metrics(), NO_PROBES,
@@ -76,5 +77,5 @@ def test_exit_after_stops_after_that_many_change_sets(state_file: StateFile) -> 
     out = _Lines()
     with StateFileWatcher(state_file.path) as watcher:
         run_in_process(BrainSource(watcher.snapshots), "n1", PrintBackend(out), Metrics(),
-                       NO_PROBES, threading.Event(), exit_after=1)
+                       NO_PROBES, ThreadsafeEvent(), exit_after=1)
     assert _endpoints(out.next()) == {"default/web": []}

@@ -172,12 +172,14 @@ def loaded(bpffs_dir: Path | None = None, **sizes: int) -> Iterator[Datapath]:
             cleanup(bpffs_dir)
 
 
-def programmer(datapath: Datapath, metrics: Metrics | None = None) -> ServiceProgrammer:
+def programmer(datapath: Datapath, metrics: Metrics | None = None,
+               skips: Skips | None = None) -> ServiceProgrammer:
     """A programmer as a fresh process would make one: recovering from the maps."""
     services = datapath.maps[maps.SERVICES.pin]
     backends = datapath.maps[maps.BACKENDS.pin]
     return ServiceProgrammer(services, backends, Capacity(
-        services.info().max_entries, backends.info().max_entries), Skips(metrics or Metrics()))
+        services.info().max_entries, backends.info().max_entries),
+        skips or Skips(metrics or Metrics()))
 
 
 def service_port(name: str, vips: Sequence[str], port: int, backends: Sequence[int] = (),

@@ -5,9 +5,12 @@ Hypothesis drives generated streams (services over both families, TCP and UDP
 ports, affinity, endpoints coming and going with their scopes, bad values,
 reconnects with deletes missed while disconnected, backend restarts) through
 the state model and the real eBPF programmer into real maps (a dedicated bpffs
-directory; no program is attached). After every change set the maps are read
-back with the `ebpf dump` code and compared with the last line `to-print`
-wrote for the same ops. Profiles: "ci" (about a minute) and "long"
+directory; no program is attached). Services draw their ClusterIPs from one
+small pool, with other spellings of the same map keys (IPv4-mapped, scope
+ids), so that they collide: which service port owns a frontend is part of
+what the maps and `to-print` must agree on. After every change set the maps
+are read back with the `ebpf dump` code and compared with the last line
+`to-print` wrote for the same ops. Profiles: "ci" (about a minute) and "long"
 (HYPOTHESIS_PROFILE=long).
 """
 
@@ -28,7 +31,7 @@ from backends.ebpf.dump import read_dump
 from backends.ebpf.loader import Datapath
 from kpng_py.api import localv1 as L
 from kpng_py.metrics import Metrics
-from kpng_py.model import ChangeSet
+from kpng_py.model import ChangeSet, ServicePort
 from kpng_py.print_backend import PrintBackend
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState
@@ -38,18 +41,22 @@ from tests.test_state_properties import KEYS, SERVICES, StreamMachine
 
 pytestmark = pytest.mark.kernel
 
-# No "explain" phase: its tracing makes a failing run take minutes.
+# No "explain" phase: its tracing makes a failing run take minutes. 30 steps
+# in "ci" (about a minute): enough for owners to come, go and be taken over.
 _PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
 PROFILES = {
-    "ci": settings(max_examples=1000, stateful_step_count=50, deadline=None, phases=_PHASES,
+    "ci": settings(max_examples=1000, stateful_step_count=30, deadline=None, phases=_PHASES,
                    suppress_health_check=[HealthCheck.too_slow]),
     "long": settings(max_examples=10000, stateful_step_count=100, deadline=None, phases=_PHASES,
                      suppress_health_check=[HealthCheck.too_slow]),
 }
 
-# Each service has its own ClusterIPs and each port name its own number, so no
-# two service ports claim one frontend (conflicts are tests/ebpf/test_programmer.py's).
-CLUSTER_IPS = {name: (f"10.96.0.{i + 1}", f"fd00:96::{i + 1}") for i, name in enumerate(SERVICES)}
+# One pool for every service, so that they claim each other's frontends;
+# every port name has one number. Beside the canonical addresses: spellings
+# of the same 16-byte keys (::ffff:10.96.0.1 is 10.96.0.1, fd00::1%a is
+# fd00::1) and an address that is none.
+V4_CLUSTER_IPS = ["10.96.0.1", "10.96.0.2", "10.96.0.999"]
+V6_CLUSTER_IPS = ["fd00::1", "fd00::2", "::ffff:10.96.0.1", "fd00::1%a", "fd00::1%b"]
 PORT_NUMBERS = {"": 80, "http": 8080, "dns": 53}
 
 service_ports = st.lists(
@@ -58,13 +65,12 @@ service_ports = st.lists(
     unique_by=lambda p: p[:2], min_size=1, max_size=3)
 services = st.builds(
     lambda name, v4, v6, ports, itl, affinity: service(
-        name, v4={"ip": [CLUSTER_IPS[name][0]], "none": [], "bad": ["10.96.0.999"]}[v4],
-        v6=[CLUSTER_IPS[name][1]] if v6 else [],
+        name, v4=v4, v6=v6,
         ports=[port(n, PORT_NUMBERS[n], proto, target, target_name)
                for n, proto, target, target_name in ports],
         InternalTrafficToLocal=itl, **affinity),
-    st.sampled_from(SERVICES), st.sampled_from(["ip", "none", "bad"]), st.booleans(),
-    service_ports, st.booleans(),
+    st.sampled_from(SERVICES), st.lists(st.sampled_from(V4_CLUSTER_IPS), max_size=1),
+    st.lists(st.sampled_from(V6_CLUSTER_IPS), max_size=1), service_ports, st.booleans(),
     st.sampled_from([{}, {"ClientIP": L.ClientIPAffinity(TimeoutSeconds=30)}]))
 
 # Mostly endpoints that ClusterIP traffic may use, so that slots come and go.
@@ -93,8 +99,9 @@ def printed_frontends(line: dict) -> dict[tuple, tuple]:
 
 
 class MapMachine(StreamMachine):
-    """StreamMachine's streams (and its check of the ChangeSets), with
-    services that never collide, applied to real maps as well."""
+    """StreamMachine's streams (and its checks of the ChangeSets and of
+    frontend ownership), with this module's services, applied to real maps
+    as well."""
 
     def __init__(self, datapath: Datapath) -> None:
         super().__init__()
@@ -102,9 +109,10 @@ class MapMachine(StreamMachine):
         for pin in (maps.SERVICES.pin, maps.BACKENDS.pin):  # a clean start per example
             bpf_map = datapath.maps[pin]
             bpf_map.delete_many([key for key, _ in bpf_map.items()])
-        self.programmer = programmer(datapath)
+        self.skips = Skips(Metrics())  # one registry: making one costs a millisecond
+        self.programmer = programmer(datapath, skips=self.skips)
         self.printed = io.StringIO()
-        self.to_print = NodeState(Skips(Metrics()))
+        self.to_print = NodeState(self.skips)
         self.print_backend = PrintBackend(self.printed)
         self._written: dict[str, int] = {}  # entries the last change set wrote, by map
 
@@ -136,15 +144,17 @@ class MapMachine(StreamMachine):
         self.check_maps()
 
     @rule()
-    def restart_backend(self) -> None:
-        """A new process: it recovers the maps and gets the brain's full state.
-        When nothing changed meanwhile, that first change set writes nothing:
-        ids and entries stay as they were."""
-        unchanged = not self.pending
-        before = read_dump(self.datapath.config.bpffs_dir)["services"]
-        self.programmer = programmer(self.datapath)
-        self.state = NodeState(Skips(Metrics()))
-        self.pending = self._full_state()
+    def restart(self) -> None:
+        """A new process (and a new `to-print` beside it): it recovers the
+        maps and gets the brain's full state. When nothing changed meanwhile
+        and no frontend is contested, that first change set writes nothing:
+        ids and entries stay as they were. (A contested frontend goes to the
+        claimant first in name order: a new process knows no history.)"""
+        unchanged = not self.pending and not _contested(self.claiming)
+        before = read_dump(self.datapath.config.bpffs_dir)["services"] if unchanged else None
+        super().restart()
+        self.programmer = programmer(self.datapath, skips=self.skips)
+        self.to_print = NodeState(self.skips)
         self.sync()
         if unchanged:
             assert self._written == {maps.SERVICES.pin: 0, maps.BACKENDS.pin: 0}
@@ -158,6 +168,12 @@ class MapMachine(StreamMachine):
         line = json.loads(self.printed.getvalue().splitlines()[-1])
         assert programmed_frontends(read_dump(self.datapath.config.bpffs_dir)) == (
             printed_frontends(line))
+
+
+def _contested(claiming: list[ServicePort]) -> bool:
+    """Whether two service ports claim one frontend."""
+    frontends = [f for p in claiming for f in p.frontends()]
+    return len(frontends) != len(set(frontends))
 
 
 @pytest.fixture(scope="module")

@@ -160,7 +160,9 @@ def test_an_incremental_change_writes_only_what_changed(datapath: Datapath) -> N
     p.apply(ChangeSet(full=True))
 
 
-def test_a_clusterip_port_claimed_twice_is_skipped_once(datapath: Datapath) -> None:
+def test_a_frontend_claimed_twice_stays_with_its_owner(datapath: Datapath) -> None:
+    """The state model never gives two service ports one frontend; the
+    programmer guards the maps all the same, with the same policy."""
     metrics = Metrics()
     first = service_port("first", ["10.96.6.1"], 80, backends=[1], families=(4,))
     second = service_port("second", ["10.96.6.1"], 80, backends=[2], families=(4,))
@@ -168,11 +170,60 @@ def test_a_clusterip_port_claimed_twice_is_skipped_once(datapath: Datapath) -> N
     p.apply(added(first, second))
     master = frontend_entries(datapath, "10.96.6.1", 80)[0]
     assert list(backends_of(datapath, master[0]).values()) == ["10.244.0.2:8080"]
-    assert skipped(metrics, "duplicate-port") == 1
+    assert skipped(metrics, "frontend-conflict") == 1
     # When the owner goes, the waiting one takes over.
     p.apply(removed(first))
     master = frontend_entries(datapath, "10.96.6.1", 80)[0]
     assert list(backends_of(datapath, master[0]).values()) == ["10.244.0.3:8080"]
+    assert skipped(metrics, "frontend-conflict") == 1
+    p.apply(ChangeSet(full=True))
+
+
+def test_a_full_change_set_keeps_the_owner_and_reports_nothing_again(
+        datapath: Datapath) -> None:
+    """A reconnect's full state lists the claimant before the owner (name
+    order): the owner keeps its frontend, and the conflict, already
+    reported, is not reported again."""
+    metrics = Metrics()
+    owner = service_port("b-owner", ["10.96.6.3"], 80, backends=[1], families=(4,))
+    claimant = service_port("a-claimant", ["10.96.6.3"], 80, backends=[2], families=(4,))
+    p = programmer(datapath, metrics)
+    p.apply(added(owner))
+    p.apply(added(claimant))
+    before = frontend_entries(datapath, "10.96.6.3", 80)
+    p.apply(ChangeSet(added=(claimant, owner), full=True))
+    assert frontend_entries(datapath, "10.96.6.3", 80) == before
+    assert list(backends_of(datapath, before[0][0]).values()) == ["10.244.0.2:8080"]
+    assert skipped(metrics, "frontend-conflict") == 1
+    p.apply(ChangeSet(full=True))
+
+
+@pytest.mark.parametrize("owned, intruding", [
+    ("10.96.6.4", "::ffff:10.96.6.4"),
+    ("fd00:96::6:5", "fd00:96::6:5%b"),
+    ("fd00:96::6:6%a", "fd00:96::6:6%b"),
+])
+def test_one_map_key_is_one_frontend_however_its_address_is_spelt(
+        datapath: Datapath, owned: str, intruding: str) -> None:
+    """Two spellings of one 16-byte key are one frontend: the second claim
+    writes nothing, and its removal leaves the owner's entries alone."""
+    metrics = Metrics()
+    owner = service_port("spelt-owner", [owned], 80, backends=[1])
+    intruder = service_port("spelt-intruder", [intruding], 80, backends=[2])
+    p = programmer(datapath, metrics)
+    p.apply(added(owner))
+    canonical = str(ipaddress.ip_address(owned.split("%")[0]))
+    before = frontend_entries(datapath, canonical, 80)
+    backends = backends_of(datapath, before[0][0])
+    recording = RecordingMap(datapath.maps[maps.SERVICES.pin])
+    p._services = recording
+    p.apply(added(intruder))
+    assert recording.touched == []
+    assert skipped(metrics, "frontend-conflict") == 1
+    p.apply(removed(intruder))
+    assert frontend_entries(datapath, canonical, 80) == before
+    assert backends_of(datapath, before[0][0]) == backends
+    p._services = datapath.maps[maps.SERVICES.pin]
     p.apply(ChangeSet(full=True))
 
 
@@ -195,3 +246,50 @@ def test_a_full_map_skips_that_service_port_only_and_retries_it_later(
         p.apply(removed(a))  # frees room: c is programmed by the same apply
         assert sorted(frontend_entries(small, "10.96.7.3", 80)) == [0, 1, 2, 3]
         assert skipped(metrics, "capacity") == 1
+
+
+def test_a_port_that_outgrows_the_maps_keeps_what_it_had() -> None:
+    """Its new version waits (counted once, retried with every change set)
+    while the old one serves on untouched; a frontend the new version drops
+    is deleted all the same; once a later change set frees room, the new
+    version is programmed."""
+    metrics = Metrics()
+    with loaded(services=12, backends=64, reverse_nat=16, affinity=16) as small:
+        def entries_match_the_maps() -> bool:
+            return (p.service_entries, p.backend_entries) == (
+                len(small.maps[maps.SERVICES.pin]), len(small.maps[maps.BACKENDS.pin]))
+
+        p = programmer(small, metrics)
+        grow = service_port("grow", ["10.96.8.1", "fd00:96::8:1"], 80, backends=[1, 2])
+        filler = service_port("filler", ["10.96.8.2"], 80, backends=[1, 2, 3], families=(4,))
+        p.apply(added(grow, filler))  # 3 + 3 + 4 = 10 of 12 entries
+        v4 = frontend_entries(small, "10.96.8.1", 80)
+        v4_backends = backends_of(small, v4[0][0])
+
+        # v4 only, 8 backends: the v6 frontend goes (7 entries left), and
+        # the 6 more slots would make 13.
+        grown = service_port("grow", ["10.96.8.1"], 80, backends=range(1, 9), families=(4,))
+        recording = RecordingMap(small.maps[maps.SERVICES.pin])
+        p._services = recording
+        p.apply(updated(grow, grown))
+        assert frontend_entries(small, "fd00:96::8:1", 80) == {}
+        assert {bytes(key)[:20] for key in recording.touched} == {
+            bytes(maps.L4Addr.of(ipaddress.ip_address("fd00:96::8:1"), 80))}
+        assert frontend_entries(small, "10.96.8.1", 80) == v4
+        assert backends_of(small, v4[0][0]) == v4_backends
+        assert skipped(metrics, "capacity") == 1
+        assert entries_match_the_maps()
+
+        other = service_port("other", ["10.96.8.3"], 80, backends=[1], families=(4,))
+        p.apply(added(other))  # an unrelated change: grown is retried, still too big
+        assert frontend_entries(small, "10.96.8.1", 80) == v4
+        assert skipped(metrics, "capacity") == 1
+        assert entries_match_the_maps()
+
+        p.apply(removed(filler))  # frees room: grown is programmed by the same apply
+        programmed = frontend_entries(small, "10.96.8.1", 80)
+        assert programmed[0][:2] == (v4[0][0], 8)
+        assert sorted(backends_of(small, v4[0][0]).values()) == [
+            f"10.244.0.{i + 1}:8080" for i in range(1, 9)]
+        assert skipped(metrics, "capacity") == 1
+        assert entries_match_the_maps()

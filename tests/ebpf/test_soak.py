@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from backends.ebpf import maps
+from kpng_py.brain.watcher import Settle
 from tests.brain.helpers import TCP
 from tests.ebpf.lab import Agent, Lab, programmed_frontends
 from tests.ebpf.node import TARGETS, lab_service, node, web_and_dns
@@ -31,7 +32,9 @@ pytestmark = pytest.mark.kernel
 SOAK_SECONDS = float(os.environ.get("KPNG_PY_SOAK_SECONDS", "20")) if os.environ.get(
     "CI") != "true" else 120.0
 WARM_UP_SECONDS = min(10.0, SOAK_SECONDS / 4)
-EDIT_SECONDS = 0.5  # the brain publishes an edit after two equal polls 0.2 s apart
+# The brain publishes an edit once it has stayed the same for Settle.seconds
+# (polled every 0.2 s): edits further apart than that each reach the backend.
+EDIT_SECONDS = Settle().seconds + 0.5
 RSS_GROWTH_BOUND_KIB = 4 * 1024
 EXTRA_SERVICES = 4
 LAB_BACKENDS = (1, 2, 3, 4)

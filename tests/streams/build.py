@@ -297,6 +297,62 @@ def bad_inputs():
     yield sync()
 
 
+def hostile_frontends():
+    """Issue 12: other spellings of a VIP, special addresses and a second claim
+    on one frontend; the owner is the service port that claimed it first."""
+    http = [port("http", 80, target=8080)]
+    keep = service("keep", v4=["10.96.0.10"], v6=["fd00:10:96::a"], ports=http)
+    same = service("same", ns="attack", v4=["10.96.0.10"], ports=http)
+    half = service("half", ns="attack", v4=["10.96.0.20"], v6=["fd00:10:96::a"], ports=http)
+    others = [
+        service("mapped", ns="evil", v6=["::ffff:10.96.0.10"], ports=http),
+        service("scoped", ns="evil", v6=["fd00:10:96::a%eth0"], ports=http),
+        service("any", ns="evil", v4=["0.0.0.0"], v6=["::"], ports=http),
+        service("metadata", ns="evil", v4=["169.254.169.254"], ports=http),
+    ]
+    pods = [
+        ("default", "keep", "keep-0", endpoint(["10.244.0.5"], ["fd00:10:244::5"],
+                                               overrides=[("http", 8080)])),
+        ("attack", "same", "same-0", endpoint(["10.244.9.9"], overrides=[("http", 8080)])),
+        ("attack", "half", "half-0", endpoint(["10.244.9.8"], ["fd00:10:244::98"],
+                                              overrides=[("http", 8080)])),
+    ]
+    yield reset()
+    yield set_service(keep)
+    yield set_endpoint(*pods[0])
+    yield sync()
+    # refused: another spelling of keep's VIPs, unspecified and link-local VIPs,
+    # and an endpoint address in the node's loopback (its other address stays)
+    for svc in others:
+        yield set_service(svc)
+    yield set_endpoint("default", "keep", "keep-1", endpoint(["127.0.0.1", "10.244.0.6"],
+                                                             overrides=[("http", 8080)]))
+    # keep claimed both its VIPs first, though "attack" sorts before "default":
+    # same gets nothing, half only its own v4 VIP
+    yield set_service(same)
+    yield set_service(half)
+    yield set_endpoint(*pods[1])
+    yield set_endpoint(*pods[2])
+    yield sync()
+    # the refused ones go: nothing changes
+    yield delete(L.ServicesSet, "evil/mapped")
+    yield delete(L.ServicesSet, "evil/scoped")
+    yield sync()
+    # keep goes: same takes its v4 VIP, half its v6 VIP, in the same change set
+    yield delete(L.EndpointsSet, "default/keep/keep-0")
+    yield delete(L.EndpointsSet, "default/keep/keep-1")
+    yield delete(L.ServicesSet, "default/keep")
+    yield sync()
+    # a reconnect re-sends the same state, keep included again: the owners stay
+    yield "UNAVAILABLE: brain restarted"
+    yield reset()
+    for svc in (keep, same, half, others[2], others[3]):
+        yield set_service(svc)
+    for pod in pods:
+        yield set_endpoint(*pod)
+    yield sync()
+
+
 SCENARIOS: dict[str, Scenario] = {
     "initial-state": initial_state,
     "endpoints-churn": endpoints_churn,
@@ -309,6 +365,7 @@ SCENARIOS: dict[str, Scenario] = {
     "reconnect": reconnect,
     "large-state": large_state,
     "bad-inputs": bad_inputs,
+    "hostile-frontends": hostile_frontends,
 }
 
 

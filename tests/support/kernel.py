@@ -127,7 +127,7 @@ def cgroup(prefix: str = "kpng-py-test-") -> Iterator[Cgroup]:
         cg.delete()
 
 
-_OWNED = re.compile(r"^(?:kpng-py-test-|kpt|vn|vp)(\d+)x\d+$")
+_OWNED = re.compile(r"^(?:kpng-py-test-|kp[a-z]|vn|vp)(\d+)x\d+$")
 
 
 def _owner_is_gone(name: str) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 from kpng_py.api import localv1 as L
 from kpng_py.client import ClientConfig, WatchClient
 from kpng_py.metrics import Metrics
-from kpng_py.server import LocalApiServer, Reply
+from kpng_py.server import LocalApiServer, Reply, wait_until_cancelled
 from kpng_py.transport import ListenAddress, TLSFiles
 from tests.streams.build import port, reset, service, set_service, sync
 
@@ -30,11 +30,10 @@ class ScriptedSource:
         self.streams.append(time.monotonic())
         return self
 
-    def next_reply(self, node_name, cancelled):
+    async def next_reply(self, node_name):
         self.requests.append((node_name, self.sink_busy.is_set()))
         if not self.replies:
-            cancelled.wait()
-            return None
+            await wait_until_cancelled()
         return self.replies.pop(0)
 
     def close(self):
@@ -42,18 +41,26 @@ class ScriptedSource:
 
 
 class RecordingSink:
-    def __init__(self, source: ScriptedSource, apply_seconds: float = 0.0) -> None:
+    """Keeps what the client hands over; tells a ScriptedSource (if given)
+    while it is applying, so the source can check the client's credit."""
+
+    def __init__(self, source: ScriptedSource | None = None, apply_seconds: float = 0.0) -> None:
         self.source, self.apply_seconds = source, apply_seconds
         self.changesets: list[list[L.OpItem]] = []
         self.errors: list[str] = []
+        self.started = 0  # change sets whose first message arrived
         self.client: WatchClient | None = None
         self.stop_after = 0
 
+    def on_changeset_started(self):
+        self.started += 1
+
     def on_changeset(self, ops):
-        self.source.sink_busy.set()
+        busy = self.source.sink_busy if self.source else threading.Event()
+        busy.set()
         time.sleep(self.apply_seconds)
         self.changesets.append(ops)
-        self.source.sink_busy.clear()
+        busy.clear()
         if self.stop_after and len(self.changesets) >= self.stop_after:
             self.client.stop()
 
@@ -75,8 +82,10 @@ def start(source, tmp_path: Path, tls: TLSFiles | None = None, tcp: bool = False
 
 
 def run_client(config: ClientConfig, sink: RecordingSink, seconds: float,
-               metrics: Metrics | None = None) -> WatchClient:
-    client = WatchClient(config, sink, metrics or Metrics())
+               metrics: Metrics | None = None, **client_args) -> WatchClient:
+    """Run a WatchClient (with `client_args`, e.g. a clock) for at most
+    `seconds`, or until the sink stops it."""
+    client = WatchClient(config, sink, metrics or Metrics(), **client_args)
     sink.client = client
     worker = threading.Thread(target=client.run, daemon=True)
     worker.start()

@@ -17,10 +17,11 @@ import pickle
 import struct
 import subprocess
 import sys
+import tempfile
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from kpng_py.model import ChangeSet, Endpoint, Protocol, ServicePort, ServicePortName
 from tests.support.kernel import NetNS, netns
@@ -92,24 +93,48 @@ def cluster() -> Iterator[Cluster]:
         yield the_cluster
 
 
+class SetupRefused(Exception):
+    """The backend refused to set up; the message is its error."""
+
+
 class NodeBackend:
-    """The backend process in the node namespace."""
+    """The backend process (`node_driver`) in the node namespace, or in any
+    namespace of the test's."""
 
-    def __init__(self, cluster: Cluster, *flags: str) -> None:
+    def __init__(self, where: Cluster | NetNS, *flags: str) -> None:
+        node = where.node if isinstance(where, Cluster) else where
+        self._log = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(
-            cluster.python(cluster.node, "tests.userspace.node_driver", *flags),
-            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        line = self._proc.stdout.readline()
-        if line.strip() != b"ready":
+            node.exec_args(sys.executable, "-m", "tests.userspace.node_driver", *flags),
+            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
+        line = self._proc.stdout.readline().decode().strip()
+        if line != "ready":
             self.close()
-            raise RuntimeError(f"node_driver did not start (said {line!r})")
+            if line.startswith("setup-error: "):
+                raise SetupRefused(line.removeprefix("setup-error: "))
+            raise RuntimeError(f"node_driver did not start (said {line!r}): {self.log()}")
 
-    def apply(self, changes: ChangeSet) -> None:
-        data = pickle.dumps(changes)
+    def send(self, request: ChangeSet | str) -> str:
+        """One request (see node_driver); its answer."""
+        data = pickle.dumps(request)
         self._proc.stdin.write(struct.pack(">I", len(data)) + data)
         self._proc.stdin.flush()
-        answer = self._proc.stdout.readline().decode().strip()
-        assert answer == "applied", f"the backend failed to apply {changes}: {answer!r}"
+        return self._proc.stdout.readline().decode().strip()
+
+    def apply(self, changes: ChangeSet) -> None:
+        answer = self.send(changes)
+        assert answer == "applied", (f"the backend failed to apply {changes}: {answer!r}; "
+                                     f"log: {self.log()[-5:]}")
+
+    def counts(self) -> dict[str, float]:
+        """The backend's counters: {"name:label,...": value}."""
+        return json.loads(self.send("counts"))
+
+    def log(self) -> list[dict]:
+        """The backend's log records so far."""
+        self._log.seek(0)
+        return [json.loads(line) for line in self._log.read().splitlines()
+                if line.startswith(b"{")]
 
     def close(self) -> None:
         """EOF on stdin: the backend closes (as at shutdown) and exits."""
@@ -120,6 +145,29 @@ class NodeBackend:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+
+
+@contextmanager
+def node_starter(where: Cluster | NetNS) -> Iterator[Callable[..., NodeBackend]]:
+    """A function that starts the backend in `where` with the given flags;
+    every backend it started is closed on exit."""
+    started: list[NodeBackend] = []
+
+    def start(*flags: str) -> NodeBackend:
+        started.append(NodeBackend(where, *flags))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for node in started:
+            node.close()
+
+
+def addresses(ns: NetNS, device: str) -> set[str]:
+    """The addresses on `device` in `ns`, as "ip/prefixlen"."""
+    shown = json.loads(ns.ip("-j", "addr", "show", "dev", device).stdout)
+    return {f"{a['local']}/{a['prefixlen']}" for link in shown for a in link["addr_info"]}
 
 
 class ClientAgent:

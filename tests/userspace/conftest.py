@@ -5,7 +5,7 @@ from typing import Callable, Iterator
 import pytest
 
 from tests.support.kernel import require_root
-from tests.userspace.cluster import Cluster, ClientAgent, NodeBackend, cluster
+from tests.userspace.cluster import ClientAgent, Cluster, NodeBackend, cluster, node_starter
 
 
 @pytest.fixture(scope="module")
@@ -18,15 +18,8 @@ def netns_cluster() -> Iterator[Cluster]:
 @pytest.fixture
 def start_node(netns_cluster: Cluster) -> Iterator[Callable[..., NodeBackend]]:
     """Starts the backend in the node namespace with the given flags."""
-    started: list[NodeBackend] = []
-
-    def start(*flags: str) -> NodeBackend:
-        started.append(NodeBackend(netns_cluster, *flags))
-        return started[-1]
-
-    yield start
-    for node in started:
-        node.close()
+    with node_starter(netns_cluster) as start:
+        yield start
 
 
 @pytest.fixture

@@ -1,8 +1,12 @@
 """The userspace backend inside the node namespace, fed ChangeSets by a test.
 
-Reads pickled ChangeSets (a 4-byte big-endian length, then the pickle) on
-stdin, applies each and answers "applied" (or the error) on stdout; closes
-the backend at EOF. Flags are the backend's own (`to-userspace --help`).
+Reads pickled requests (a 4-byte big-endian length, then the pickle) on
+stdin: a ChangeSet is applied and answered with "applied" (or the error),
+the string "counts" with the process's counters as one JSON line
+({"name:label,...": value}). Closes the backend at EOF. Says "ready" once
+set up, or "setup-error: MESSAGE" (and exits 2) when the backend refuses to
+set up. Flags are the backend's own (`to-userspace --help`); logs are JSON
+lines on stderr.
 
     python -m tests.userspace.node_driver [--udp-idle-timeout 1 ...]
 """
@@ -10,29 +14,46 @@ the backend at EOF. Flags are the backend's own (`to-userspace --help`).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import pickle
 import struct
 import sys
 
 from backends.userspace import cli
+from kpng_py.backend import BackendSetupError
 from kpng_py.logs import setup_logging
 from kpng_py.metrics import Metrics
+
+
+def _counts(metrics: Metrics) -> dict[str, float]:
+    return {f"{sample.name}:{','.join(sample.labels.values())}": sample.value
+            for family in metrics.registry.collect() if family.type == "counter"
+            for sample in family.samples if sample.name.endswith("_total")}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    setup_logging("text", verbosity=0)
-    backend = cli.create(parser.parse_args(), Metrics())
-    backend.setup()
+    setup_logging("json", verbosity=0)
+    metrics = Metrics()
+    backend = cli.create(parser.parse_args(), metrics)
+    try:
+        backend.setup()
+    except BackendSetupError as err:
+        backend.close()
+        print(f"setup-error: {err}", flush=True)
+        sys.exit(2)
     stdin = sys.stdin.buffer
     print("ready", flush=True)
     try:
         while header := stdin.read(4):
-            changes = pickle.loads(stdin.read(struct.unpack(">I", header)[0]))
+            request = pickle.loads(stdin.read(struct.unpack(">I", header)[0]))
+            if request == "counts":
+                print(json.dumps(_counts(metrics)), flush=True)
+                continue
             try:
-                backend.apply(changes)
+                backend.apply(request)
             except Exception as err:  # reported to the test, which fails on it
                 logging.exception("apply failed")
                 print(f"error: {err!r}", flush=True)

@@ -14,6 +14,7 @@
  *
  * Compiled by BCC at run time (backends/ebpf/loader.py) with:
  *   KPNG_PIN_DIR        bpffs directory holding the pinned maps
+ *   KPNG_MAPS_HEADER    the absolute path of lb_maps.h, as a string
  *   KPNG_SERVICES_MAX, KPNG_BACKENDS_MAX, KPNG_REVNAT_MAX, KPNG_AFFINITY_MAX
  *   KPNG_REJECT_WITH_EPERM  kernels without bpf_set_retval (before 5.18)
  */
@@ -21,7 +22,13 @@
 #include <uapi/linux/in.h>
 #include <uapi/asm-generic/errno.h>
 
-#include "lb_maps.h"
+/* By absolute path: BCC searches the working directory before any -I, so a
+ * "lb_maps.h" there would be compiled instead, and in a bpffs directory the
+ * lookup itself fails (bpffs refuses names with a dot). */
+#ifndef KPNG_MAPS_HEADER
+#error "KPNG_MAPS_HEADER must name lb_maps.h by its absolute path"
+#endif
+#include KPNG_MAPS_HEADER
 
 #ifndef KPNG_PIN_DIR
 #error "KPNG_PIN_DIR must name the bpffs directory of the pinned maps"

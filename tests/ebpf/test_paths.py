@@ -1,0 +1,158 @@
+"""--bpffs-dir and --cgroup: resolved once (symlinks, "..", relative paths),
+checked as resolved, and only the resolved path used afterwards; a bpffs
+mount root refused; errors that are not about permissions not blamed on
+root. The real bpffs and cgroup2 mounts, with directories of the test's own;
+the mount-root cases run on a private bpffs instance in a mount namespace
+of their own, so /sys/fs/bpf (1777) is never touched."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from backends.ebpf import maps
+from backends.ebpf.loader import (
+    LINKS_DIR,
+    Datapath,
+    DatapathConfig,
+    checked_bpffs_dir,
+    checked_cgroup,
+    cleanup,
+)
+from backends.ebpf.privileges import privilege_hint
+from kpng_py.backend import BackendSetupError
+from tests.ebpf.conftest import TEST_MAP_SIZES
+from tests.ebpf.lab import BPFFS, loaded, unique_bpffs_dir
+from tests.support.kernel import CGROUP2_ROOT, cgroup, require_root_bpf, unique_name
+from tests.support.process import KPNG_PY, LOOPBACK_PROBES
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture(autouse=True)
+def _root() -> None:
+    require_root_bpf()
+
+
+def escaping(base: Path, target: Path) -> Path:
+    """A path that starts under `base` and climbs out of it to `target`."""
+    return base / "sub" / Path(*[".."] * (len(base.parts) + 1)) / target.relative_to("/")
+
+
+def test_dot_dot_out_of_bpffs_is_refused(tmp_path: Path) -> None:
+    given = escaping(BPFFS, tmp_path / "pins")
+    with pytest.raises(BackendSetupError) as refused:
+        checked_bpffs_dir(given)
+    assert str(refused.value) == (
+        f"--bpffs-dir {given} (that is {tmp_path / 'pins'}) is not on a bpf filesystem; "
+        "mount one (mount -t bpf bpf /sys/fs/bpf) or pick a directory under it")
+
+
+@pytest.mark.parametrize("given", [BPFFS, BPFFS / "kpng-py" / "..", BPFFS / "."])
+def test_a_bpffs_mount_root_is_refused(given: Path) -> None:
+    with pytest.raises(BackendSetupError) as refused:
+        checked_bpffs_dir(given)
+    assert "is the root of a bpf filesystem, which kpng-py would make root-only (0700)" in str(
+        refused.value)
+    assert "pick a directory under it, such as /sys/fs/bpf/kpng-py" in str(refused.value)
+
+
+def test_a_symlink_to_a_bpffs_directory_is_followed(tmp_path: Path) -> None:
+    target = unique_bpffs_dir()
+    (tmp_path / "link").symlink_to(target)
+    assert checked_bpffs_dir(tmp_path / "link" / "pins") == target / "pins"
+
+
+def test_a_cgroup_path_is_checked_as_resolved(tmp_path: Path) -> None:
+    # Lexically under the cgroup2 mount, with a cgroup.procs: what a check of
+    # the path as given accepted, and where no program would ever run.
+    (tmp_path / "cgroup.procs").write_text("")
+    given = escaping(CGROUP2_ROOT, tmp_path)
+    with pytest.raises(BackendSetupError) as refused:
+        checked_cgroup(given)
+    assert str(refused.value) == (f"--cgroup {given} (that is {tmp_path}) is not a cgroup v2 "
+                                  "directory; pass one under the cgroup2 mount")
+    with cgroup() as group:
+        (tmp_path / "link").symlink_to(group.path)
+        assert checked_cgroup(tmp_path / "link") == group.path
+
+
+def test_relative_paths_are_taken_from_the_cwd_and_compiled_in_resolved(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    name = unique_name("kpng-py-test-")
+    with cgroup() as group:
+        monkeypatch.chdir(BPFFS)
+        relative_cgroup = Path("..") / "cgroup" / CGROUP2_ROOT.name / group.path.name
+        config = DatapathConfig(Path(name), relative_cgroup, TEST_MAP_SIZES)
+        datapath = Datapath.load(config)
+        try:
+            assert datapath.config.bpffs_dir == BPFFS / name
+            assert datapath.config.cgroup == group.path
+            monkeypatch.chdir("/")  # nothing may depend on the cwd any more
+            datapath.attach()
+            pinned = sorted(p.name for p in (BPFFS / name).iterdir())
+            assert pinned == sorted([LINKS_DIR, *(spec.pin for spec in maps.MAP_SPECS)])
+            assert len(list((BPFFS / name / LINKS_DIR).iterdir())) == 8
+        finally:
+            datapath.close()
+            cleanup(BPFFS / name, group.path)
+
+
+def test_only_a_refused_permission_is_said_to_need_root() -> None:
+    assert privilege_hint(OSError(errno.EPERM, "x")) == " (needs root)"
+    assert privilege_hint(OSError(errno.EACCES, "x")) == " (needs root)"
+    assert privilege_hint(OSError(errno.ENOTDIR, "x")) == ""
+    with loaded(**TEST_MAP_SIZES) as datapath, cgroup() as group:
+        # Under a pinned map, which is no directory: mkdir fails with EEXIST.
+        inside_a_pin = datapath.config.bpffs_dir / maps.SERVICES.pin / "pins"
+        with pytest.raises(BackendSetupError) as refused:
+            Datapath.load(DatapathConfig(inside_a_pin, group.path, TEST_MAP_SIZES))
+    assert "File exists" in str(refused.value)
+    assert "needs root" not in str(refused.value)
+
+
+def in_private_bpffs(script: str, mount: Path) -> subprocess.CompletedProcess:
+    """Runs a shell script in a mount namespace of its own, with a fresh bpffs
+    instance (mode 1777, like /sys/fs/bpf) at $MNT, and the command at $KPNG_PY."""
+    mount.mkdir()
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+         f'mount -t bpf -o mode=1777 bpf "$MNT" && {script}'],
+        env={"MNT": str(mount), "KPNG_PY": KPNG_PY, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+        capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("command", [
+    "local --api unix:///nonexistent {probes} to-ebpf --bpffs-dir $MNT --cgroup {cgroup}",
+    "ebpf cleanup --bpffs-dir $MNT",
+    "ebpf dump --bpffs-dir $MNT/x/..",
+])
+def test_the_cli_refuses_a_bpffs_root_and_leaves_its_mode_alone(
+        tmp_path: Path, command: str) -> None:
+    with cgroup() as group:
+        args = command.format(probes=" ".join(LOOPBACK_PROBES), cgroup=group.path)
+        # timeout: a backend that accepted the path would watch the brain forever.
+        result = in_private_bpffs(
+            f'timeout -s KILL 60 "$KPNG_PY" {args}; echo "rc=$?"; stat -c %a "$MNT"',
+            tmp_path / "mnt")
+    rc, mode = result.stdout.splitlines()[-2:]
+    assert (rc, mode) == ("rc=2", "1777"), result.stderr
+    (error,) = [line for line in result.stderr.splitlines() if "kpng-py: error:" in line]
+    assert "is the root of a bpf filesystem" in error and "Traceback" not in result.stderr
+
+
+def test_the_cli_checks_the_paths_of_dump_and_cleanup(tmp_path: Path) -> None:
+    outside = escaping(BPFFS, tmp_path)
+    with cgroup() as group:
+        for args in (["ebpf", "dump", "--bpffs-dir", str(outside)],
+                     ["ebpf", "cleanup", "--bpffs-dir", str(outside)],
+                     ["ebpf", "cleanup", "--bpffs-dir", str(unique_bpffs_dir()),
+                      "--cgroup", str(group.path / ".." / "..")]):
+            result = subprocess.run([KPNG_PY, *args], capture_output=True, text=True,
+                                    timeout=60)
+            assert result.returncode == 2, (args, result.stderr)
+            (error,) = [line for line in result.stderr.splitlines() if "kpng-py: error:" in line]
+            assert "(that is " in error and " is not " in error, error

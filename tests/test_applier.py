@@ -1,0 +1,229 @@
+"""ChangeSetApplier: a failed apply is retried on a timer, without waiting for
+the brain's next change set, and /healthz follows."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import ExitStack
+from typing import Callable, Iterator
+
+import pytest
+
+from kpng_py.api import localv1 as L
+from kpng_py.backend import ChangeSetApplier
+from kpng_py.client import Backoff
+from kpng_py.health import BindAddress, HealthSink, SyncHealth, serve_healthz
+from kpng_py.metrics import Metrics
+from kpng_py.model import ChangeSet, ServicePort
+from kpng_py.runner import ApplierSink
+from kpng_py.skips import Skips
+from kpng_py.state import NodeState
+from tests.streams.build import endpoint, port, reset, service, set_endpoint, set_service, sync
+
+WAIT = 30.0  # liveness bound: generous, the machine is shared
+FAST = (0.01, 0.04)  # retry delays: first, cap
+
+
+class FlakyBackend:
+    """A dataplane that fails while `failures` is above zero (or forever while
+    `broken` is set), else holds what it is given. Records every call."""
+
+    def __init__(self, failures: int = 0, apply_seconds: float = 0.0) -> None:
+        self.failures = failures
+        self.broken = threading.Event()
+        self.apply_seconds = apply_seconds
+        self.held: dict[str, ServicePort] = {}
+        self.calls: list[tuple[ChangeSet, int, bool]] = []  # (changes, thread, applied)
+        self.overlapped = False
+        self._busy = threading.Lock()
+        self._changed = threading.Condition()
+
+    def setup(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def apply(self, changes: ChangeSet) -> None:
+        if not self._busy.acquire(blocking=False):
+            self.overlapped = True
+            self._busy.acquire()
+        try:
+            time.sleep(self.apply_seconds)
+            failing = self.broken.is_set() or self.failures > 0
+            if not failing:
+                self._hold(changes)
+            with self._changed:
+                self.failures -= 1 if self.failures > 0 else 0
+                self.calls.append((changes, threading.get_ident(), not failing))
+                self._changed.notify_all()
+            if failing:
+                raise OSError(errno.ENOSPC, "No space left on device (map full)")
+        finally:
+            self._busy.release()
+
+    def _hold(self, changes: ChangeSet) -> None:
+        if changes.full:
+            self.held.clear()
+        for gone in changes.removed:
+            self.held.pop(str(gone.name), None)
+        for current in changes.current():
+            self.held[str(current.name)] = current
+
+    def wait_for(self, predicate: Callable[[], bool]) -> None:
+        with self._changed:
+            assert self._changed.wait_for(predicate, WAIT), self.calls
+
+    def successes(self) -> list[ChangeSet]:
+        return [changes for changes, _, applied in self.calls if applied]
+
+
+def web_and_dns() -> list[L.OpItem]:
+    return [reset(),
+            set_service(service("web", v4=["10.96.0.10"], ports=[port("http", 80, target=8080)])),
+            set_endpoint("default", "web", "a", endpoint(["10.244.0.5"])),
+            set_service(service("dns", v4=["10.96.0.53"], ports=[port("dns", 53, L.UDP)])),
+            set_endpoint("default", "dns", "a", endpoint(["10.244.0.7"])),
+            sync()]
+
+
+def another_web_endpoint() -> list[L.OpItem]:
+    return [set_endpoint("default", "web", "b", endpoint(["10.244.0.6"])), sync()]
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    return Metrics()
+
+
+@pytest.fixture
+def cleanup() -> Iterator[ExitStack]:
+    with ExitStack() as stack:
+        yield stack
+
+
+@pytest.fixture
+def new_applier(metrics: Metrics, cleanup: ExitStack):
+    def make(backend: FlakyBackend, delays: tuple[float, float] = FAST,
+             health: SyncHealth | None = None) -> ChangeSetApplier:
+        applier = ChangeSetApplier(backend, NodeState(Skips(metrics)), metrics, listener=health,
+                                   retry_backoff=Backoff(*delays))
+        cleanup.callback(applier.close)
+        return applier
+    return make
+
+
+def counts(metrics: Metrics) -> tuple[float, float]:
+    """(failed applies, retries)"""
+    return (metrics.dataplane_errors.labels("apply")._value.get(),
+            metrics.apply_retries._value.get())
+
+
+def test_a_failed_apply_is_retried_without_a_new_changeset(new_applier, metrics: Metrics) -> None:
+    backend = FlakyBackend(failures=3)
+    applier = new_applier(backend)
+    applier.apply_ops(web_and_dns())  # fails; then two retries fail and the third succeeds
+    backend.wait_for(lambda: bool(backend.successes()))
+    (reconcile,) = backend.successes()
+    assert reconcile.full and reconcile.added == tuple(applier.state.service_ports())
+    assert sorted(backend.held) == ["default/dns:dns", "default/web:http"]
+    assert counts(metrics) == (3, 3)
+    retry_threads = {thread for _, thread, _ in backend.calls[1:]}
+    assert len(retry_threads) == 1 and threading.get_ident() not in retry_threads
+    time.sleep(0.3)  # many retry delays: nothing more is retried once it worked
+    assert len(backend.calls) == 4 and counts(metrics) == (3, 3)
+    applier.apply_ops(another_web_endpoint())  # and the next change set is incremental again
+    assert not backend.calls[-1][0].full
+
+
+def test_retry_delays_double_up_to_the_cap_and_start_over_after_a_success(
+        new_applier, caplog: pytest.LogCaptureFixture) -> None:
+    backend = FlakyBackend(failures=5)
+    applier = new_applier(backend)
+    with caplog.at_level(logging.ERROR, logger="kpng_py.backend"):
+        applier.apply_ops(web_and_dns())
+        backend.wait_for(lambda: bool(backend.successes()))
+        backend.failures = 1
+        applier.apply_ops(another_web_endpoint())
+        backend.wait_for(lambda: len(backend.successes()) == 2)
+    delays = [record.kpng_fields["retry_in_s"] for record in caplog.records]
+    first, cap = FAST
+    bases = [first, 2 * first, cap, cap, cap, first]
+    assert len(delays) == len(bases)
+    assert all(base <= delay < 2 * base for base, delay in zip(bases, delays)), delays
+
+
+def test_a_changeset_that_comes_first_reconciles_everything_itself(
+        new_applier, metrics: Metrics) -> None:
+    backend = FlakyBackend(failures=1)
+    applier = new_applier(backend, delays=(0.5, 0.5))
+    applier.apply_ops(web_and_dns())
+    changes = applier.apply_ops(another_web_endpoint())
+    assert changes is not None and changes.full and changes.endpoint_changes == 1
+    assert [str(p.name) for p in backend.successes()[0].added] == [
+        "default/dns:dns", "default/web:http"]
+    assert len(backend.held["default/web:http"].cluster_endpoints()) == 2
+    time.sleep(1.0)  # past the retry's delay: it was cancelled
+    assert len(backend.calls) == 2 and counts(metrics) == (1, 0)
+
+
+def test_close_cancels_a_pending_retry(new_applier, metrics: Metrics) -> None:
+    backend = FlakyBackend(failures=1)
+    applier = new_applier(backend, delays=(0.3, 0.3))
+    applier.apply_ops(web_and_dns())
+    applier.close()
+    time.sleep(1.0)  # past the retry's delay
+    assert len(backend.calls) == 1 and counts(metrics) == (1, 0)
+
+
+def test_retries_and_changesets_never_overlap(new_applier) -> None:
+    backend = FlakyBackend(apply_seconds=0.01)
+    applier = new_applier(backend, delays=(0.005, 0.005))
+    backend.broken.set()  # retries come every few ms while change sets keep arriving
+    applier.apply_ops(web_and_dns())
+    for n in range(40):
+        applier.apply_ops([set_endpoint("default", "dns", f"k{n}", endpoint([f"10.244.1.{n}"])),
+                           sync()])
+    backend.broken.clear()
+    backend.wait_for(lambda: backend.calls[-1][2])
+    assert not backend.overlapped
+    assert backend.held == {str(p.name): p for p in applier.state.service_ports()}
+
+
+def get_healthz(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as response:
+            assert json.loads(response.read())["nodeEligible"]
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_healthz_is_503_while_applies_fail_past_the_timeout_and_200_after(
+        new_applier, metrics: Metrics, cleanup: ExitStack) -> None:
+    now = [1_700_000_000.0]
+    health = SyncHealth(timeout=60, clock=lambda: now[0])
+    backend = FlakyBackend()
+    applier = new_applier(backend, health=health)
+    sink = HealthSink(ApplierSink(applier), health)
+    server = serve_healthz(BindAddress("127.0.0.1", 0), health, metrics)
+    cleanup.callback(server.close)
+    sink.on_changeset(web_and_dns())
+    assert get_healthz(server.port) == 200
+    backend.broken.set()
+    sink.on_changeset(another_web_endpoint())  # fails, and every retry fails
+    backend.wait_for(lambda: len(backend.calls) >= 4)
+    now[0] += 59
+    assert get_healthz(server.port) == 200  # within the timeout
+    now[0] += 2
+    assert get_healthz(server.port) == 503
+    backend.broken.clear()
+    backend.wait_for(lambda: backend.calls[-1][2])  # a retry, not a change set, heals it
+    assert get_healthz(server.port) == 200
+    assert len(backend.held["default/web:http"].cluster_endpoints()) == 2
