@@ -24,7 +24,7 @@ e2e: setup
 # The benchmarks (docs/bench.md), not part of `make test`; e.g.
 # make bench BENCH_ARGS="--quick"    (a few minutes)
 bench: setup
-	PYTHONPATH=hack $(VENV)/bin/python -m bench $(BENCH_ARGS)
+	$(VENV)/bin/python -m bench $(BENCH_ARGS)
 
 unit: setup
 	$(PYTEST) -q -ra -m "not kernel"

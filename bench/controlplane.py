@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.contenders import Contender
-from bench.env import Sandbox, in_netns, run_measured
+from bench.env import Sandbox, run_measured
 from bench.results import Results
 from bench.scenario import Scenario
 from bench.worker import read_reports
-from e2e.names import RunNames
+from lab.names import RunNames
+from lab.procs import in_namespace
 
 log = logging.getLogger("bench")
 
@@ -65,8 +66,8 @@ def _run_once(names: RunNames, workdir: Path, results: Results, contender: Conte
     box = Sandbox.of(names, label).create()
     changes = plan.changes if contender.ours else plan.ruleset_changes
     try:
-        argv = in_netns(box.netns, contender.worker(scenario, scenario_file, box.cgroup,
-                                                    box.bpffs_dir, changes=changes))
+        argv = in_namespace(box.netns, contender.worker(scenario, scenario_file, box.places,
+                                                    changes=changes))
         done = run_measured(argv, plan.timeout, workdir, label)
     finally:
         results.problems += box.remove()

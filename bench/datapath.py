@@ -2,7 +2,7 @@
 pod, directly or through a ClusterIP, with one contender programming N
 service ports on the node.
 
-Each (N, contender) gets a cluster of its own from the e2e harness's builder
+Each (N, contender) gets a cluster of its own from the lab's builder
 (a node namespace with a bridge and no uplink, two pods), torn down after, so
 no contender sees another's leftovers. Pod-to-pod traffic is routed through
 the node (a /32 route each way, as routed CNIs do), so that every contender,
@@ -21,17 +21,17 @@ from pathlib import Path
 from typing import Callable
 
 from bench.contenders import Contender
-from bench.env import ebpf_cleanup, in_netns, sysctl
+from bench.env import dataplane_cleanup
 from bench.loadgen import (NO_CONTENT_PATH, Endpoints, LoadError, connect_latency_ms,
                            connection_rate, tcp_throughput_gbps, udp_query_rate)
 from bench.results import DIRECT, Results
 from bench.scenario import Probe, Scenario
 from bench.worker import read_reports
-from e2e import teardown
-from e2e.cluster import ADDRESSING, Cluster, Family, Pod
-from e2e.names import RunNames
-from e2e.procs import CommandError, run, wait_until
-from e2e.servers import nginx_conf
+from lab import teardown
+from lab.cluster import ADDRESSING, Cluster, Family, Pod
+from lab.names import RunNames
+from lab.procs import CommandError, in_namespace, run, sysctl, wait_until
+from lab.servers import nginx_conf
 from kpng_py.model import Protocol
 
 log = logging.getLogger("bench")
@@ -83,7 +83,7 @@ def run_datapath(names: RunNames, workdir: Path, results: Results,
                 _measure(names, workdir, results, contender, n, plan)
             finally:
                 results.problems += teardown.remove_run(
-                    names, lambda run_names: ebpf_cleanup(run_names.cgroup, run_names.bpffs_dir))
+                    names, lambda run_names: dataplane_cleanup(run_names.places))
 
 
 def _measure(names: RunNames, workdir: Path, results: Results, contender: Contender | None,
@@ -239,8 +239,8 @@ def _load(cluster: Cluster, contender: Contender, scenario: Scenario, workdir: P
     scenario_file.write_text(scenario.to_json())
     names = cluster.names
     out = workdir / f"dp-{contender.name}-{n}.out"
-    argv = in_netns(cluster.node_netns, contender.worker(
-        scenario, scenario_file, names.cgroup, names.bpffs_dir, hold=True))
+    argv = in_namespace(cluster.node_netns, contender.worker(
+        scenario, scenario_file, names.places, hold=True))
     with open(out, "wb") as stdout, open(out.with_suffix(".err"), "wb") as stderr:
         popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr,
                                  start_new_session=True)

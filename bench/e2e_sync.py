@@ -19,11 +19,11 @@ from pathlib import Path
 import yaml
 
 from bench.contenders import Contender
-from bench.env import KPNG_PY, Sandbox, in_netns, run_measured
+from bench.env import KPNG_PY, Sandbox, run_measured
 from bench.results import Results
 from bench.scenario import Scenario
-from e2e.names import RunNames
-from e2e.procs import wait_until
+from lab.names import RunNames
+from lab.procs import in_namespace, wait_until
 from kpng_py.model import ServicePort
 
 log = logging.getLogger("bench")
@@ -76,7 +76,7 @@ def run_e2e(names: RunNames, workdir: Path, results: Results, contenders: list[C
     socket = workdir / f"brain-{n}.sock"
     brain_log = open(workdir / f"brain-{n}.log", "wb")
     brain = subprocess.Popen(
-        in_netns(brain_box.netns, [KPNG_PY, "file", "-i", str(state), "to-api",
+        in_namespace(brain_box.netns, [KPNG_PY, "file", "-i", str(state), "to-api",
                                    "--listen", f"unix://{socket}"]),
         stdin=subprocess.DEVNULL, stdout=brain_log, stderr=brain_log, start_new_session=True)
     try:
@@ -109,8 +109,8 @@ def _run_backend(names: RunNames, workdir: Path, results: Results, contender: Co
     n = scenario.services
     box = Sandbox.of(names, f"e2e-{contender.name}-{n}-{rep}").create()
     try:
-        sink_flags = contender.sink_flags(scenario, box.cgroup, box.bpffs_dir)
-        argv = in_netns(box.netns, [
+        sink_flags = contender.sink_flags(scenario, box.places)
+        argv = in_namespace(box.netns, [
             KPNG_PY, "--log-format", "json", "local", "--api", f"unix://{socket}",
             "--node-name", NODE, "--exit-after", "1", "--healthz-bind-address", "",
             "--metrics-bind-address", "", contender.sink, *sink_flags])

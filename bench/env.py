@@ -1,8 +1,8 @@
 """Where the bench runs things: throwaway network namespaces (with a cgroup
 and a bpffs directory for the eBPF backend), and processes in them.
 
-Every object is named after the run (`e2e.names.RunNames`: `kpe2e-<pid>-...`),
-so the e2e harness's clean-up removes what a killed bench left behind, and
+Every object is named after the run (`lab.names.RunNames`: `kpe2e-<pid>-...`),
+so the lab's sweep removes what a killed bench left behind, and
 parallel runs never collide.
 
 Node-side processes (workers, the brain, backends) enter a namespace with
@@ -22,21 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from e2e.names import RunNames
-from e2e.procs import kill_pids, run
+from kpng_py.registry import LabPlaces, lab_backends
+from lab.names import RunNames
+from lab.procs import kill_pids, run
 
 TIME = "/usr/bin/time"  # GNU time (Debian package "time")
 
 ROOT = Path(__file__).resolve().parent.parent
 KPNG_PY = str(Path(sys.executable).with_name("kpng-py"))
-
-
-def in_netns(netns: str, argv: Sequence[str]) -> list[str]:
-    return ["nsenter", f"--net=/run/netns/{netns}", *argv]
-
-
-def sysctl(netns: str, *settings: str) -> None:
-    run(in_netns(netns, ["sysctl", "-q", "-w", *settings]))
 
 
 @dataclass(frozen=True)
@@ -47,10 +40,17 @@ class Sandbox:
     netns: str
     cgroup: Path
     bpffs_dir: Path
+    service_interface: str
 
     @classmethod
     def of(cls, names: RunNames, label: str) -> Sandbox:
-        return cls(names.netns(label), names.cgroup / label, names.bpffs_dir / label)
+        return cls(names.netns(label), names.cgroup / label, names.bpffs_dir / label,
+                   names.service_interface)
+
+    @property
+    def places(self) -> LabPlaces:
+        """Where a backend run in it keeps its dataplane (kpng_py.registry)."""
+        return LabPlaces(self.netns, self.cgroup, self.bpffs_dir, self.service_interface)
 
     def create(self) -> Sandbox:
         run(["ip", "netns", "add", self.netns])
@@ -63,7 +63,7 @@ class Sandbox:
         """Remove it; returns what could not be removed. No process ever
         joins the cgroup (the eBPF backend only attaches programs to it)."""
         problems = []
-        ebpf_cleanup(self.cgroup, self.bpffs_dir)
+        dataplane_cleanup(self.places)
         out = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True,
                              text=True).stdout
         kill_pids([int(pid) for pid in out.split()])
@@ -78,17 +78,13 @@ class Sandbox:
         return problems
 
 
-def ebpf_cleanup(cgroup: Path, bpffs_dir: Path) -> None:
-    """Detach and unpin what the eBPF backend installed there, if anything."""
-    if bpffs_dir.exists() and "to-ebpf" in _sinks():
-        run([KPNG_PY, "ebpf", "cleanup", "--cgroup", str(cgroup), "--bpffs-dir", str(bpffs_dir)],
-            check=False, timeout=60)
-
-
-def _sinks() -> list[str]:
-    from kpng_py.cli import BACKENDS
-
-    return list(BACKENDS)
+def dataplane_cleanup(places: LabPlaces) -> None:
+    """Remove what any of our backends left in `places` beyond its processes
+    and namespace (e.g. the eBPF backend's pins), if anything."""
+    for spec in lab_backends().values():
+        command = spec.lab.cleanup(places) if spec.lab else None
+        if command is not None:
+            run(command, check=False, timeout=60)
 
 
 @dataclass(frozen=True)

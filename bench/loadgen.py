@@ -17,8 +17,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-from e2e.cluster import Pod
-from e2e.procs import run
+from lab.cluster import Pod
+from lab.procs import run
 
 NO_CONTENT_PATH = "/connect"  # nginx answers 204: curl prints only its timings
 

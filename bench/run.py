@@ -26,12 +26,12 @@ from bench.contenders import CONTENDERS, Contender
 from bench.controlplane import ControlPlanePlan, run_control_plane
 from bench.datapath import DatapathPlan, run_datapath
 from bench.e2e_sync import run_e2e
-from bench.env import ROOT, ebpf_cleanup
+from bench.env import ROOT, dataplane_cleanup
 from bench.report import evaluate_targets, markdown, outcomes_json, plot
 from bench.results import Results
 from bench.scenario import Scenario
-from e2e import teardown
-from e2e.names import CGROUP2_ROOT, RunNames
+from lab import teardown
+from lab.names import CGROUP2_ROOT, RunNames
 
 log = logging.getLogger("bench")
 
@@ -194,7 +194,7 @@ def _tool_versions() -> dict[str, str]:
 
 
 def _cleanup(names: RunNames) -> list[str]:
-    return teardown.remove_run(names, lambda n: ebpf_cleanup(n.cgroup, n.bpffs_dir))
+    return teardown.remove_run(names, lambda n: dataplane_cleanup(n.places))
 
 
 def _run_parts(args: argparse.Namespace, names: RunNames, logs: Path, results: Results) -> None:
@@ -223,9 +223,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         _write(Results.read_json(args.report), args.out)
         return 0
     _preflight()
-    # Workers and kpng-py processes import the bench and the e2e harness too.
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT), str(ROOT / "hack"), *filter(None, [os.environ.get("PYTHONPATH")])])
     names = RunNames.for_this_process()
     logs = args.out / "logs"
     shutil.rmtree(logs, ignore_errors=True)
@@ -238,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     interrupted = False
     _set_signals(_interrupt)
     try:
-        for line in teardown.remove_stale_runs(lambda n: ebpf_cleanup(n.cgroup, n.bpffs_dir)):
+        for line in teardown.remove_stale_runs(lambda n: dataplane_cleanup(n.places)):
             log.info(line)
         _run_parts(args, names, logs, results)
     except Interrupted as err:

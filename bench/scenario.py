@@ -18,7 +18,7 @@ import ipaddress
 import json
 from dataclasses import asdict, dataclass, replace
 
-from kpng_py.model import (ChangeSet, Endpoint, Protocol, ServicePort, ServicePortName,
+from kpng_py.model import (ServicePortChanges, Endpoint, Protocol, ServicePort, ServicePortName,
                            sorted_endpoints)
 
 SERVICE_CIDR = ipaddress.IPv4Network("10.96.0.0/16")
@@ -102,8 +102,8 @@ class Scenario:
         ports += [self._probe(i, probe) for i, probe in enumerate(self.probes)]
         return ports
 
-    def full_changeset(self) -> ChangeSet:
-        return ChangeSet(added=tuple(self.service_ports()), full=True)
+    def full_changeset(self) -> ServicePortChanges:
+        return ServicePortChanges(added=tuple(self.service_ports()), full=True)
 
     def _filler(self, index: int) -> ServicePort:
         first = index * self.endpoints
@@ -140,8 +140,8 @@ class Scenario:
         after = replace(before, endpoints=sorted_endpoints((moved, *before.endpoints[1:])))
         return before, after
 
-    def endpoint_change(self, step: int) -> ChangeSet:
+    def endpoint_change(self, step: int) -> ServicePortChanges:
         before, after = self.endpoint_moves()
         old, new = (before, after) if step % 2 == 0 else (after, before)
-        return ChangeSet(updated=((old, new),), endpoint_changes=2)
+        return ServicePortChanges(updated=((old, new),), endpoint_changes=2)
 

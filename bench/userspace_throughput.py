@@ -2,7 +2,7 @@
 """TCP throughput through the userspace proxy, as a ratio to a direct connection.
 
 Builds the test topology (client, node and server network namespaces, see
-tests/userspace/cluster.py), runs iperf3 in the server namespace and measures
+lab/proxy_node.py), runs iperf3 in the server namespace and measures
 from the client: directly to the server (routed by the node's kernel) and
 through a ClusterIP served by the userspace backend on the node, once per
 splice pipe size. Each figure is the median of --runs runs. Not a test: the
@@ -20,12 +20,9 @@ import signal
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kpng_py.model import ChangeSet, Protocol  # noqa: E402
-from tests.userspace.cluster import SERVER_V4, NodeBackend, cluster, service_port  # noqa: E402
+from kpng_py.model import ServicePortChanges, Protocol
+from lab.proxy_node import SERVER_V4, NodeBackend, cluster, service_port
 
 IPERF_PORT = 5201
 VIP = "10.96.0.40"
@@ -79,7 +76,7 @@ def main() -> None:
             for pipe_size in PIPE_SIZES:
                 backend = NodeBackend(the_cluster, "--tcp-pipe-size", pipe_size)
                 try:
-                    backend.apply(ChangeSet(added=(service,), full=True))
+                    backend.apply(ServicePortChanges(added=(service,), full=True))
                     _measure(results, f"proxy pipe {pipe_size}", the_cluster, VIP, args)
                 finally:
                     backend.close()

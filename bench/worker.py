@@ -13,7 +13,7 @@ input closes (the datapath bench measures traffic meanwhile).
 
 - `ours`: a kpng-py backend (any `to-<backend>` sink, created from its flags
   as `kpng-py local` does), driven through `Backend.apply` with a full
-  ChangeSet and then one-endpoint ChangeSets: the backend's real code path,
+  ServicePortChanges and then one-endpoint ServicePortChanges: the backend's real code path,
   map writes included, without the brain and the watch client.
 - `iptables`, `nftables`: kube-proxy's rulesets for the same state, loaded
   with `iptables-restore --noflush` / `nft -f -` as kube-proxy does (a full
@@ -36,7 +36,7 @@ from bench.rulesets.nftables import LOAD_COMMAND, NftablesProxier
 from bench.scenario import CLUSTER_POD_CIDR, SERVICE_CIDR, Scenario
 from kpng_py.backend import Backend
 from kpng_py.metrics import Metrics
-from kpng_py.model import ChangeSet
+from kpng_py.model import ServicePortChanges
 
 REPORT_KEY = "bench-worker"
 LOAD_TIMEOUT = 1800.0  # seconds for one iptables-restore or nft -f of a whole state
@@ -65,7 +65,7 @@ def _load(command: Sequence[str], text: str) -> None:
                            f"{done.stderr.strip()[:2000]}")
 
 
-def _changes(scenario: Scenario, count: int) -> list[ChangeSet]:
+def _changes(scenario: Scenario, count: int) -> list[ServicePortChanges]:
     return [scenario.endpoint_change(step) for step in range(count)]
 
 
@@ -89,16 +89,14 @@ def read_reports(stdout: str) -> dict:
 
 
 def run_ours(scenario: Scenario, changes: int, sink: str, sink_args: Sequence[str]) -> Backend:
-    import importlib
+    from kpng_py.registry import by_sink
 
-    from kpng_py.cli import BACKENDS
-
-    if sink not in BACKENDS:
-        raise SystemExit(f"this kpng-py has no {sink} backend (has: {', '.join(BACKENDS)})")
-    module = importlib.import_module(BACKENDS[sink])
+    specs = by_sink()
+    if sink not in specs:
+        raise SystemExit(f"this kpng-py has no {sink} backend (has: {', '.join(specs)})")
     parser = argparse.ArgumentParser(prog=sink)
-    module.add_arguments(parser)
-    backend: Backend = module.create(parser.parse_args(list(sink_args)), Metrics())
+    specs[sink].add_arguments(parser)
+    backend: Backend = specs[sink].create(parser.parse_args(list(sink_args)), Metrics())
     full = scenario.full_changeset()
     steps = _changes(scenario, changes)
     _emit(state_rss_mib=_peak_rss_mib())

@@ -6,4 +6,5 @@
 #   hack/demo.sh [-i ipv4|ipv6|dual]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PYTHONPATH="$ROOT/hack${PYTHONPATH:+:$PYTHONPATH}" exec "$ROOT/.venv/bin/python" -m e2e.demo "$@"
+cd "$ROOT/hack"  # `python -m` finds the harness package (e2e) here
+exec "$ROOT/.venv/bin/python" -m e2e.demo "$@"

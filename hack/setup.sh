@@ -24,9 +24,11 @@ debian_packages() {
     echo python3-bpfcc libbpfcc "linux-headers-$arch" bpftool iproute2 procps kmod
     if [[ $MODE == dev ]]; then
         # The real servers and clients of the tests, e2e suite and benchmarks;
-        # gcc checks the BPF map layouts against their ctypes mirrors.
+        # gcc checks the BPF map layouts and the kernel numbers and structs
+        # copied in backends/ebpf against lb_maps.h and the uapi headers
+        # (linux-libc-dev: linux/bpf.h, inet_diag.h, capability.h).
         echo nginx-light dnsmasq-base socat dnsutils curl iperf3 wrk dnsperf time nftables iptables \
-            openssl gcc libc6-dev
+            openssl gcc libc6-dev linux-libc-dev
     fi
 }
 

@@ -10,4 +10,4 @@ if [[ ! -x "$PYTHON" ]]; then
     echo "test_e2e.sh: $PYTHON is missing; run hack/setup.sh first" >&2
     exit 2
 fi
-PYTHONPATH="$ROOT/hack${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" -m e2e "$@"
+exec "$PYTHON" "$ROOT/hack/run_e2e.py" "$@"

@@ -1,5 +1,6 @@
-"""asyncio helpers: the event loop kpng-py runs, and an event that any
-thread sets and asyncio tasks, on any event loop, await."""
+"""asyncio helpers: the event loop kpng-py runs, an event that any thread
+sets and asyncio tasks, on any event loop, await, and the task a coroutine
+runs in."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class ThreadsafeEvent:
             waiters, self._waiters = self._waiters, set()
         for future in waiters:
             try:
-                future.get_loop().call_soon_threadsafe(_resolve, future)
+                future.get_loop().call_soon_threadsafe(resolve, future)
             except RuntimeError:  # its loop is closed: nobody waits there any more
                 pass
 
@@ -65,6 +66,17 @@ class ThreadsafeEvent:
                 self._waiters.discard(future)
 
 
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():  # a cancelled waiter is done already
+def resolve(future: asyncio.Future[None]) -> None:
+    """Set `future`'s result unless it is done already (e.g. cancelled)."""
+    if not future.done():
         future.set_result(None)
+
+
+def running_task() -> asyncio.Task:
+    """The task running the calling coroutine, for code that must be able to
+    cancel it later."""
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("running_task() was called outside an asyncio task; "
+                           "run the coroutine with asyncio.create_task() or a server")
+    return task

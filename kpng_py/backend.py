@@ -1,8 +1,8 @@
 """The contract between the state model and a dataplane, and the loop step
 that connects them.
 
-A backend is a thin translation from ChangeSets to its dataplane. The
-`ChangeSetApplier` feeds it one ChangeSet per Sync received from the brain;
+A backend is a thin translation from ServicePortChanges to its dataplane. The
+`ChangeSetApplier` feeds it one ServicePortChanges per Sync received from the brain;
 the brain gets the next WatchReq only after `apply` returned, so a slow
 backend gets coalesced change sets. After a failed apply the dataplane's
 content is unknown: the applier reconciles it whole, on a timer with backoff
@@ -22,7 +22,7 @@ from kpng_py.api import localv1
 from kpng_py.client import Backoff
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
-from kpng_py.model import ChangeSet
+from kpng_py.model import ServicePortChanges
 from kpng_py.retrytimer import RetryTimer
 from kpng_py.state import NodeState
 
@@ -46,7 +46,7 @@ class Backend(Protocol):
     def setup(self) -> None:
         """Prepare the dataplane (load programs, open sockets); called once."""
 
-    def apply(self, changes: ChangeSet) -> None:
+    def apply(self, changes: ServicePortChanges) -> None:
         """Program one change set."""
 
     def close(self) -> None:
@@ -97,7 +97,7 @@ class ChangeSetApplier:
         self._needs_full = False
         self.syncs = 0
 
-    def apply_ops(self, ops: Iterable[localv1.OpItem]) -> ChangeSet | None:
+    def apply_ops(self, ops: Iterable[localv1.OpItem]) -> ServicePortChanges | None:
         """Apply one change set (ops up to and including its Sync)."""
         ops = list(ops)
         with self._lock:
@@ -137,7 +137,7 @@ class ChangeSetApplier:
                     service_ports=len(changes.added), duration_ms=round(seconds * 1000, 2)))
                 self._listener.reconciled()
 
-    def _program(self, changes: ChangeSet, what: str, started: float) -> float | None:
+    def _program(self, changes: ServicePortChanges, what: str, started: float) -> float | None:
         """Give the backend `changes`: the seconds since `started` (time.monotonic())
         once it has them, or None when it failed (logged, counted, a retry armed)."""
         try:
@@ -158,14 +158,14 @@ class ChangeSetApplier:
         self._metrics.sync_last_timestamp.set_to_current_time()
         return seconds
 
-    def _observe(self, ops: list[localv1.OpItem], changes: ChangeSet) -> None:
+    def _observe(self, ops: list[localv1.OpItem], changes: ServicePortChanges) -> None:
         m = self._metrics
         m.service_changes.inc(changes.service_changes)
         m.endpoint_changes.inc(changes.endpoint_changes)
         m.changeset_ops.observe(sum(1 for op in ops if op.WhichOneof("Op") in ("Set", "Delete")))
         m.changeset_service_ports.observe(len(changes))
 
-    def _log_sync(self, changes: ChangeSet, seconds: float) -> None:
+    def _log_sync(self, changes: ServicePortChanges, seconds: float) -> None:
         if log.isEnabledFor(logging.DEBUG):
             updated = tuple(new for _, new in changes.updated)
             for kind, ports in (("added", changes.added), ("updated", updated),

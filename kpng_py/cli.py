@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import argparse
 import errno
-import importlib
 import math
 import os
 import socket
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import IO, Callable, Sequence
 
-from kpng_py import __version__, runner
+from kpng_py import __version__, registry, runner
 from kpng_py.backend import BackendSetupError
 from kpng_py.brain import command as brain_command
 from kpng_py.brain.reader import StateFileError
@@ -33,15 +31,6 @@ from kpng_py.metrics import Metrics
 from kpng_py.recording import RecordingError, read_segments
 from kpng_py.replay import ReplaySource
 from kpng_py.transport import AddressError, ListenAddress, TLSFiles, dial_target
-
-# Backends by sink name. Each module has HELP, add_arguments(parser) and
-# create(args, metrics) -> Backend, and imports its heavy dependencies lazily.
-BACKENDS: dict[str, str] = {
-    "to-print": "kpng_py.print_backend",
-    "to-ebpf": "backends.ebpf.cli",
-    "to-userspace": "backends.userspace.cli",
-}
-
 
 _CLIENT = ClientConfig(target="", node_name="")  # the client's defaults
 
@@ -232,17 +221,22 @@ def observability(args: argparse.Namespace) -> Observability:
                          args.healthz_timeout)
 
 
-def _backend_module(sink: str) -> ModuleType:
-    return importlib.import_module(BACKENDS[sink])
-
-
 def add_backend_parsers(parser: argparse.ArgumentParser) -> None:
+    """A `to-<backend>` sink per registered backend (kpng_py.registry)."""
     sinks = parser.add_subparsers(dest="backend", metavar="to-<backend>", required=True,
                                   title="backends")
-    for sink in BACKENDS:
-        module = _backend_module(sink)
-        sub = sinks.add_parser(sink, help=module.HELP, description=module.HELP)
-        module.add_arguments(sub)
+    for spec in registry.registered():
+        sub = sinks.add_parser(spec.sink, help=spec.help, description=spec.help)
+        spec.add_arguments(sub)
+        sub.set_defaults(create_backend=spec.create)
+
+
+def _add_tool_parsers(commands: argparse._SubParsersAction) -> None:
+    """The backends' own commands, such as `kpng-py ebpf dump`."""
+    for tool in (spec.tool for spec in registry.registered() if spec.tool):
+        sub = commands.add_parser(tool.name, help=tool.help, description=tool.description)
+        tool.add_arguments(sub)
+        sub.set_defaults(run_tool=tool.run)
 
 
 def _server_address(args: argparse.Namespace) -> tuple[ListenAddress, TLSFiles]:
@@ -320,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("-i", "--input", type=Path, required=True, help="recording to serve")
     _add_api_server_parser(replay)
     _add_file_parser(commands)
-    _backend_module("to-ebpf").add_tool_parser(commands)
+    _add_tool_parsers(commands)
     return parser
 
 
@@ -328,7 +322,7 @@ def _run(args: argparse.Namespace) -> None:
     metrics = Metrics()
     if args.command == "local":
         config = _client_config(args)
-        backend = _backend_module(args.backend).create(args, metrics)
+        backend = args.create_backend(args, metrics)
         runner.run_backend(config, backend, metrics, observability(args), args.exit_after,
                            limits_from_args(args))
     elif args.command == "record":
@@ -342,13 +336,13 @@ def _run(args: argparse.Namespace) -> None:
             brain_command.serve_file(args.input, *_server_address(args), args.max_file_size,
                                     Settle.after(args.settle))
         else:
-            backend = _backend_module(args.backend).create(args, metrics)
+            backend = args.create_backend(args, metrics)
             brain_command.run_file_local(args.input, args.node_name, backend, metrics,
                                          observability(args), args.exit_after,
                                          args.max_file_size, limits_from_args(args),
                                          Settle.after(args.settle))
-    elif args.command == "ebpf":
-        _backend_module("to-ebpf").run_tool(args)
+    else:
+        args.run_tool(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

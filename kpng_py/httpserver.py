@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Callable, Mapping
 
+from kpng_py.aio import resolve, running_task
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
 
@@ -64,6 +65,15 @@ def _text(status: HTTPStatus, *headers: tuple[str, str]) -> Response:
     return Response(status, "text/plain; charset=utf-8", f"{status.phrase}\n".encode(), headers)
 
 
+@dataclass(frozen=True)
+class _Serving:
+    """A started server: its loop, the future that stops it, its thread."""
+
+    loop: asyncio.AbstractEventLoop
+    stopped: asyncio.Future[None]
+    thread: threading.Thread
+
+
 class BoundedHTTPServer:
     """Serves GET on a few paths from one thread, with bounded connections."""
 
@@ -75,9 +85,7 @@ class BoundedHTTPServer:
         self._limits = limits
         # Open connections (and the task serving each), oldest first.
         self._open: OrderedDict[asyncio.BaseTransport, asyncio.Task] = OrderedDict()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopped: asyncio.Future[None] | None = None
-        self._thread: threading.Thread | None = None
+        self._serving: _Serving | None = None
         self.port = 0
 
     def start(self, host: str, port: int) -> int:
@@ -87,37 +95,34 @@ class BoundedHTTPServer:
         sock = socket.create_server((host, port), family=family, backlog=_BACKLOG,
                                     dualstack_ipv6=family == socket.AF_INET6)
         self.port = sock.getsockname()[1]
-        self._loop = asyncio.new_event_loop()
-        self._stopped = self._loop.create_future()
-        self._thread = threading.Thread(target=self._run, args=(self._loop, sock),
-                                        name=self.name, daemon=True)
-        self._thread.start()
+        loop = asyncio.new_event_loop()
+        stopped = loop.create_future()
+        thread = threading.Thread(target=self._run, args=(loop, stopped, sock),
+                                  name=self.name, daemon=True)
+        self._serving = _Serving(loop, stopped, thread)
+        thread.start()
         return self.port
 
     def close(self) -> None:
         """Stop serving and close every connection."""
-        if self._thread is None or not self._thread.is_alive():
+        serving = self._serving
+        if serving is None or not serving.thread.is_alive():
             return
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._stop)
-        self._thread.join(_STOP_SECONDS)
+        serving.loop.call_soon_threadsafe(resolve, serving.stopped)
+        serving.thread.join(_STOP_SECONDS)
 
-    def _stop(self) -> None:
-        if self._stopped is not None and not self._stopped.done():
-            self._stopped.set_result(None)
-
-    def _run(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    def _run(self, loop: asyncio.AbstractEventLoop, stopped: asyncio.Future[None],
+             sock: socket.socket) -> None:
         try:
-            loop.run_until_complete(self._serve(sock))
+            loop.run_until_complete(self._serve(stopped, sock))
         finally:
             loop.close()
 
-    async def _serve(self, sock: socket.socket) -> None:
+    async def _serve(self, stopped: asyncio.Future[None], sock: socket.socket) -> None:
         server = await asyncio.start_server(self._connection, sock=sock,
                                             limit=self._limits.max_request_bytes)
         async with server:
-            assert self._stopped is not None
-            await self._stopped
+            await stopped
             server.close()
             serving = list(self._open.values())
             for task in serving:
@@ -143,9 +148,7 @@ class BoundedHTTPServer:
             oldest, _ = self._open.popitem(last=False)
             oldest.abort()
             self._drop("evicted")
-        task = asyncio.current_task()
-        assert task is not None
-        self._open[transport] = task
+        self._open[transport] = running_task()
 
     def _drop(self, reason: str) -> None:
         self._dropped.labels(self.name, reason).inc()

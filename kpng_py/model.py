@@ -71,7 +71,7 @@ class ServicePortName:
 class Frontend:
     """What a client dials: an address, a port and a protocol.
 
-    One frontend has one owner in a node state (see `ChangeSet`). Today a
+    One frontend has one owner in a node state (see `ServicePortChanges`). Today a
     service port's frontends are its ClusterIPs; node ports, external and
     load-balancer IPs become frontends of the same kind when a backend serves
     them.
@@ -137,10 +137,6 @@ class ServicePort:
     def protocol(self) -> Protocol:
         return self.name.protocol
 
-    def cluster_ip(self, family: IPFamily) -> IPAddress | None:
-        """The ClusterIP of that family (Kubernetes allows one per family)."""
-        return next((ip for ip in self.cluster_ips if family_of(ip) == family), None)
-
     def frontends(self) -> tuple[Frontend, ...]:
         """What clients dial to reach this port: one frontend per ClusterIP,
         in the order of `cluster_ips`."""
@@ -162,7 +158,7 @@ def sorted_endpoints(endpoints: Iterable[Endpoint]) -> tuple[Endpoint, ...]:
 
 
 @dataclass(frozen=True)
-class ChangeSet:
+class ServicePortChanges:
     """What one applied Sync changed, per ServicePortName.
 
     `added` and `updated` carry the new ServicePort, `removed` the last one the

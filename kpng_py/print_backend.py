@@ -18,16 +18,15 @@ import sys
 from typing import IO
 
 from kpng_py.metrics import Metrics
-from kpng_py.model import ChangeSet, ServicePort, ServicePortName
-
-HELP = "print the programmed state as one JSON line per sync (debugging, tests)"
+from kpng_py.model import ServicePortChanges, ServicePort, ServicePortName
+from kpng_py.registry import BackendSpec
 
 
 def service_port_json(port: ServicePort) -> dict:
     return {
         "name": str(port.name),
         "protocol": port.protocol.value,
-        "clusterIPs": sorted(str(ip) for ip in port.cluster_ips),
+        "clusterIPs": sorted(str(frontend.ip) for frontend in port.frontends()),
         "port": port.port,
         "endpoints": sorted(str(ep) for ep in port.cluster_endpoints()),
         "affinityTimeoutSeconds": port.affinity_timeout_seconds,
@@ -44,7 +43,7 @@ class PrintBackend:
     def setup(self) -> None:
         pass
 
-    def apply(self, changes: ChangeSet) -> None:
+    def apply(self, changes: ServicePortChanges) -> None:
         if changes.full:
             self._ports.clear()
         for port in changes.current():
@@ -68,3 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def create(args: argparse.Namespace, metrics: Metrics) -> PrintBackend:
     del args, metrics
     return PrintBackend(sys.stdout)
+
+
+# No dataplane: a lab run has nothing to test through it.
+BACKEND = BackendSpec(
+    name="print",
+    help="print the programmed state as one JSON line per sync (debugging, tests)",
+    add_arguments=add_arguments, create=create, lab=None, tool=None)

@@ -27,7 +27,7 @@ from typing import AsyncIterator, NoReturn, Protocol
 
 import grpc
 
-from kpng_py.aio import ThreadsafeEvent, new_event_loop
+from kpng_py.aio import ThreadsafeEvent, new_event_loop, running_task
 from kpng_py.api import LEGACY_WATCH_METHOD, WATCH_METHOD, localv1
 from kpng_py.logs import fields
 from kpng_py.transport import AddressError, ListenAddress, TLSFiles
@@ -209,8 +209,7 @@ class _WatchStreams:
 
     async def watch(self, requests: AsyncIterator[localv1.WatchReq],
                     context: grpc.aio.ServicerContext) -> AsyncIterator[localv1.OpItem]:
-        task = asyncio.current_task()
-        assert task is not None
+        task = running_task()
         session = self._source.open_stream()
         try:
             self._waiting.add(task)

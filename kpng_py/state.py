@@ -34,7 +34,7 @@ from kpng_py.decode import (
 from kpng_py.frontends import FrontendOwners
 from kpng_py.limits import Limits
 from kpng_py.model import (
-    ChangeSet,
+    ServicePortChanges,
     Endpoint,
     Frontend,
     IPAddress,
@@ -128,8 +128,8 @@ class NodeState:
 
     # -- applying ops ----------------------------------------------------------
 
-    def apply(self, ops: Iterable[localv1.OpItem]) -> ChangeSet | None:
-        """Apply ops; return the ChangeSet at the Sync (None if there was none)."""
+    def apply(self, ops: Iterable[localv1.OpItem]) -> ServicePortChanges | None:
+        """Apply ops; return the ServicePortChanges at the Sync (None if there was none)."""
         changes = None
         for op in ops:
             kind = op.WhichOneof("Op")
@@ -143,9 +143,9 @@ class NodeState:
                 changes = self._sync()
         return changes
 
-    def full_changeset(self) -> ChangeSet:
-        """The whole state as a full ChangeSet, for a backend that must reconcile."""
-        return ChangeSet(added=tuple(self.service_ports()), full=True)
+    def full_changeset(self) -> ServicePortChanges:
+        """The whole state as a full ServicePortChanges, for a backend that must reconcile."""
+        return ServicePortChanges(added=tuple(self.service_ports()), full=True)
 
     def _set(self, value: localv1.Value) -> None:
         ref = ref_set, path = value.Ref.Set, value.Ref.Path
@@ -231,7 +231,7 @@ class NodeState:
 
     # -- the Sync: compute what changed ----------------------------------------
 
-    def _sync(self) -> ChangeSet:
+    def _sync(self) -> ServicePortChanges:
         if self._resync_seen is not None:
             self._drop_not_resent(self._resync_seen)
             self._resync_seen = None
@@ -258,7 +258,7 @@ class NodeState:
             if entry.is_empty():
                 del self._services[path]
         full, self._synced = not self._synced, True
-        changes = ChangeSet(tuple(added), tuple(updated), tuple(removed), full=full,
+        changes = ServicePortChanges(tuple(added), tuple(updated), tuple(removed), full=full,
                             service_changes=self._counts.service_changes,
                             endpoint_changes=self._counts.endpoint_changes)
         self._dirty.clear()

@@ -66,7 +66,7 @@ class ListenAddress:
                                             type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         except socket.gaierror as err:
             raise AddressError(f"--listen {self}: cannot resolve {host!r} ({err.strerror})") from err
-        failure: OSError | None = None
+        failure = "it resolves to no address"
         for family, kind, proto, _, address in candidates:
             with socket.socket(family, kind, proto) as probe:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc's own
@@ -74,9 +74,8 @@ class ListenAddress:
                     probe.bind(address)
                     return
                 except OSError as err:
-                    failure = err
-        assert failure is not None
-        raise AddressError(f"--listen {self}: {failure.strerror}; pick another address or port")
+                    failure = err.strerror or str(err)
+        raise AddressError(f"--listen {self}: {failure}; pick another address or port")
 
     def grpc_address(self) -> str:
         return f"unix:{self.unix_path}" if self.unix_path else str(self.host_port)

@@ -9,17 +9,29 @@ import os
 
 import pytest
 
+from lab.names import BPFFS_ROOT, RunNames
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _sweep_leftovers_of_killed_runs() -> None:
     """Kernel objects of an earlier run that was killed outright (a failing
-    test cleans up itself) would otherwise pile up on the machine."""
+    test cleans up itself) would otherwise pile up on the machine: those of
+    test sessions, e2e runs and benches alike, by their owner's pid."""
     if os.geteuid() != 0:
         return
-    from tests.support.kernel import sweep_stale
+    from lab import teardown
 
-    for removed in sweep_stale():
-        logging.getLogger("tests").warning("removed a leftover of a killed run: %s", removed)
+    for removed in teardown.remove_stale_runs(_detach_programs):
+        logging.getLogger("tests").warning("%s", removed)
+
+
+def _detach_programs(names: RunNames) -> None:
+    """Detach and unpin the BPF programs and maps a dead process left pinned."""
+    from backends.ebpf.loader import cleanup  # BCC: only when there is something to sweep
+
+    for pins in sorted(BPFFS_ROOT.iterdir()):
+        if names.of_process(pins.name):
+            cleanup(pins)
 
 
 @pytest.hookimpl(hookwrapper=True)

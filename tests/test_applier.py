@@ -20,7 +20,7 @@ from kpng_py.backend import ChangeSetApplier
 from kpng_py.client import Backoff
 from kpng_py.health import BindAddress, HealthSink, SyncHealth, serve_healthz
 from kpng_py.metrics import Metrics
-from kpng_py.model import ChangeSet, ServicePort
+from kpng_py.model import ServicePortChanges, ServicePort
 from kpng_py.runner import ApplierSink
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState
@@ -39,7 +39,7 @@ class FlakyBackend:
         self.broken = threading.Event()
         self.apply_seconds = apply_seconds
         self.held: dict[str, ServicePort] = {}
-        self.calls: list[tuple[ChangeSet, int, bool]] = []  # (changes, thread, applied)
+        self.calls: list[tuple[ServicePortChanges, int, bool]] = []  # (changes, thread, applied)
         self.overlapped = False
         self._busy = threading.Lock()
         self._changed = threading.Condition()
@@ -50,7 +50,7 @@ class FlakyBackend:
     def close(self) -> None:
         pass
 
-    def apply(self, changes: ChangeSet) -> None:
+    def apply(self, changes: ServicePortChanges) -> None:
         if not self._busy.acquire(blocking=False):
             self.overlapped = True
             self._busy.acquire()
@@ -68,7 +68,7 @@ class FlakyBackend:
         finally:
             self._busy.release()
 
-    def _hold(self, changes: ChangeSet) -> None:
+    def _hold(self, changes: ServicePortChanges) -> None:
         if changes.full:
             self.held.clear()
         for gone in changes.removed:
@@ -80,7 +80,7 @@ class FlakyBackend:
         with self._changed:
             assert self._changed.wait_for(predicate, WAIT), self.calls
 
-    def successes(self) -> list[ChangeSet]:
+    def successes(self) -> list[ServicePortChanges]:
         return [changes for changes, _, applied in self.calls if applied]
 
 

@@ -14,15 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from e2e import clients, teardown
-from e2e.cluster import ADDRESSING, Cluster, families_of_mode
-from e2e.names import RunNames
-from e2e.run import build_cluster
+from lab import clients, teardown
+from lab.cluster import ADDRESSING, Cluster, families_of_mode
+from lab.names import BPFFS_ROOT, CGROUP2_ROOT, RunNames
+from lab.pods import build_cluster
 from tests.support.kernel import require_root_bpf
 
 pytestmark = pytest.mark.kernel
-
-HACK = Path(__file__).resolve().parents[1] / "hack"
 
 
 def _require_tools() -> None:
@@ -33,9 +31,14 @@ def _require_tools() -> None:
 
 
 def _leftovers(names: RunNames) -> list[str]:
+    """Whatever of the process `names` exists: its run's objects and those it
+    made with unique_name."""
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    found = [line.split()[0] for line in netns.splitlines() if line.startswith(f"{names.tag}-")]
+    found = [ns for ns in (line.split()[0] for line in netns.splitlines() if line.strip())
+             if names.of_process(ns)]
     found += [str(p) for p in (names.cgroup, names.bpffs_dir, *names.workdirs()) if p.exists()]
+    found += [str(p) for root in (CGROUP2_ROOT, BPFFS_ROOT) for p in root.iterdir()
+              if names.of_process(p.name) and str(p) not in found]
     return found
 
 
@@ -66,15 +69,21 @@ def test_stale_run_is_cleared_and_live_run_left_alone():
     dead_child = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent("""
             import sys, time
-            from e2e.cluster import Cluster, families_of_mode
-            from e2e.names import RunNames
-            from e2e.run import build_cluster
+            from lab.cgroups import Cgroup
+            from lab.cluster import Cluster, families_of_mode
+            from lab.names import BPFFS_ROOT, CGROUP2_ROOT, RunNames, unique_name
+            from lab.netns import NetNS
+            from lab.pods import build_cluster
             names = RunNames.for_this_process()
             build_cluster(Cluster(names, families_of_mode("ipv6"), names.make_workdir()))
+            # What a kernel test makes: one object at a time, each named uniquely.
+            NetNS(unique_name("kpt")).create()
+            Cgroup(CGROUP2_ROOT / unique_name("kpng-py-test-")).create()
+            (BPFFS_ROOT / unique_name("kpng-py-test-")).mkdir()
             print("up", flush=True)
             time.sleep(600)
             """)],
-        env={"PYTHONPATH": str(HACK), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
         stdout=subprocess.PIPE, text=True)
     dead = RunNames(dead_child.pid)
     try:
@@ -82,7 +91,8 @@ def test_stale_run_is_cleared_and_live_run_left_alone():
         assert dead_child.stdout is not None and dead_child.stdout.readline() == "up\n"
         dead_child.kill()
         dead_child.wait()
-        assert _leftovers(dead)
+        unique = [found for found in _leftovers(dead) if not dead.in_run(Path(found).name)]
+        assert len(unique) == 3, unique  # the netns, cgroup and bpffs directory
         assert f"removed leftovers of run {dead.tag}" in teardown.remove_stale_runs()
         assert _leftovers(dead) == []
         assert _leftovers(live)  # a run whose process lives is not stale

@@ -1,105 +1,25 @@
-"""The e2e harness's own logic (hack/e2e/), without a kernel: the state file
-it writes, names and stale-run recognition, the DNS codec of its probe, the
-sync detection in backend logs, and its report formats."""
+"""The lab's logic without a kernel (lab/): addressing, names and the
+recognition of leftovers, the DNS codec of its probe, the sync detection in
+backend logs; and, in a pytest of its own in hack/, the e2e harness's own
+tests (hack/e2e/test_harness.py)."""
 
 from __future__ import annotations
 
 import ipaddress
 import os
 import struct
+import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import yaml
+import pytest
 
-from e2e import probe
-from e2e.checks import ALT, DNS_TCP, DNS_UDP, HTTP, base_state
-from e2e.cluster import ADDRESSING, Family, Pod, families_of_mode
-from e2e.names import RunNames, owner_pid, process_exists
-from e2e.proxy import JsonLog
-from e2e.report import Report, Result
-from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, Service
+from lab import probe
+from lab.cluster import ADDRESSING, Family
+from lab.names import RunNames, owner_pid, process_exists, unique_name
+from lab.procs import JsonLog
 
-
-def _pods(families: tuple[Family, ...]) -> tuple[Pod, ...]:
-    return tuple(Pod(f"srv-{i}", i, f"ns-{i}", Path(f"/cg/{i}"),
-                     tuple(ADDRESSING[f].pod_ip(i) for f in families)) for i in range(3))
-
-
-def _service(state: ClusterState, name: str) -> dict:
-    body = yaml.safe_load(state.to_yaml())
-    return next(s for s in body["services"] if s["service"]["name"] == name)
-
-
-def test_state_file_uses_kpng_keys_and_integer_enums():
-    families = families_of_mode("dual")
-    state = base_state(families, _pods(families))
-    body = yaml.safe_load(state.to_yaml())
-    assert [n["name"] for n in body["nodes"]] == ["node-a", "node-b"]
-    web = _service(state, "web")
-    assert web["service"]["ips"] == {"clusterips": {"v4": ["10.96.0.10"],
-                                                    "v6": ["fd00:10:96::a"]}}
-    assert web["service"]["ports"] == [
-        {"name": "http", "protocol": 1, "port": 80, "targetportname": "http"}]
-    first = web["endpoints"][0]
-    assert first == {
-        "podname": "srv-0",
-        "endpoint": {"ips": {"v4": ["10.244.0.10"], "v6": ["fd00:10:244::a"]},
-                     "portoverrides": [{"name": "http", "port": 8080}]},
-        "topology": {"node": "node-a", "zone": "zone-a"},
-        "conditions": {"ready": True},
-    }
-
-
-def test_named_ports_resolve_per_pod_and_numeric_ports_carry_no_override():
-    families = families_of_mode("ipv4")
-    pods = _pods(families)
-    state = ClusterState(families, (
-        Service("multi", 3, (HTTP, ALT)).with_endpoints(*pods),
-        Service("dns", 1, (DNS_UDP, DNS_TCP)).with_endpoints(*pods)))
-    multi = _service(state, "multi")
-    assert [e["endpoint"]["portoverrides"] for e in multi["endpoints"]] == [
-        [{"name": "http", "port": 8080 + i}, {"name": "alt", "port": 9080 + i}] for i in range(3)]
-    dns = _service(state, "dns")
-    assert [p["protocol"] for p in dns["service"]["ports"]] == [2, 1]
-    assert all(p["targetport"] == 53 for p in dns["service"]["ports"])
-    assert all("portoverrides" not in e["endpoint"] for e in dns["endpoints"])
-    assert dns["endpoints"][0]["endpoint"]["ips"] == {"v4": ["10.244.0.10"]}
-
-
-def test_service_options_affinity_local_headless_externalname_single_stack():
-    families = families_of_mode("dual")
-    pod = _pods(families)[0]
-    state = ClusterState(families, (
-        Service("sticky", 6, (HTTP,), affinity_timeout=2),
-        Service("local", 8, (HTTP,), internal_traffic_local=True).with_endpoints(
-            EndpointRef(pod, REMOTE_NODE, ready=False)),
-        Service("headless", 9, (HTTP,), headless=True),
-        Service("extname", 10, (HTTP,), type="ExternalName"),
-        Service("v6only", 14, (HTTP,), only_family=Family.IPV6).with_endpoints(pod)))
-    assert _service(state, "sticky")["service"]["sessionaffinity"] == {
-        "clientip": {"timeoutseconds": 2}}
-    local = _service(state, "local")
-    assert local["service"]["internaltraffictolocal"] is True
-    assert local["endpoints"][0]["topology"]["node"] == "node-b"
-    assert local["endpoints"][0]["conditions"] == {"ready": False}
-    assert _service(state, "headless")["service"]["ips"] == {"headless": True}
-    assert _service(state, "extname")["service"]["type"] == "ExternalName"
-    v6only = _service(state, "v6only")
-    assert v6only["service"]["ips"] == {"clusterips": {"v6": ["fd00:10:96::18"]}}
-    assert v6only["endpoints"][0]["endpoint"]["ips"] == {"v6": ["fd00:10:244::a"]}
-
-
-def test_state_changes_are_new_values():
-    families = families_of_mode("ipv4")
-    pods = _pods(families)
-    state = base_state(families, pods)
-    web = state.services[0]
-    smaller = state.with_service(web.with_endpoints(*pods[:2]))
-    assert len(_service(state, "web")["endpoints"]) == 3
-    assert len(_service(smaller, "web")["endpoints"]) == 2
-    assert [s.name for s in smaller.without_service("web").services] == ["dns", "echo"]
+HACK = Path(__file__).resolve().parents[1] / "hack"
 
 
 def test_addressing_stays_inside_the_cluster_ranges():
@@ -160,21 +80,38 @@ def test_json_log_counts_sync_lines_as_they_complete(tmp_path):
     assert watch.syncs == 2
 
 
-def test_report_lines_summary_and_junit(tmp_path, capsys):
-    report = Report("e2e-ebpf-dual", sys.stdout)  # capsys's, at this point
-    report.add(Result("S1/basic-endpoint/ipv4", None, 1.5))
-    report.add(Result("S6/no-endpoints-rejected/ipv6", "step: refused\nafter 2 s", 0.5))
-    assert capsys.readouterr().out.splitlines() == [
-        "PASS S1/basic-endpoint/ipv4",
-        "FAIL S6/no-endpoints-rejected/ipv6: step: refused | after 2 s"]
-    assert report.summary() == "1 passed, 1 failed"
-    report.junit(tmp_path / "junit.xml")
-    suite = ET.parse(tmp_path / "junit.xml").getroot().find("testsuite")
-    assert suite is not None
-    assert (suite.get("name"), suite.get("tests"), suite.get("failures")) == (
-        "e2e-ebpf-dual", "2", "1")
-    cases = suite.findall("testcase")
-    assert [c.get("name") for c in cases] == ["S1/basic-endpoint/ipv4",
-                                              "S6/no-endpoints-rejected/ipv6"]
-    failure = cases[1].find("failure")
-    assert failure is not None and failure.get("message") == "step: refused"
+def test_unique_names_carry_the_pid_and_are_swept_by_the_same_pattern():
+    name = unique_name("kpng-py-test-")
+    assert owner_pid(name) == os.getpid()
+    assert owner_pid(unique_name("kpc")) == owner_pid(unique_name("vn")) == os.getpid()
+    assert len(unique_name("kpbn")) <= 15  # an interface name
+    assert name != unique_name("kpng-py-test-")
+    # Names of others' that merely look alike are not ours.
+    assert owner_pid("kpng-py-test-12") is None and owner_pid("vnet0") is None
+    assert owner_pid("kpe2e-12x3") is None and owner_pid("kpe12br") is None
+
+
+def test_unique_name_refuses_a_prefix_the_sweep_would_not_find():
+    with pytest.raises(ValueError, match="sweep"):
+        unique_name("test-")
+
+
+def test_run_objects_and_process_objects():
+    names = RunNames(123)
+    assert names.in_run("kpe2e-123-node") and names.in_run("kpe2e-123")
+    assert not names.in_run("kpe2e-1234-node") and not names.in_run("kpc123x0")
+    assert names.of_process("kpc123x0") and names.of_process("kpe2e-123-node")
+    assert not names.of_process("kpc1234x0")
+
+
+def test_the_harness_own_tests_pass():
+    """hack/e2e's own logic, tested from hack/ (where the harness runs), so
+    that tests/ never imports the harness."""
+    # Without the plugins this suite's other tests need, it starts in a second.
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pytest_timeout",
+         "e2e/test_harness.py"],
+        cwd=HACK, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout, done.stdout

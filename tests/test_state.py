@@ -12,7 +12,7 @@ from kpng_py.api import localv1 as L
 from kpng_py.decode import EndpointRecord
 from kpng_py.limits import Limits, add_limit_flags, limits_from_args
 from kpng_py.metrics import Metrics
-from kpng_py.model import ChangeSet, Protocol, ServicePort, ServicePortName
+from kpng_py.model import ServicePortChanges, Protocol, ServicePort, ServicePortName
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState, resolve_endpoint_port
 from tests.streams.build import (
@@ -33,7 +33,7 @@ def pod(*ips: str, **kw) -> L.Endpoint:
     return endpoint(list(ips), overrides=[("http", 8080)], **kw)
 
 
-def endpoints_of(changes: ChangeSet) -> dict[str, list[str]]:
+def endpoints_of(changes: ServicePortChanges) -> dict[str, list[str]]:
     return {str(p.name): [str(e) for e in p.cluster_endpoints()] for p in changes.current()}
 
 

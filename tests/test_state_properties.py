@@ -1,4 +1,4 @@
-"""Property: whatever the stream, applying each ChangeSet incrementally gives
+"""Property: whatever the stream, applying each ServicePortChanges incrementally gives
 the same programmed state as computing it from scratch from the objects the
 brain has sent so far (reconnects and resyncs included), and no two published
 service ports share a frontend.
@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from kpng_py.api import localv1 as L
 from kpng_py.metrics import Metrics
-from kpng_py.model import ChangeSet, Frontend, ServicePort, ServicePortName
+from kpng_py.model import ServicePortChanges, Frontend, ServicePort, ServicePortName
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState
 from tests.streams.build import delete, endpoint, port, reset, service, set_raw, sync
@@ -162,7 +162,7 @@ class StreamMachine(RuleBasedStateMachine):
         self.sent[(ref_set, path)] = data
         self.pending.append(set_raw(ref_set, path, data))
 
-    def _program(self, changes: ChangeSet) -> None:
+    def _program(self, changes: ServicePortChanges) -> None:
         if changes.full:
             self.dataplane.clear()
         for p in changes.removed:

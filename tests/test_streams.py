@@ -1,7 +1,11 @@
-"""`to-print` against `replay` of every recorded scenario in tests/streams/."""
+"""`to-print` against `replay` of every recorded scenario in tests/streams/:
+each recording is what its builder makes, and what `to-print` prints for it,
+through the real watch client and `replay` server, is its reviewed
+`.expected.jsonl`, line by line, one line per Sync."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -22,11 +26,32 @@ def expected_lines(name: str) -> list[str]:
     return (STREAMS / f"{name}.expected.jsonl").read_text().splitlines()
 
 
-def test_at_least_ten_scenarios() -> None:
+def test_every_recording_is_a_scenario_with_its_expected_output() -> None:
+    """No recording or expected output is left out of the tests below."""
+    recordings = {p.name.removesuffix(".jsonl") for p in STREAMS.glob("*.jsonl")
+                  if not p.name.endswith(".expected.jsonl")}
+    expected = {p.name.removesuffix(".expected.jsonl")
+                for p in STREAMS.glob("*.expected.jsonl")}
+    assert recordings == expected == SCENARIOS.keys()
     assert len(SCENARIOS) >= 10
-    for name in SCENARIOS:
-        assert (STREAMS / f"{name}.jsonl").is_file()
-        assert (STREAMS / f"{name}.expected.jsonl").is_file()
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_expected_output_has_one_line_per_sync(name: str) -> None:
+    syncs = sum(1 for item in SCENARIOS[name]()
+                if not isinstance(item, str) and item.WhichOneof("Op") == "Sync")
+    lines = [json.loads(line) for line in expected_lines(name)]
+    assert [line["sync"] for line in lines] == list(range(1, syncs + 1))
+
+
+def test_large_state_is_what_its_builder_says() -> None:
+    """1000 services x 2 endpoints, then a one-endpoint change."""
+    first, second = (json.loads(line)["servicePorts"] for line in expected_lines("large-state"))
+    assert len(first) == 1000 and all(len(p["endpoints"]) == 2 for p in first)
+    changed = [(a, b) for a, b in zip(first, second) if a != b]
+    assert [a["name"] for a, _ in changed] == ["default/svc-0500:http"]
+    assert set(changed[0][1]["endpoints"]) < set(changed[0][0]["endpoints"])
+    assert len(changed[0][1]["endpoints"]) == 1
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
@@ -67,11 +92,16 @@ def test_reconnect_is_counted(tmp_path: Path) -> None:
     assert metrics.registry.get_sample_value("kpng_py_brain_reconnects_total") == 1
 
 
+# `python -O` strips asserts: the commands must not depend on them.
+KPNG_PY_OPTIMIZED = [sys.executable, "-O", "-m", "kpng_py.cli"]
+
+
 def test_cli_replay_to_print(tmp_path: Path) -> None:
-    """The same through the real commands, as separate processes."""
+    """The same through the real commands, as separate processes, run with
+    `python -O`."""
     sock = tmp_path / "brain.sock"
     server = subprocess.Popen(
-        [KPNG_PY, "replay", "-i", STREAMS / "endpoints-churn.jsonl", "to-api",
+        [*KPNG_PY_OPTIMIZED, "replay", "-i", STREAMS / "endpoints-churn.jsonl", "to-api",
          "--listen", f"unix://{sock}"], stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
@@ -81,7 +111,7 @@ def test_cli_replay_to_print(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert sock.stat().st_mode & 0o777 == 0o600
         printed = subprocess.run(
-            [KPNG_PY, "local", "--api", f"unix://{sock}", "--exit-after", "4",
+            [*KPNG_PY_OPTIMIZED, "local", "--api", f"unix://{sock}", "--exit-after", "4",
              "--healthz-bind-address", "127.0.0.1:0", "--metrics-bind-address", "127.0.0.1:0",
              "to-print"],
             capture_output=True, text=True, timeout=60, check=True)

@@ -12,10 +12,14 @@ from backends.ebpf.stale_udp import StaleUdpTerminator
 from backends.ebpf.usage import CachedCount
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
-from kpng_py.model import ChangeSet
+from kpng_py.model import ServicePortChanges
 from kpng_py.skips import Skips
 
 log = logging.getLogger(__name__)
+
+
+class BackendNotReadyError(RuntimeError):
+    """apply() on a backend without a datapath: a caller's mistake, not the node's."""
 
 
 class EbpfBackend:
@@ -55,28 +59,35 @@ class EbpfBackend:
             bpffs_dir=config.bpffs_dir, cgroup=config.cgroup,
             seconds=round(time.monotonic() - started, 3)))
 
-    def apply(self, changes: ChangeSet) -> None:
-        assert self._datapath and self._programmer and self._terminator, "setup() first"
+    def apply(self, changes: ServicePortChanges) -> None:
+        datapath, programmer, terminator = self._loaded()
         try:
-            writes = self._programmer.apply(changes)
+            writes = programmer.apply(changes)
         finally:  # after a failed write too: then the counts are what the maps hold
-            self._publish_entries()
+            self._publish_entries(programmer)
         for pin, entries in writes.entries_written().items():
             self._metrics.map_writes.labels(pin).inc(entries)
         if not self._attached:
-            self._datapath.attach()
+            datapath.attach()
             self._attached = True
         if writes.removed_udp:
-            self._terminate_stale_udp(writes.removed_udp)
+            self._terminate_stale_udp(terminator, writes.removed_udp)
 
-    def _publish_entries(self) -> None:
-        programmer = self._programmer
+    def _loaded(self) -> tuple[Datapath, ServiceProgrammer, StaleUdpTerminator]:
+        """What setup() made; a real check, not an assert (python -O strips those)."""
+        if self._datapath is None or self._programmer is None or self._terminator is None:
+            raise BackendNotReadyError(
+                f"the eBPF backend of cgroup {self._config.cgroup} has no datapath (setup() was "
+                "not called, failed, or close() was called): call setup() before apply()")
+        return self._datapath, self._programmer, self._terminator
+
+    def _publish_entries(self, programmer: ServiceProgrammer) -> None:
         self._metrics.map_entries.labels(maps.SERVICES.pin).set(programmer.service_entries)
         self._metrics.map_entries.labels(maps.BACKENDS.pin).set(programmer.backend_entries)
 
-    def _terminate_stale_udp(self, removed_udp: set) -> None:
+    def _terminate_stale_udp(self, terminator: StaleUdpTerminator, removed_udp: set) -> None:
         try:
-            destroyed = self._terminator.terminate(removed_udp)
+            destroyed = terminator.terminate(removed_udp)
         except OSError as err:  # the maps are right; only the clean-up failed
             self._metrics.dataplane_errors.labels("udp-socket-termination").inc()
             log.warning("could not terminate UDP sockets of removed backends",

@@ -1,4 +1,5 @@
-"""Command line of the eBPF backend: `to-ebpf` and `kpng-py ebpf cleanup|dump`.
+"""The eBPF backend's declaration: `to-ebpf`, `kpng-py ebpf cleanup|dump`, and
+how a lab run places, inspects and cleans up its datapath.
 
 Nothing here imports BCC or libbpf at import time, so `kpng-py --help` works
 on machines without them.
@@ -14,9 +15,7 @@ from backends.ebpf.maps import DEFAULT_PIN_DIR, MAP_SPECS
 from backends.ebpf.privileges import privilege_hint
 from kpng_py.backend import Backend, BackendSetupError
 from kpng_py.metrics import Metrics
-
-HELP = ("ClusterIP services for the processes of a cgroup, translated at the socket "
-        "(cgroup sock_addr eBPF programs)")
+from kpng_py.registry import BackendSpec, LabPlaces, LabSupport, ToolCommand, kpng_py_command
 
 
 def _entries(text: str) -> int:
@@ -55,10 +54,8 @@ def create(args: argparse.Namespace, metrics: Metrics) -> Backend:
     return EbpfBackend(config, metrics, Skips(metrics))
 
 
-def add_tool_parser(commands: argparse._SubParsersAction) -> None:
+def _add_tool_arguments(tool: argparse.ArgumentParser) -> None:
     """`kpng-py ebpf cleanup|dump`."""
-    tool = commands.add_parser("ebpf", help="inspect or remove the eBPF datapath",
-                               description="Inspect or remove the eBPF datapath.")
     actions = tool.add_subparsers(dest="ebpf_action", metavar="ACTION", required=True)
     cleanup = actions.add_parser(
         "cleanup", help="detach the programs and remove the pinned maps and links",
@@ -74,14 +71,14 @@ def add_tool_parser(commands: argparse._SubParsersAction) -> None:
     dump.add_argument("--json", action="store_true", help="print JSON")
 
 
-def run_tool(args: argparse.Namespace) -> None:
+def _run_tool(args: argparse.Namespace) -> None:
     try:
-        _run_tool(args)
+        _run_action(args)
     except OSError as err:
         raise BackendSetupError(f"ebpf {args.ebpf_action}: {err}{privilege_hint(err)}") from err
 
 
-def _run_tool(args: argparse.Namespace) -> None:
+def _run_action(args: argparse.Namespace) -> None:
     # The same checks as to-ebpf's: a cleanup of a path that escapes bpffs
     # through ".." or of a bpffs root would unlink what is not ours.
     from backends.ebpf.loader import checked_bpffs_dir, checked_cgroup
@@ -98,3 +95,50 @@ def _run_tool(args: argparse.Namespace) -> None:
 
         dump = read_dump(bpffs_dir)
         sys.stdout.write((dump_json(dump) if args.json else format_text(dump)) + "\n")
+
+
+def _lab_flags(places: LabPlaces) -> list[str]:
+    return ["--cgroup", str(places.cgroup), "--bpffs-dir", str(places.bpffs_dir)]
+
+
+def _capacity_flags(service_ports: int, endpoints: int) -> list[str]:
+    # a master entry per frontend plus a slot per backend; a backend per endpoint
+    return ["--map-size-services", str(_capacity(service_ports + endpoints)),
+            "--map-size-backends", str(_capacity(endpoints))]
+
+
+def _capacity(entries: int) -> int:
+    """Room for `entries` and a quarter more, as a power of two."""
+    size = 1024
+    while size < entries * 5 // 4:
+        size *= 2
+    return size
+
+
+def _lab_cleanup(places: LabPlaces) -> list[str] | None:
+    # The pins under --bpffs-dir are what keeps the programs attached and the
+    # maps alive after the process: without them, nothing of it is left.
+    if not places.bpffs_dir.exists():
+        return None
+    return kpng_py_command("ebpf", "cleanup", "--cgroup", str(places.cgroup),
+                           "--bpffs-dir", str(places.bpffs_dir))
+
+
+BACKEND = BackendSpec(
+    name="ebpf",
+    help="ClusterIP services for the processes of a cgroup, translated at the socket "
+         "(cgroup sock_addr eBPF programs)",
+    add_arguments=add_arguments,
+    create=create,
+    lab=LabSupport(
+        flags=_lab_flags,
+        capacity_flags=_capacity_flags,
+        inspect=lambda places: kpng_py_command("ebpf", "dump",
+                                               "--bpffs-dir", str(places.bpffs_dir)),
+        cleanup=_lab_cleanup,
+        translates_in_pod=True, survives_restart=True, sockets_per_service_port=0),
+    tool=ToolCommand(
+        name="ebpf", help="inspect or remove the eBPF datapath",
+        description="Inspect or remove the eBPF datapath.",
+        add_arguments=_add_tool_arguments, run=_run_tool),
+)

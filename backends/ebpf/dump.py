@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections import defaultdict
 from pathlib import Path
+from typing import Mapping
 
 from backends.ebpf import maps
+from backends.ebpf.contents import Contents, StoredBackend, StoredFrontend, read_contents
 from backends.ebpf.libbpf import BpfMap
 from backends.ebpf.loader import pinned_links
-from backends.ebpf.programmer import PROTOCOL_OF
 from kpng_py.backend import BackendSetupError
 from kpng_py.model import format_host_port
 
@@ -38,33 +38,10 @@ def read_dump(bpffs_dir: Path) -> dict:
 
 
 def _read(bpffs_dir: Path, opened: dict[str, BpfMap]) -> dict:
-    backends = dict(opened[maps.BACKENDS.pin].items())
-    masters: dict[tuple, maps.ServiceValue] = {}
-    slots: dict[tuple, dict[int, int]] = defaultdict(dict)
-    for key, value in opened[maps.SERVICES.pin].items():
-        frontend = (key.vip.ip.version, int(key.vip.ip), key.vip.host_port, key.proto)
-        if key.slot == 0:
-            masters[frontend] = (key, value)
-        else:
-            slots[frontend][key.slot] = value.id
-    services = []
-    for frontend in sorted(masters):
-        key, master = masters[frontend]
-        protocol = PROTOCOL_OF.get(key.proto)
-        services.append({
-            "vip": str(key.vip.ip),
-            "port": key.vip.host_port,
-            "protocol": protocol.value if protocol else str(key.proto),
-            "serviceId": master.id,
-            "count": master.count,
-            "affinityTimeoutSeconds": (master.affinity_timeout
-                                       if master.flags & maps.SVC_F_AFFINITY else 0),
-            "backends": [_slot(slot, slots[frontend].get(slot), backends)
-                         for slot in range(1, master.count + 1)],
-        })
+    contents = read_contents(opened[maps.SERVICES.pin], opened[maps.BACKENDS.pin])
     return {
         "bpffsDir": str(bpffs_dir),
-        "services": services,
+        "services": services_of(contents),
         "maps": {pin: {"entries": len(bpf_map), "capacity": bpf_map.info().max_entries}
                  for pin, bpf_map in opened.items()},
         "links": [{"hook": link.hook, "linkId": link.link_id, "progId": link.prog_id,
@@ -72,10 +49,29 @@ def _read(bpffs_dir: Path, opened: dict[str, BpfMap]) -> dict:
     }
 
 
-def _slot(slot: int, backend_id: int | None, backends: dict) -> dict:
+def services_of(contents: Contents) -> list[dict]:
+    """The services of a dump: every master entry, with its slots 1..count."""
+    return [_service(stored, contents.backends) for stored in contents.frontends]
+
+
+def _service(stored: StoredFrontend, backends: Mapping[int, StoredBackend]) -> dict:
+    protocol, vip = stored.protocol, stored.vip
+    return {
+        "vip": str(vip.ip),
+        "port": vip.port,
+        "protocol": protocol.value if protocol else str(stored.proto),
+        "serviceId": stored.master.id,
+        "count": stored.master.count,
+        "affinityTimeoutSeconds": stored.affinity_timeout,
+        "backends": [_slot(slot, backend_id, backends)
+                     for slot, backend_id in enumerate(stored.backend_ids(), start=1)],
+    }
+
+
+def _slot(slot: int, backend_id: int | None, backends: Mapping[int, StoredBackend]) -> dict:
     backend = backends.get(backend_id) if backend_id is not None else None
     return {"slot": slot, "backendId": backend_id,
-            "address": str(backend.addr) if backend is not None else None,
+            "address": str(backend.target) if backend is not None else None,
             "serviceId": backend.service_id if backend is not None else None}
 
 

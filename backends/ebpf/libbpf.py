@@ -15,9 +15,11 @@ import os
 from pathlib import Path
 from typing import Generic, Iterator, Sequence, TypeVar
 
+from backends.ebpf.mapaccess import MapFullError
+
 _lib = ct.CDLL("libbpf.so.1", use_errno=True)
 
-# enum bpf_link_type
+# enum bpf_link_type (uapi/linux/bpf.h; tests/ebpf/test_kernel_abi.py checks it)
 BPF_LINK_TYPE_CGROUP = 3
 
 _c_int, _c_u32, _p = ct.c_int, ct.c_uint32, ct.c_void_p
@@ -61,6 +63,11 @@ def obj_pin(fd: int, path: Path) -> None:
     _check(_lib.bpf_obj_pin(fd, os.fsencode(path)), f"pin BPF object at {path}")
 
 
+# The bpf_*_info mirrors are prefixes of the uapi structs with the C member
+# names (test_kernel_abi.py compares each offset and size): the kernel fills
+# as much of a struct as both sides know.
+
+
 class MapInfo(ct.Structure):
     """The first fields of struct bpf_map_info."""
 
@@ -69,11 +76,19 @@ class MapInfo(ct.Structure):
                 ("name", ct.c_char * 16)]
 
 
-class LinkInfo(ct.Structure):
-    """struct bpf_link_info up to its cgroup member."""
+class CgroupLinkInfo(ct.Structure):
+    """The cgroup member of struct bpf_link_info's union."""
 
-    _fields_ = [("type", _c_u32), ("id", _c_u32), ("prog_id", _c_u32), ("pad", _c_u32),
-                ("cgroup_id", ct.c_uint64), ("attach_type", _c_u32), ("pad2", _c_u32)]
+    _fields_ = [("cgroup_id", ct.c_uint64), ("attach_type", _c_u32)]
+
+
+class LinkInfo(ct.Structure):
+    """struct bpf_link_info up to its cgroup member (the union's first u64
+    aligns it to 8 bytes, as in C); `info.cgroup_id` reads through."""
+
+    _anonymous_ = ("cgroup",)
+    _fields_ = [("type", _c_u32), ("id", _c_u32), ("prog_id", _c_u32),
+                ("cgroup", CgroupLinkInfo)]
 
 
 class ProgInfo(ct.Structure):
@@ -89,18 +104,14 @@ class ProgInfo(ct.Structure):
 InfoT = TypeVar("InfoT", MapInfo, LinkInfo, ProgInfo)
 
 
-def obj_info(fd: int, info_type: type[InfoT]) -> InfoT:
-    """What the kernel says about a map, link or program (the kernel fills
-    as much of the struct as both sides know)."""
+def obj_info(fd: int, info_type: type[InfoT], of: str | None = None) -> InfoT:
+    """What the kernel says about a map, link or program (`of` names it in
+    an error)."""
     info = info_type()
     size = _c_u32(ct.sizeof(info))
     _check(_lib.bpf_obj_get_info_by_fd(fd, ct.byref(info), ct.byref(size)),
-           f"read {info_type.__name__}")
+           f"read {info_type.__name__} of {of or f'BPF object fd {fd}'}")
     return info
-
-
-class MapFullError(OSError):
-    """A map has no room for another entry (E2BIG from the kernel)."""
 
 
 K = TypeVar("K", bound=ct._SimpleCData | ct.Structure)
@@ -111,7 +122,8 @@ _READ_BATCH = 4096
 
 
 class BpfMap(Generic[K, V]):
-    """A BPF map by file descriptor, with ctypes keys and values."""
+    """A BPF map by file descriptor, with ctypes keys and values (a
+    `mapaccess.MapAccess`)."""
 
     def __init__(self, fd: int, key_type: type[K], value_type: type[V], name: str) -> None:
         self.fd = fd
@@ -148,6 +160,9 @@ class BpfMap(Generic[K, V]):
 
     def put_many(self, keys: Sequence[K], values: Sequence[V]) -> None:
         """Create or update entries with one syscall (in order)."""
+        if len(keys) != len(values):
+            raise ValueError(f"write to map {self.name}: {len(keys)} keys but {len(values)} "
+                             f"values; pass one value per key")
         if not keys:
             return
         key_array = (self.key_type * len(keys))(*keys)
@@ -225,7 +240,7 @@ def link_create(prog_fd: int, cgroup_fd: int, attach_type: int) -> int:
     """Attach a program to a cgroup as a bpf_link (always in multi mode, like
     BPF_F_ALLOW_MULTI); the attachment lasts while the link is open or pinned."""
     return _check(_lib.bpf_link_create(prog_fd, cgroup_fd, attach_type, None),
-                  f"attach program (attach type {attach_type}) to the cgroup")
+                  f"create a cgroup link (attach type {attach_type})")
 
 
 def link_update(link_fd: int, prog_fd: int) -> None:
@@ -240,7 +255,10 @@ def link_detach(link_fd: int) -> None:
 def link_ids() -> Iterator[int]:
     """The ids of every bpf_link on the machine."""
     current, next_id = 0, _c_u32()
-    while _lib.bpf_link_get_next_id(current, ct.byref(next_id)) == 0:
+    while (result := _lib.bpf_link_get_next_id(current, ct.byref(next_id))) != -errno.ENOENT:
+        # Anything but the end of the list (EPERM without CAP_SYS_ADMIN) is an
+        # error: an empty list would make `ebpf cleanup --cgroup` a silent no-op.
+        _check(result, "list the BPF links of the machine")
         current = next_id.value
         yield current
 
@@ -252,6 +270,6 @@ def link_fd_by_id(link_id: int) -> int:
 def prog_name(prog_id: int) -> str:
     fd = _check(_lib.bpf_prog_get_fd_by_id(prog_id), f"open program {prog_id}")
     try:
-        return obj_info(fd, ProgInfo).name.decode()
+        return obj_info(fd, ProgInfo, f"program {prog_id}").name.decode()
     finally:
         os.close(fd)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import stat
 from dataclasses import dataclass, field, replace
+from enum import IntEnum
 from pathlib import Path
 from typing import Iterator, Mapping
 
@@ -35,24 +37,38 @@ LINKS_DIR = "links"
 PROGRAM_PREFIX = "kpng_"
 
 
+class AttachType(IntEnum):
+    """The members of enum bpf_attach_type (uapi/linux/bpf.h) used here,
+    named as in C: tests/ebpf/test_kernel_abi.py checks each value."""
+
+    BPF_CGROUP_INET4_CONNECT = 10
+    BPF_CGROUP_INET6_CONNECT = 11
+    BPF_CGROUP_UDP4_SENDMSG = 14
+    BPF_CGROUP_UDP6_SENDMSG = 15
+    BPF_CGROUP_UDP4_RECVMSG = 19
+    BPF_CGROUP_UDP6_RECVMSG = 20
+    BPF_CGROUP_INET4_GETPEERNAME = 29
+    BPF_CGROUP_INET6_GETPEERNAME = 30
+
+
 @dataclass(frozen=True)
 class Hook:
     """One sock_addr program and where it attaches."""
 
-    name: str          # the pin under links/, and what the docs call it
-    function: str      # the C function (and the kernel's program name)
-    attach_type: int   # enum bpf_attach_type
+    name: str                 # the pin under links/, and what the docs call it
+    function: str             # the C function (and the kernel's program name)
+    attach_type: AttachType
 
 
 HOOKS = (
-    Hook("connect4", "kpng_connect4", 10),        # BPF_CGROUP_INET4_CONNECT
-    Hook("connect6", "kpng_connect6", 11),        # BPF_CGROUP_INET6_CONNECT
-    Hook("sendmsg4", "kpng_sendmsg4", 14),        # BPF_CGROUP_UDP4_SENDMSG
-    Hook("sendmsg6", "kpng_sendmsg6", 15),        # BPF_CGROUP_UDP6_SENDMSG
-    Hook("recvmsg4", "kpng_recvmsg4", 19),        # BPF_CGROUP_UDP4_RECVMSG
-    Hook("recvmsg6", "kpng_recvmsg6", 20),        # BPF_CGROUP_UDP6_RECVMSG
-    Hook("getpeername4", "kpng_getpeer4", 29),    # BPF_CGROUP_INET4_GETPEERNAME
-    Hook("getpeername6", "kpng_getpeer6", 30),    # BPF_CGROUP_INET6_GETPEERNAME
+    Hook("connect4", "kpng_connect4", AttachType.BPF_CGROUP_INET4_CONNECT),
+    Hook("connect6", "kpng_connect6", AttachType.BPF_CGROUP_INET6_CONNECT),
+    Hook("sendmsg4", "kpng_sendmsg4", AttachType.BPF_CGROUP_UDP4_SENDMSG),
+    Hook("sendmsg6", "kpng_sendmsg6", AttachType.BPF_CGROUP_UDP6_SENDMSG),
+    Hook("recvmsg4", "kpng_recvmsg4", AttachType.BPF_CGROUP_UDP4_RECVMSG),
+    Hook("recvmsg6", "kpng_recvmsg6", AttachType.BPF_CGROUP_UDP6_RECVMSG),
+    Hook("getpeername4", "kpng_getpeer4", AttachType.BPF_CGROUP_INET4_GETPEERNAME),
+    Hook("getpeername6", "kpng_getpeer6", AttachType.BPF_CGROUP_INET6_GETPEERNAME),
 )
 
 
@@ -191,13 +207,21 @@ class Datapath:
 
     def attach(self) -> None:
         """Attach every program to the cgroup, replacing the previous ones
-        without a gap."""
-        cgroup_fd = os.open(self.config.cgroup, os.O_RDONLY | os.O_DIRECTORY)
+        without a gap. An OSError names the hook, cgroup and pin."""
+        cgroup = self.config.cgroup
         try:
-            target = cgroup_id(self.config.cgroup)
+            cgroup_fd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as err:
+            raise _named(err, f"open cgroup {cgroup} to attach the programs") from err
+        try:
+            target = cgroup_id(cgroup)
             for hook in HOOKS:
-                _attach_hook(self.config.bpffs_dir / LINKS_DIR / hook.name, hook,
-                             self._programs[hook.name], cgroup_fd, target)
+                pin = self.config.bpffs_dir / LINKS_DIR / hook.name
+                try:
+                    _attach_hook(pin, hook, self._programs[hook.name], cgroup_fd, target)
+                except OSError as err:
+                    raise _named(err, f"attach {hook.function} to cgroup {cgroup} "
+                                      f"(link pinned at {pin})") from err
         finally:
             os.close(cgroup_fd)
         log.info("datapath attached", extra=fields(cgroup=self.config.cgroup,
@@ -209,6 +233,11 @@ class Datapath:
         for bpf_map in self.maps.values():
             bpf_map.close()
         self._bpf.cleanup()
+
+
+def _named(err: OSError, what: str) -> OSError:
+    """err, its message prefixed with the object it concerns."""
+    return OSError(err.errno, f"{what}: {err.strerror}{privilege_hint(err)}")
 
 
 def _private_directory(path: Path) -> None:
@@ -287,9 +316,15 @@ def _compile_and_load(config: DatapathConfig) -> tuple[object, dict[str, int]]:
             return _compile_and_load_once(config, reject_with_eperm)
         except Exception as err:  # BCC raises bare Exceptions
             errors.append(err)
-    raise BackendSetupError(f"cannot load the eBPF programs: {errors[0]} (needs root, kernel "
-                            "headers for BCC and cgroup sock_addr hooks; see docs/ebpf.md)"
-                            ) from errors[0]
+    # The capabilities were checked before: the cause is the kernel or its
+    # headers (or a permission refused by an LSM), not a missing "root".
+    cause = errors[0]
+    hint = privilege_hint(cause) if isinstance(cause, OSError) else ""
+    raise BackendSetupError(
+        f"cannot load the eBPF programs of {BPF_SOURCE_DIR / 'sock_lb.c'}: {cause}{hint}; BCC "
+        "compiles them against the running kernel's headers (install "
+        f"linux-headers-{platform.release()}), and the kernel needs cgroup sock_addr hooks "
+        "with bpf_link (see docs/ebpf.md)") from cause
 
 
 def _compile_and_load_once(config: DatapathConfig,
@@ -308,7 +343,7 @@ def _attach_hook(pin: Path, hook: Hook, prog_fd: int, cgroup_fd: int, target: in
     previous = _open_link(pin)
     try:
         if previous is not None:
-            info = libbpf.obj_info(previous, libbpf.LinkInfo)
+            info = libbpf.obj_info(previous, libbpf.LinkInfo, f"the link pinned at {pin}")
             if info.cgroup_id == target and info.attach_type == hook.attach_type:
                 libbpf.link_update(previous, prog_fd)
                 return
@@ -357,7 +392,7 @@ def pinned_links(bpffs_dir: Path) -> Iterator[AttachedLink]:
         if fd is None:
             continue
         try:
-            info = libbpf.obj_info(fd, libbpf.LinkInfo)
+            info = libbpf.obj_info(fd, libbpf.LinkInfo, f"the link of hook {hook.name}")
         finally:
             os.close(fd)
         yield AttachedLink(hook.name, info.id, info.prog_id, info.cgroup_id)
@@ -396,10 +431,10 @@ def _detach_kpng_links(target: int) -> list[str]:
     for link_id in list(libbpf.link_ids()):
         try:
             fd = libbpf.link_fd_by_id(link_id)
-        except OSError:
-            continue  # gone meanwhile
+        except FileNotFoundError:
+            continue  # gone meanwhile; any other error is reported
         try:
-            info = libbpf.obj_info(fd, libbpf.LinkInfo)
+            info = libbpf.obj_info(fd, libbpf.LinkInfo, f"link {link_id}")
             if (info.type == libbpf.BPF_LINK_TYPE_CGROUP and info.cgroup_id == target
                     and libbpf.prog_name(info.prog_id).startswith(PROGRAM_PREFIX)):
                 _detach_quietly(fd)

@@ -97,7 +97,7 @@ SVC_F_AFFINITY = 0x1
 BackendKey = ct.c_uint32
 
 
-class Backend(ct.Structure):
+class BackendValue(ct.Structure):
     """struct lb_backend (24 bytes)."""
 
     _fields_ = [("addr", L4Addr), ("service_id", ct.c_uint32)]
@@ -134,7 +134,7 @@ MIRRORS: dict[str, type[ct.Structure]] = {
     "lb_l4addr": L4Addr,
     "lb_service_key": ServiceKey,
     "lb_service_value": ServiceValue,
-    "lb_backend": Backend,
+    "lb_backend": BackendValue,
     "lb_revnat_key": RevNatKey,
     "lb_revnat_value": RevNatValue,
     "lb_affinity_key": AffinityKey,
@@ -170,7 +170,7 @@ class MapSpec:
 # is at least as large as backends; Calico's NAT maps are of this order.
 SERVICES = MapSpec("services", ServiceKey, ServiceValue, BPF_MAP_TYPE_HASH,
                    BPF_F_NO_PREALLOC, "KPNG_SERVICES_MAX", 131072)
-BACKENDS = MapSpec("backends", BackendKey, Backend, BPF_MAP_TYPE_HASH,
+BACKENDS = MapSpec("backends", BackendKey, BackendValue, BPF_MAP_TYPE_HASH,
                    BPF_F_NO_PREALLOC, "KPNG_BACKENDS_MAX", 131072)
 # One entry per TCP connection and per UDP (socket, backend) pair; LRU, so a
 # busy node evicts the oldest.

@@ -21,116 +21,43 @@ change costs what it touches.
 from __future__ import annotations
 
 import logging
-import socket
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from backends.ebpf import maps
-from backends.ebpf.libbpf import BpfMap
-from backends.ebpf.maps import Backend, L4Addr, ServiceKey, ServiceValue
+from backends.ebpf.contents import FrontendKeys, HostPort, Programmed, read_contents
+from backends.ebpf.mapaccess import MapAccess
+from backends.ebpf.maps import BackendValue, ServiceKey, ServiceValue
 from kpng_py.logs import fields
 from kpng_py.model import (
-    ChangeSet,
-    IPAddress,
+    ServicePortChanges,
     Protocol,
     ServicePort,
     ServicePortName,
     family_of,
-    format_host_port,
 )
 from kpng_py.skips import SkipReason, Skips
 
 log = logging.getLogger(__name__)
 
-IPPROTO = {Protocol.TCP: socket.IPPROTO_TCP, Protocol.UDP: socket.IPPROTO_UDP}
-PROTOCOL_OF = {number: protocol for protocol, number in IPPROTO.items()}
 # Slots are 16 bits wide (lb_service_key.slot), slot 0 is the master.
 MAX_SLOTS = 0xFFFF
 MAX_ID = 0xFFFFFFFF
 
 
-@dataclass(frozen=True, order=True)
-class HostPort:
-    ip: IPAddress
-    port: int
-    # ipaddress hashes through hex(), too slowly for dicts of every backend
-    # of a full sync: hash once, from the integer.
-    _hash: int = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((int(self.ip), self.ip.version, self.port)))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def l4addr(self) -> L4Addr:
-        return L4Addr.of(self.ip, self.port)
-
-    def __str__(self) -> str:
-        return format_host_port(self.ip, self.port)
-
-
-@dataclass(frozen=True)
-class Frontend:
-    """What a socket dials: ClusterIP, port, protocol.
-
-    Two frontends are the same exactly when their map keys are: 10.96.0.10
-    and ::ffff:10.96.0.10, or fd00::1%a and fd00::1%b, are different
-    addresses to Python but one key to the datapath, so one frontend here,
-    which one service port at a time may own."""
-
-    vip: HostPort = field(compare=False)
-    protocol: Protocol = field(compare=False)
-    # What every key of this frontend starts with (computed once: a frontend
-    # has a key per slot, and a full sync makes hundreds of thousands).
-    _key_prefix: bytes = field(init=False, repr=False)
-    _hash: int = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        prefix = ServiceKey.frontend_prefix(self.vip.l4addr(), IPPROTO[self.protocol])
-        object.__setattr__(self, "_key_prefix", prefix)
-        object.__setattr__(self, "_hash", hash(prefix))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def key(self, slot: int) -> ServiceKey:
-        return ServiceKey.at_slot(self._key_prefix, slot)
-
-    def __str__(self) -> str:
-        return f"{self.vip}/{self.protocol.value}"
-
-
-@dataclass(frozen=True)
-class Programmed:
-    """A frontend as the maps hold it."""
-
-    service_id: int
-    slots: tuple[int, ...]  # backend id of slot i+1; 0 where a recovered slot was missing
-    affinity_timeout: int
-
-    def master(self) -> ServiceValue:
-        return ServiceValue(id=self.service_id, count=len(self.slots),
-                            affinity_timeout=self.affinity_timeout,
-                            flags=maps.SVC_F_AFFINITY if self.affinity_timeout else 0)
-
-    def same_master(self, other: Programmed) -> bool:
-        return (self.service_id, len(self.slots), self.affinity_timeout) == (
-            other.service_id, len(other.slots), other.affinity_timeout)
-
-
 # Each frontend of a service port: its backends and affinity timeout.
-FrontendSpecs = dict[Frontend, tuple[tuple[HostPort, ...], int]]
+FrontendSpecs = dict[FrontendKeys, tuple[tuple[HostPort, ...], int]]
 
 
 def frontends_of(port: ServicePort) -> FrontendSpecs:
     """Each ClusterIP's frontend with its backends (the endpoints of its
     family that ClusterIP traffic may use) and affinity timeout."""
     return {
-        Frontend(HostPort(ip, port.port), port.protocol): (
-            tuple(HostPort(ep.ip, ep.port) for ep in port.cluster_endpoints(family_of(ip))),
+        FrontendKeys(HostPort(frontend.ip, frontend.port), frontend.protocol): (
+            tuple(HostPort(ep.ip, ep.port)
+                  for ep in port.cluster_endpoints(family_of(frontend.ip))),
             port.affinity_timeout_seconds)
-        for ip in port.cluster_ips
+        for frontend in port.frontends()
     }
 
 
@@ -158,22 +85,35 @@ def assign_slots(previous: Sequence[int], wanted: Sequence[int]) -> list[int]:
     return [b for b in slots if b is not None]
 
 
-class IdAllocator:
-    """Ids 1..MAX_ID, handed out in increasing order so that a freed id is
-    reused as late as possible (affinity and reverse-NAT entries name ids).
-    Released ids stay taken until `settle`, after the change set that freed
-    them is written, so one change set never deletes an id it reuses."""
+class IdsExhausted(Exception):
+    """No id is free: the caller checks `IdAllocator.available` first."""
 
-    def __init__(self, in_use: Iterable[int] = ()) -> None:
+
+class IdAllocator:
+    """Ids 1..limit (MAX_ID), handed out in increasing order so that a freed
+    id is reused as late as possible (affinity and reverse-NAT entries name
+    ids). Released ids stay taken until `settle`, after the change set that
+    freed them is written, so one change set never deletes an id it reuses."""
+
+    def __init__(self, in_use: Iterable[int] = (), limit: int = MAX_ID) -> None:
         self._in_use = set(in_use)
+        self._limit = limit
         self._released: list[int] = []
         self._cursor = max(self._in_use, default=0)
 
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    def available(self) -> int:
+        """How many ids `allocate` can hand out before the next `settle`."""
+        return max(0, self._limit - len(self._in_use))
+
     def allocate(self) -> int:
-        if len(self._in_use) >= MAX_ID:
-            raise RuntimeError("all 2^32-1 ids are in use")
+        if not self.available():
+            raise IdsExhausted(f"all {self._limit} ids are in use")
         while True:
-            self._cursor = self._cursor % MAX_ID + 1
+            self._cursor = self._cursor % self._limit + 1
             if self._cursor not in self._in_use:
                 self._in_use.add(self._cursor)
                 return self._cursor
@@ -192,7 +132,7 @@ class MapWrites:
 
     gone_service_keys: list[ServiceKey] = field(default_factory=list)  # masters first
     gone_backends: list[int] = field(default_factory=list)
-    new_backends: list[tuple[int, Backend]] = field(default_factory=list)
+    new_backends: list[tuple[int, BackendValue]] = field(default_factory=list)
     slots: list[tuple[ServiceKey, ServiceValue]] = field(default_factory=list)
     masters: list[tuple[ServiceKey, ServiceValue]] = field(default_factory=list)
     stale_slots: list[ServiceKey] = field(default_factory=list)
@@ -213,8 +153,12 @@ class MapWrites:
 
 @dataclass(frozen=True)
 class Capacity:
+    """How many entries each map holds, and how many ids each kind has
+    (fewer than MAX_ID only in tests of running out)."""
+
     services: int
     backends: int
+    max_id: int = MAX_ID
 
 
 @dataclass(frozen=True)
@@ -225,14 +169,14 @@ class Waiting:
     already logged and counted for this version of it."""
 
     port: ServicePort
-    reported: frozenset[tuple[SkipReason, Frontend | None]]
+    reported: frozenset[tuple[SkipReason, FrontendKeys | None]]
 
 
 class ServiceProgrammer:
     """Owns the contents of the `services` and `backends` maps."""
 
-    def __init__(self, services: BpfMap, backends: BpfMap, capacity: Capacity,
-                 skips: Skips) -> None:
+    def __init__(self, services: MapAccess[ServiceKey, ServiceValue],
+                 backends: MapAccess[int, BackendValue], capacity: Capacity, skips: Skips) -> None:
         self._services = services
         self._backends_map = backends
         self._capacity = capacity
@@ -242,10 +186,10 @@ class ServiceProgrammer:
     # -- state -----------------------------------------------------------------
 
     def _reset(self) -> None:
-        self._frontends: dict[Frontend, Programmed] = {}
+        self._frontends: dict[FrontendKeys, Programmed] = {}
         self._backends: dict[int, tuple[int, HostPort]] = {}
         self._backend_ids: dict[tuple[int, HostPort], int] = {}
-        self._owners: dict[Frontend, ServicePortName] = {}
+        self._owners: dict[FrontendKeys, ServicePortName] = {}
         self._waiting: dict[ServicePortName, Waiting] = {}
         # Entries recovered from the maps that no frontend explains (what a
         # crash between two write steps leaves); the next full change set
@@ -258,43 +202,19 @@ class ServiceProgrammer:
     def _recover(self) -> None:
         """Rebuild the mirror (and the ids in use) from the maps."""
         self._reset()
-        masters: dict[Frontend, ServiceValue] = {}
-        slot_ids: dict[tuple[Frontend, int], int] = {}
-        for key, value in self._services.items():
-            frontend = _frontend_of_key(key)
-            if frontend is None:
-                self._stray_keys.append(key)
-            elif key.slot == 0:
-                masters[frontend] = value
-            else:
-                slot_ids[(frontend, key.slot)] = value.id
-        stored = {int(bid): (b.service_id, HostPort(b.addr.ip, b.addr.host_port))
-                  for bid, b in self._backends_map.items()}
-        service_ids: set[int] = set()
-        for frontend, master in masters.items():
-            if master.id in service_ids or master.id == 0:
-                # A corrupt master: drop it with its slots, reprogram afresh.
-                self._stray_keys.append(frontend.key(0))
-                continue
-            service_ids.add(master.id)
-            slots = []
-            for slot in range(1, master.count + 1):
-                backend_id = slot_ids.pop((frontend, slot), 0)
-                owner = stored.get(backend_id)
-                slots.append(backend_id if owner is not None and owner[0] == master.id else 0)
-            self._frontends[frontend] = Programmed(
-                master.id, tuple(slots),
-                master.affinity_timeout if master.flags & maps.SVC_F_AFFINITY else 0)
-            for backend_id in slots:
-                if backend_id and backend_id not in self._backends:
-                    self._keep_backend(backend_id, *stored[backend_id])
-        self._stray_keys += [frontend.key(slot) for frontend, slot in slot_ids]
-        self._stray_backends = [b for b in stored if b not in self._backends]
+        contents = read_contents(self._services, self._backends_map)
+        recovered = contents.recovered()
+        self._frontends = dict(recovered.frontends)
+        for backend_id, stored in recovered.backends.items():
+            self._keep_backend(backend_id, stored.service_id, stored.target)
+        self._stray_keys = list(recovered.stray_keys)
+        self._stray_backends = list(recovered.stray_backends)
         self.service_entries = sum(1 + len(p.slots) for p in self._frontends.values()) + len(
             self._stray_keys)
-        self.backend_entries = len(stored)
-        self._service_ids = IdAllocator(service_ids)
-        self._backend_id_pool = IdAllocator(stored)
+        self.backend_entries = len(contents.backends)
+        self._service_ids = IdAllocator(
+            (p.service_id for p in self._frontends.values()), self._capacity.max_id)
+        self._backend_id_pool = IdAllocator(contents.backends, self._capacity.max_id)
         log.info("recovered the programmed services from the pinned maps", extra=fields(
             frontends=len(self._frontends), backends=len(self._backends),
             stray_entries=len(self._stray_keys) + len(self._stray_backends)))
@@ -305,7 +225,7 @@ class ServiceProgrammer:
 
     # -- planning --------------------------------------------------------------
 
-    def apply(self, changes: ChangeSet) -> MapWrites:
+    def apply(self, changes: ServicePortChanges) -> MapWrites:
         """Write one change set; returns what was written (with the (service
         id, backend) pairs UDP frontends lost). On a failed write the mirror is
         re-read from the maps (so the entry counts are what the maps hold) and
@@ -362,14 +282,14 @@ class ServiceProgrammer:
         self.backend_entries -= len(self._stray_backends)
         self._stray_keys, self._stray_backends = [], []
 
-    def _plan_incremental(self, changes: ChangeSet, writes: MapWrites) -> list[ServicePort]:
+    def _plan_incremental(self, changes: ServicePortChanges, writes: MapWrites) -> list[ServicePort]:
         for port in changes.removed:
             self._remove_port(port, keep=(), writes=writes)
         for old, new in changes.updated:
             self._remove_port(old, keep=frontends_of(new), writes=writes)
         return list(changes.current())
 
-    def _remove_port(self, port: ServicePort, keep: Iterable[Frontend],
+    def _remove_port(self, port: ServicePort, keep: Iterable[FrontendKeys],
                      writes: MapWrites) -> None:
         self._waiting.pop(port.name, None)
         for frontend in set(frontends_of(port)) - set(keep):
@@ -377,7 +297,7 @@ class ServiceProgrammer:
             if frontend in self._frontends and self._owners.get(frontend, port.name) == port.name:
                 self._remove_frontend(frontend, writes)
 
-    def _remove_frontend(self, frontend: Frontend, writes: MapWrites) -> None:
+    def _remove_frontend(self, frontend: FrontendKeys, writes: MapWrites) -> None:
         programmed = self._frontends.pop(frontend)
         self._owners.pop(frontend, None)
         writes.gone_service_keys.insert(0, frontend.key(0))
@@ -388,7 +308,7 @@ class ServiceProgrammer:
         self.backend_entries -= len(set(programmed.slots) - {0})
         self._service_ids.release(programmed.service_id)
 
-    def _drop_backend(self, backend_id: int, frontend: Frontend, into: list[int],
+    def _drop_backend(self, backend_id: int, frontend: FrontendKeys, into: list[int],
                       writes: MapWrites) -> None:
         service_id, target = self._backends.pop(backend_id)
         del self._backend_ids[(service_id, target)]
@@ -406,7 +326,7 @@ class ServiceProgrammer:
         stays programmed, untouched. Either way the port waits, retried with
         every later change set, and each problem is reported once per
         version of the port."""
-        problems: list[tuple[SkipReason, Frontend | None, str]] = []
+        problems: list[tuple[SkipReason, FrontendKeys | None, str]] = []
         fitting: FrontendSpecs = {}
         for frontend, spec in specs.items():
             owner = self._owners.get(frontend, port.name)
@@ -437,7 +357,7 @@ class ServiceProgrammer:
     def _capacity_problem(self, specs: FrontendSpecs) -> str:
         """Why the port does not fit, counting every entry this change set adds
         before it deletes any (the maps hold both during the update)."""
-        services_needed = backends_needed = 0
+        services_needed = backends_needed = service_ids_needed = 0
         for frontend, (targets, _) in specs.items():
             if len(targets) > MAX_SLOTS:
                 return (f"{frontend} has {len(targets)} endpoints; a ClusterIP holds at most "
@@ -445,6 +365,7 @@ class ServiceProgrammer:
             old = self._frontends.get(frontend)
             old_slots = len(old.slots) if old else 0
             services_needed += (0 if old else 1) + max(0, len(targets) - old_slots)
+            service_ids_needed += 0 if old else 1
             service_id = old.service_id if old else 0
             backends_needed += sum(1 for t in targets if (service_id, t) not in self._backend_ids)
         for spec, used, needed, capacity in (
@@ -453,9 +374,15 @@ class ServiceProgrammer:
             if used + needed > capacity:
                 return (f"map {spec.pin} is full ({used} of {capacity} entries used, "
                         f"{needed} more needed); raise {spec.size_flag}")
+        for kind, pool, needed in (("service", self._service_ids, service_ids_needed),
+                                   ("backend", self._backend_id_pool, backends_needed)):
+            if needed > pool.available():
+                return (f"no free {kind} id ({needed} needed, {pool.available()} of "
+                        f"{pool.limit} free); ids that this change set frees are reused "
+                        f"from the next one, which retries the port")
         return ""
 
-    def _program_frontend(self, frontend: Frontend, targets: tuple[HostPort, ...],
+    def _program_frontend(self, frontend: FrontendKeys, targets: tuple[HostPort, ...],
                           affinity_timeout: int, writes: MapWrites) -> None:
         old = self._frontends.get(frontend)
         service_id = old.service_id if old else self._service_ids.allocate()
@@ -480,7 +407,7 @@ class ServiceProgrammer:
             backend_id = self._backend_id_pool.allocate()
             self._keep_backend(backend_id, service_id, target)
             writes.new_backends.append(
-                (backend_id, Backend(addr=target.l4addr(), service_id=service_id)))
+                (backend_id, BackendValue(addr=target.l4addr(), service_id=service_id)))
             self.backend_entries += 1
         return backend_id
 
@@ -500,13 +427,6 @@ class ServiceProgrammer:
             gone=len(writes.gone_service_keys), new_backends=len(writes.new_backends),
             slots=len(writes.slots), masters=len(writes.masters),
             stale_slots=len(writes.stale_slots), orphan_backends=len(writes.orphan_backends)))
-
-
-def _frontend_of_key(key: ServiceKey) -> Frontend | None:
-    protocol = PROTOCOL_OF.get(key.proto)
-    if protocol is None or key.pad or key.vip.pad:
-        return None
-    return Frontend(HostPort(key.vip.ip, key.vip.host_port), protocol)
 
 
 def _reported(earlier: Waiting | None, port: ServicePort) -> frozenset:

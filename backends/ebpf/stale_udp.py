@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from backends.ebpf.libbpf import BpfMap
-from backends.ebpf.maps import L4Addr, RevNatKey, unpacked_address
-from backends.ebpf.programmer import HostPort
+from backends.ebpf.contents import HostPort, reached_through
+from backends.ebpf.mapaccess import MapAccess
+from backends.ebpf.maps import RevNatKey, RevNatValue, unpacked_address
 from kpng_py.logs import fields
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ def _raise_error(payload: bytes, what: str) -> None:
 class StaleUdpTerminator:
     """Destroys connected UDP sockets of the cgroup whose backend is gone."""
 
-    def __init__(self, cgroup: Path, reverse_nat: BpfMap) -> None:
+    def __init__(self, cgroup: Path, reverse_nat: MapAccess[RevNatKey, RevNatValue]) -> None:
         self._cgroup = cgroup
         self._reverse_nat = reverse_nat
 
@@ -204,6 +204,4 @@ class StaleUdpTerminator:
         return sum(destroy(sock, s) for s in stale)
 
     def _reached_through(self, target: ConnectedSocket, service_ids: set[int]) -> bool:
-        entry = self._reverse_nat.get(RevNatKey(
-            cookie=target.cookie, backend=L4Addr.of(target.peer.ip, target.peer.port)))
-        return entry is not None and entry.service_id in service_ids
+        return reached_through(self._reverse_nat, target.cookie, target.peer) in service_ids

@@ -133,6 +133,17 @@ def _interface_address(message) -> InterfaceAddress:
     return InterfaceAddress(ipaddress.ip_address(text), message["prefixlen"])
 
 
+def _read_link(ipr: IPRoute, index: int) -> Link:
+    message = ipr.get_links(index)[0]
+    kind = message.get(("IFLA_LINKINFO", "IFLA_INFO_KIND"))
+    ports = sum(1 for other in ipr.get_links()
+                if other.get("IFLA_MASTER") == index) if kind == "bridge" else 0
+    return Link(name=message.get("IFLA_IFNAME"), index=index, kind=kind,
+                alias=message.get("IFLA_IFALIAS"),
+                loopback=bool(message["flags"] & _IFF_LOOPBACK), ports=ports,
+                addresses=tuple(_interface_address(a) for a in ipr.get_addr(index=index)))
+
+
 class ClusterIPAddresses:
     """The ClusterIPs on the backend's own interface, kept in step with the
     services."""
@@ -158,11 +169,11 @@ class ClusterIPAddresses:
     def setup(self) -> None:
         """Create the interface if needed (or check that it is ours), bring it
         up, and read the ClusterIPs it holds."""
-        self._ipr = IPRoute()
+        ipr = self._ipr = IPRoute()
         try:
-            link = self._own_link()
+            link = self._own_link(ipr)
             self._index = link.index
-            self._ipr.link("set", index=self._index, state="up")
+            ipr.link("set", index=self._index, state="up")
         except NetlinkError as err:
             self.close()
             hint = " (needs CAP_NET_ADMIN: run as root)" if err.code == errno.EPERM else ""
@@ -184,37 +195,23 @@ class ClusterIPAddresses:
             self.close()
             self.setup()
 
-    def _own_link(self) -> Link:
-        assert self._ipr is not None
-        found = self._ipr.link_lookup(ifname=self.interface)
+    def _own_link(self, ipr: IPRoute) -> Link:
+        found = ipr.link_lookup(ifname=self.interface)
         if not found:
-            return self._create()
-        link = self._read_link(found[0])
+            return self._create(ipr)
+        link = _read_link(ipr, found[0])
         if check_ownership(link):
-            self._ipr.link("set", index=link.index, ifalias=MARKER)
+            ipr.link("set", index=link.index, ifalias=MARKER)
             log.warning("adopted an unmarked ClusterIP interface named like the default "
                         "(left by an earlier kpng-py) and marked it as kpng-py's",
                         extra=fields(interface=self.interface, kind=link.kind,
                                      alias=MARKER))
         return link
 
-    def _read_link(self, index: int) -> Link:
-        assert self._ipr is not None
-        message = self._ipr.get_links(index)[0]
-        kind = message.get(("IFLA_LINKINFO", "IFLA_INFO_KIND"))
-        ports = sum(1 for other in self._ipr.get_links()
-                    if other.get("IFLA_MASTER") == index) if kind == "bridge" else 0
-        return Link(name=message.get("IFLA_IFNAME"), index=index, kind=kind,
-                    alias=message.get("IFLA_IFALIAS"),
-                    loopback=bool(message["flags"] & _IFF_LOOPBACK), ports=ports,
-                    addresses=tuple(_interface_address(a)
-                                    for a in self._ipr.get_addr(index=index)))
-
-    def _create(self) -> Link:
-        assert self._ipr is not None
+    def _create(self, ipr: IPRoute) -> Link:
         for kind in OWN_KINDS:
             try:
-                self._ipr.link("add", ifname=self.interface, kind=kind)
+                ipr.link("add", ifname=self.interface, kind=kind)
             except NetlinkError as err:
                 if err.code == errno.EOPNOTSUPP:  # this kernel lacks the driver
                     continue
@@ -223,22 +220,22 @@ class ClusterIPAddresses:
         else:
             raise NetlinkError(errno.EOPNOTSUPP,
                                "the kernel supports neither dummy nor bridge links")
-        index = self._ipr.link_lookup(ifname=self.interface)[0]
+        index = ipr.link_lookup(ifname=self.interface)[0]
         try:  # the kernel ignores an alias given at creation
-            self._ipr.link("set", index=index, ifalias=MARKER)
+            ipr.link("set", index=index, ifalias=MARKER)
         except BaseException:
-            self._ipr.link("del", index=index)
+            ipr.link("del", index=index)
             raise
         log.info("created the ClusterIP interface", extra=fields(
             interface=self.interface, kind=kind, alias=MARKER))
-        return self._read_link(index)
+        return _read_link(ipr, index)
 
     def refresh(self) -> None:
         """Read the managed addresses again (a full reconciliation: someone
         may have removed some, or the kernel did, with IPv6 turned off)."""
-        assert self._ipr is not None, "setup() first"
+        ipr = self._netlink()
         with self._interface_failures():
-            held = [_interface_address(a) for a in self._ipr.get_addr(index=self._index)]
+            held = [_interface_address(a) for a in ipr.get_addr(index=self._index)]
         self.present = {a.ip for a in held if a.is_cluster_ip_like}
 
     def add(self, addresses: Iterable[IPAddress]) -> None:
@@ -283,13 +280,13 @@ class ClusterIPAddresses:
 
     def _change(self, command: str, address: IPAddress) -> str | None:
         """Add or delete one address; the kernel's reason if it refused it."""
-        assert self._ipr is not None, "setup() first"
+        ipr = self._netlink()
         # NODAD: a ClusterIP is ours alone; without it an IPv6 address
         # stays tentative (unusable) for a second or more.
         flags = {"flags": IFA_F_NODAD} if address.version == 6 else {}
         with self._interface_failures():
             try:
-                self._ipr.addr(command, index=self._index, address=str(address),
+                ipr.addr(command, index=self._index, address=str(address),
                                prefixlen=address.max_prefixlen, **flags)
             except NetlinkError as err:
                 if err.code in _ALREADY_DONE[command]:
@@ -298,6 +295,14 @@ class ClusterIPAddresses:
                     raise
                 return err.args[-1] if err.args else str(err)
         return None
+
+    def _netlink(self) -> IPRoute:
+        """The netlink socket `setup` opened."""
+        if self._ipr is None:
+            raise RuntimeError(f"the ClusterIP interface {self.interface!r} is not set up: "
+                               "call setup() before changing its addresses (and again "
+                               "after close())")
+        return self._ipr
 
     @contextmanager
     def _interface_failures(self) -> Iterator[None]:

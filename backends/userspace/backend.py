@@ -40,9 +40,9 @@ from kpng_py.aio import new_event_loop
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
 from kpng_py.model import (
-    ChangeSet,
+    ServicePortChanges,
+    Frontend,
     IPAddress,
-    IPFamily,
     Protocol,
     ServicePort,
     ServicePortName,
@@ -70,76 +70,72 @@ def raise_open_files_limit() -> None:
 
 
 class ServicePortListeners:
-    """The listeners of one service port: one per ClusterIP that has endpoints
-    of its own family and is on the interface. No endpoints, no listener: the
-    kernel refuses clients."""
+    """The listeners of one service port: one per frontend
+    (`ServicePort.frontends()`, as every backend serves) whose ClusterIP has
+    endpoints of its own family and is on the interface. No endpoints, no
+    listener: the kernel refuses clients."""
 
     def __init__(self, ctx: ProxyContext, name: ServicePortName) -> None:
         self._ctx = ctx
         self.name = name
-        self.port: ServicePort | None = None
-        self._listeners: dict[IPFamily, Listener] = {}
-        # Why a listener could not be opened, per family: logged and counted
+        self._listeners: dict[Frontend, Listener] = {}
+        # Why a listener could not be opened, per frontend: logged and counted
         # once, not again by each retry that fails the same way.
-        self._listen_errors: dict[IPFamily, str] = {}
+        self._listen_errors: dict[Frontend, str] = {}
 
     def update(self, port: ServicePort, on_interface: Callable[[IPAddress], bool]) -> bool:
         """Listen as `port` says; False while a listener it needs is missing
         (its ClusterIP is not on the interface, or it cannot listen), for
         the backend to try again with the next change set."""
-        self.port = port
+        wanted = {frontend: endpoints for frontend in port.frontends()
+                  if (endpoints := port.cluster_endpoints(family_of(frontend.ip)))}
+        for frontend in self._listeners.keys() - wanted.keys():
+            self._listeners.pop(frontend).close()
+        for frontend in self._listen_errors.keys() - wanted.keys():
+            del self._listen_errors[frontend]
         complete = True
-        for family in IPFamily:
-            address = port.cluster_ip(family)
-            endpoints = port.cluster_endpoints(family)
-            wanted = address is not None and bool(endpoints)
-            listener = self._listeners.get(family)
-            if listener is not None and (not wanted or (listener.address, listener.port)
-                                         != (address, port.port)):
-                listener.close()
-                del self._listeners[family]
-                listener = None
-            if not wanted:
-                self._listen_errors.pop(family, None)
-            elif listener is not None:
+        for frontend, endpoints in wanted.items():
+            listener = self._listeners.get(frontend)
+            if listener is not None:
                 listener.update(endpoints, port.affinity_timeout_seconds)
-            elif not (on_interface(address) and self._open(address, port, endpoints)):
+            elif not (on_interface(frontend.ip) and self._open(frontend, port, endpoints)):
                 complete = False
         return complete
 
-    def retry(self, on_interface: Callable[[IPAddress], bool]) -> bool:
-        """`update` again with the last version of the port."""
-        assert self.port is not None, "update() first"
-        return self.update(self.port, on_interface)
-
-    def _open(self, address: IPAddress, port: ServicePort, endpoints: tuple) -> bool:
-        label = f"{self.name}/{port.protocol.value} {format_host_port(address, port.port)}"
+    def _open(self, frontend: Frontend, port: ServicePort, endpoints: tuple) -> bool:
+        address = format_host_port(frontend.ip, frontend.port)
+        label = f"{self.name}/{frontend.protocol.value} {address}"
         picker = EndpointPicker(label, endpoints, port.affinity_timeout_seconds)
-        listener = _LISTENERS[port.protocol](self._ctx, label, address, port.port, picker)
-        family = family_of(address)
+        listener = _LISTENERS[frontend.protocol](self._ctx, label, frontend.ip, frontend.port,
+                                                 picker)
         try:
             listener.start()
         except OSError as err:
             # E.g. another process holding this ClusterIP:port: keep the rest
             # working; each later change set tries again.
             error = err.strerror or str(err)
-            if self._listen_errors.get(family) != error:
-                self._listen_errors[family] = error
+            if self._listen_errors.get(frontend) != error:
+                self._listen_errors[frontend] = error
                 self._ctx.stats.error("listen")
                 log.error("cannot listen; this service port is not served on this address "
                           "until a later change set can", extra=fields(
                               service_port=str(self.name), listener=label, error=error))
             return False
-        if self._listen_errors.pop(family, None) is not None:
+        if self._listen_errors.pop(frontend, None) is not None:
             log.info("listening after an earlier failure", extra=fields(
                 service_port=str(self.name), listener=label))
-        self._listeners[family] = listener
+        self._listeners[frontend] = listener
         return True
 
     def close(self) -> None:
         for listener in self._listeners.values():
             listener.close()
         self._listeners.clear()
+
+
+def _addresses(port: ServicePort) -> set[IPAddress]:
+    """The ClusterIPs the interface holds for `port`: those of its frontends."""
+    return {frontend.ip for frontend in port.frontends()}
 
 
 class _LoopThread:
@@ -190,8 +186,9 @@ class UserspaceBackend:
         # What is programmed: the service ports, and how many use each ClusterIP.
         self._ports: dict[ServicePortName, ServicePortListeners] = {}
         self._address_users: Counter[IPAddress] = Counter()
-        # Service ports missing a listener (see ServicePortListeners.update).
-        self._incomplete: set[ServicePortName] = set()
+        # Service ports missing a listener (see ServicePortListeners.update),
+        # with the version to listen for when trying again.
+        self._incomplete: dict[ServicePortName, ServicePort] = {}
 
     def setup(self) -> None:
         raise_open_files_limit()
@@ -199,12 +196,12 @@ class UserspaceBackend:
         self._loop_thread.start()
         self._loop_thread.call(self._ctx.housekeeping.start)
 
-    def apply(self, changes: ChangeSet) -> None:
+    def apply(self, changes: ServicePortChanges) -> None:
         changes = self._guard.filter(changes)
         self._addresses.repair()
         if changes.full:
             self._addresses.refresh()
-            self._address_users = Counter(ip for p in changes.added for ip in p.cluster_ips)
+            self._address_users = Counter(ip for p in changes.added for ip in _addresses(p))
             wanted = set(self._address_users)
             self._addresses.add(wanted)
             self._loop_thread.call(lambda: self._apply_listeners(changes))
@@ -218,25 +215,25 @@ class UserspaceBackend:
         self._stats.cluster_ips.set(len(self._addresses.present))
         self._metrics.service_ports.set(len(self._ports))
 
-    def _count_address_users(self, changes: ChangeSet) -> tuple[set[IPAddress], set[IPAddress]]:
+    def _count_address_users(self, changes: ServicePortChanges) -> tuple[set[IPAddress], set[IPAddress]]:
         """Update the per-ClusterIP user counts for an incremental change set;
         the ClusterIPs that gained their first user and lost their last. Only
         the changed service ports are looked at."""
         olds = changes.removed + tuple(old for old, _ in changes.updated)
         news = changes.current()
         users = self._address_users
-        touched = {ip for port in olds + news for ip in port.cluster_ips}
+        touched = {ip for port in olds + news for ip in _addresses(port)}
         before = {ip for ip in touched if users[ip] > 0}
         for port in olds:
-            users.subtract(port.cluster_ips)
+            users.subtract(_addresses(port))
         for port in news:
-            users.update(port.cluster_ips)
+            users.update(_addresses(port))
         after = {ip for ip in touched if users[ip] > 0}
         for ip in touched - after:
             users.pop(ip, None)
         return after - before, before - after
 
-    def _apply_listeners(self, changes: ChangeSet) -> None:
+    def _apply_listeners(self, changes: ServicePortChanges) -> None:
         """On the loop: removals first, so a ClusterIP:port that moves from one
         service port to another is free to bind; then the changed ports; then
         the ports still missing a listener from earlier change sets."""
@@ -244,7 +241,7 @@ class UserspaceBackend:
             set(self._ports) - {p.name for p in changes.added} if changes.full
             else (p.name for p in changes.removed))
         for name in list(gone):
-            self._incomplete.discard(name)
+            self._incomplete.pop(name, None)
             listeners = self._ports.pop(name, None)
             if listeners is not None:
                 listeners.close()
@@ -254,15 +251,16 @@ class UserspaceBackend:
             listeners = self._ports.get(port.name)
             if listeners is None:
                 listeners = self._ports[port.name] = ServicePortListeners(self._ctx, port.name)
-            self._track(port.name, listeners.update(port, holds))
-        for name in self._incomplete - {p.name for p in current}:
-            self._track(name, self._ports[name].retry(holds))
+            self._track(port, listeners.update(port, holds))
+        changed = {p.name for p in current}
+        for port in [p for name, p in self._incomplete.items() if name not in changed]:
+            self._track(port, self._ports[port.name].update(port, holds))
 
-    def _track(self, name: ServicePortName, complete: bool) -> None:
+    def _track(self, port: ServicePort, complete: bool) -> None:
         if complete:
-            self._incomplete.discard(name)
+            self._incomplete.pop(port.name, None)
         else:
-            self._incomplete.add(name)
+            self._incomplete[port.name] = port
 
     def close(self) -> None:
         """Close listeners and connections; the ClusterIPs stay (see addresses)."""

@@ -1,4 +1,5 @@
-"""`kpng-py local ... to-userspace [flags]`."""
+"""The userspace backend's declaration: `kpng-py local ... to-userspace [flags]`,
+and how a lab run places and inspects it."""
 
 from __future__ import annotations
 
@@ -7,9 +8,7 @@ import argparse
 from backends.userspace.context import MARKER, ProxyConfig
 from kpng_py.cli import _positive_float, _size
 from kpng_py.metrics import Metrics
-
-HELP = ("userspace proxy: each ClusterIP on a local interface, a TCP/UDP listener per "
-        "ClusterIP:port, Maglev load balancing (no eBPF, no iptables)")
+from kpng_py.registry import BackendSpec, LabPlaces, LabSupport
 
 # Linux's IFNAMSIZ less the terminating NUL.
 _MAX_INTERFACE_NAME = 15
@@ -73,3 +72,24 @@ def create(args: argparse.Namespace, metrics: Metrics):
         pipe_size=args.tcp_pipe_size,
     )
     return UserspaceBackend(config, metrics)
+
+
+def _inspect(places: LabPlaces) -> list[str]:
+    return ["ip", "-n", places.node_netns, "addr", "show", "dev", places.service_interface]
+
+
+BACKEND = BackendSpec(
+    name="userspace",
+    help="userspace proxy: each ClusterIP on a local interface, a TCP/UDP listener per "
+         "ClusterIP:port, Maglev load balancing (no eBPF, no iptables)",
+    add_arguments=add_arguments,
+    create=create,
+    lab=LabSupport(
+        flags=lambda places: ["--interface", places.service_interface],
+        capacity_flags=lambda service_ports, endpoints: [],
+        inspect=_inspect,
+        # Its interface and sockets go with the node's namespace and its process.
+        cleanup=lambda places: None,
+        translates_in_pod=False, survives_restart=False, sockets_per_service_port=1),
+    tool=None,
+)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kpng_py.decode import AddressProblem, address_problem
-from kpng_py.model import ChangeSet, IPAddress, ServicePort, ServicePortName
+from kpng_py.model import ServicePortChanges, IPAddress, ServicePort, ServicePortName
 from kpng_py.skips import Skips
 
 
@@ -26,7 +26,7 @@ class ClusterIPGuard:
         self._skips = skips
         self._reported: dict[ServicePortName, frozenset[IPAddress]] = {}
 
-    def filter(self, changes: ChangeSet) -> ChangeSet:
+    def filter(self, changes: ServicePortChanges) -> ServicePortChanges:
         if changes.full and self._reported:
             names = {port.name for port in changes.added}
             self._reported = {n: ips for n, ips in self._reported.items() if n in names}

@@ -26,8 +26,8 @@ class Listener:
         self._sock: socket.socket | None = None
 
     def start(self) -> None:
-        self._sock = listening_socket(self.address, self.port, self.KIND)
-        self._loop.add_reader(self._sock.fileno(), self._on_readable)
+        sock = self._sock = listening_socket(self.address, self.port, self.KIND)
+        self._loop.add_reader(sock.fileno(), self._on_readable, sock)
         self._ctx.stats.listeners.inc()
 
     def update(self, endpoints: tuple[Endpoint, ...], affinity_timeout: int) -> None:
@@ -48,5 +48,7 @@ class Listener:
         closed (no new flow can use a closed listener's affinity)."""
         return self._sock is not None and self.picker.expire(now) > 0
 
-    def _on_readable(self) -> None:
+    def _on_readable(self, sock: socket.socket) -> None:
+        """`sock`, the listening socket, is readable (its reader is removed
+        before it is closed)."""
         raise NotImplementedError

@@ -168,32 +168,29 @@ class TcpListener(Listener):
         super().__init__(ctx, name, address, port, picker)
         self._connecting: set[asyncio.Task] = set()
 
-    def _on_readable(self) -> None:
-        assert self._sock is not None
+    def _on_readable(self, sock: socket.socket) -> None:
         for _ in range(_ACCEPT_BATCH):
             try:
-                client, peer = self._sock.accept()
+                client, peer = sock.accept()
             except BlockingIOError:
                 return
             except OSError as err:
-                self._accept_failed(err)
+                self._accept_failed(sock, err)
                 return
             client.setblocking(False)
             task = self._loop.create_task(self._serve(client, peer))
             self._connecting.add(task)
             task.add_done_callback(self._connecting.discard)
 
-    def _accept_failed(self, err: OSError) -> None:
+    def _accept_failed(self, sock: socket.socket, err: OSError) -> None:
         self._ctx.stats.error("tcp-accept")
         log.warning("accept failed; pausing this listener", extra=fields(
             listener=self.name, error=err.strerror, pause_s=_ACCEPT_BACKOFF))
-        sock = self._sock
-        assert sock is not None
         self._loop.remove_reader(sock.fileno())
 
         def resume() -> None:
             if self._sock is sock:
-                self._loop.add_reader(sock.fileno(), self._on_readable)
+                self._loop.add_reader(sock.fileno(), self._on_readable, sock)
 
         self._loop.call_later(_ACCEPT_BACKOFF, resume)
 

@@ -77,12 +77,11 @@ class UdpListener(Listener):
             self._end(session)
         return super().expire(now) or bool(self._sessions)
 
-    def _on_readable(self) -> None:
+    def _on_readable(self, sock: socket.socket) -> None:
         """Datagrams from clients."""
-        assert self._sock is not None
         for _ in range(_BATCH):
             try:
-                size, client = self._sock.recvfrom_into(self._buffer)
+                size, client = sock.recvfrom_into(self._buffer)
             except BlockingIOError:
                 return
             except OSError as err:
@@ -90,7 +89,7 @@ class UdpListener(Listener):
                 log.debug("udp receive failed", extra=fields(listener=self.name, error=err.strerror))
                 return
             client = client[:2]
-            session = self._sessions.get(client) or self._open(client)
+            session = self._sessions.get(client) or self._open(client, sock)
             if session is None:
                 continue
             session.last_used = self._loop.time()
@@ -101,7 +100,9 @@ class UdpListener(Listener):
             except OSError as err:  # e.g. ECONNREFUSED from an earlier ICMP error
                 self._session_failed(session, err)
 
-    def _open(self, client: ClientAddress) -> _Session | None:
+    def _open(self, client: ClientAddress, listening: socket.socket) -> _Session | None:
+        """A session for a new client; its endpoint's replies are sent from
+        `listening` (sessions end before it closes)."""
         client_ip = ipaddress.ip_address(client[0])
         now = self._loop.time()
         candidates = self.picker.candidates(client_ip, client[1], now, 1)
@@ -120,14 +121,13 @@ class UdpListener(Listener):
             return None
         session = _Session(client, endpoint, sock, now)
         self._sessions[client] = session
-        self._loop.add_reader(sock.fileno(), self._on_endpoint_datagrams, session)
+        self._loop.add_reader(sock.fileno(), self._on_endpoint_datagrams, session, listening)
         self.picker.served(client_ip, endpoint, now)
         self._ctx.stats.udp_sessions.inc()
         self._ctx.housekeeping.watch(self)
         return session
 
-    def _on_endpoint_datagrams(self, session: _Session) -> None:
-        assert self._sock is not None
+    def _on_endpoint_datagrams(self, session: _Session, listening: socket.socket) -> None:
         for _ in range(_BATCH):
             try:
                 size = session.sock.recv_into(self._buffer)
@@ -138,7 +138,7 @@ class UdpListener(Listener):
                 return
             session.last_used = self._loop.time()
             try:
-                self._sock.sendto(self._view[:size], session.client)
+                listening.sendto(self._view[:size], session.client)
             except OSError:  # the client's socket buffer is full, or it is unreachable
                 self._ctx.stats.error("udp-drop")
 

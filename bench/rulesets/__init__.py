@@ -15,7 +15,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Iterable
 
-from kpng_py.model import IPFamily, ServicePort
+from kpng_py.model import IPFamily, ServicePort, family_of
 
 
 def sha256_base32(text: str) -> str:
@@ -39,7 +39,8 @@ class KubeServicePort:
     @classmethod
     def of(cls, port: ServicePort) -> KubeServicePort | None:
         """The IPv4 view of a service port; None without an IPv4 ClusterIP."""
-        vip = port.cluster_ip(IPFamily.V4)
+        vip = next((frontend.ip for frontend in port.frontends()
+                    if family_of(frontend.ip) == IPFamily.V4), None)
         if vip is None:
             return None
         return cls(

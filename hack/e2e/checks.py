@@ -15,23 +15,23 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from e2e import clients
-from e2e.clients import Sample, StreamingProbe, host_literal
-from e2e.cluster import Family, Pod
 from e2e.expect import CheckFailed, CheckRun
-from e2e.procs import wait_until
-from e2e.servers import ContainerPort
-from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, Service, ServicePort
+from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, PortSpec, ServiceSpec
+from lab import clients
+from lab.clients import Sample, StreamingProbe, host_literal
+from lab.cluster import Family, Pod
+from lab.procs import wait_until
+from lab.servers import ContainerPort
 
 log = logging.getLogger(__name__)
 
-HTTP = ServicePort("http", "TCP", 80, ContainerPort.HTTP)
-ALT = ServicePort("alt", "TCP", 81, ContainerPort.ALT)
-EXTRA = ServicePort("extra", "TCP", 82, ContainerPort.ALT)
-DNS_UDP = ServicePort("dns", "UDP", 53, target_number=53)
-DNS_TCP = ServicePort("dns-tcp", "TCP", 53, target_number=53)
-ECHO_UDP = ServicePort("echo-udp", "UDP", 7001, ContainerPort.ECHO_UDP)
-ECHO_TCP = ServicePort("echo-tcp", "TCP", 7000, ContainerPort.ECHO_TCP)
+HTTP = PortSpec("http", "TCP", 80, ContainerPort.HTTP)
+ALT = PortSpec("alt", "TCP", 81, ContainerPort.ALT)
+EXTRA = PortSpec("extra", "TCP", 82, ContainerPort.ALT)
+DNS_UDP = PortSpec("dns", "UDP", 53, target_number=53)
+DNS_TCP = PortSpec("dns-tcp", "TCP", 53, target_number=53)
+ECHO_UDP = PortSpec("echo-udp", "UDP", 7001, ContainerPort.ECHO_UDP)
+ECHO_TCP = PortSpec("echo-tcp", "TCP", 7000, ContainerPort.ECHO_TCP)
 
 AFFINITY_TIMEOUT = 2          # seconds; e2e uses short timeouts too
 AFFINITY_EXPIRY_ROUNDS = 10   # P(the same of 3 pods 10 times in a row) < 1e-4
@@ -42,9 +42,9 @@ LARGE_DATAGRAM = 2000
 def base_state(families: tuple[Family, ...], servers: Sequence[Pod]) -> ClusterState:
     """The state of the first sync: services several checks use."""
     return ClusterState(families, (
-        Service("web", 0, (HTTP,)).with_endpoints(*servers),
-        Service("dns", 1, (DNS_UDP, DNS_TCP)).with_endpoints(*servers),
-        Service("echo", 2, (ECHO_UDP, ECHO_TCP)).with_endpoints(*servers),
+        ServiceSpec("web", 0, (HTTP,)).with_endpoints(*servers),
+        ServiceSpec("dns", 1, (DNS_UDP, DNS_TCP)).with_endpoints(*servers),
+        ServiceSpec("echo", 2, (ECHO_UDP, ECHO_TCP)).with_endpoints(*servers),
     ))
 
 
@@ -98,8 +98,8 @@ def basic_endpoint(t: CheckRun) -> None:
 
 
 # -- S2, S3 --------------------------------------------------------------
-def _multiport(t: CheckRun) -> Service:
-    return Service("multi", 3, (HTTP, ALT)).with_endpoints(*t.env.servers)
+def _multiport(t: CheckRun) -> ServiceSpec:
+    return ServiceSpec("multi", 3, (HTTP, ALT)).with_endpoints(*t.env.servers)
 
 
 @check("S2/multiport-endpoints", "should serve multiport endpoints from pods", translated=True)
@@ -140,7 +140,7 @@ def same_port_tcp_and_udp(t: CheckRun) -> None:
 @check("S5/service-down-and-up", "should be able to up and down services; "
        "should work after the service has been recreated")
 def service_down_and_up(t: CheckRun) -> None:
-    updown, srv = Service("updown", 4, (HTTP,)).with_endpoints(*t.env.servers), t.env.servers
+    updown, srv = ServiceSpec("updown", 4, (HTTP,)).with_endpoints(*t.env.servers), t.env.servers
     t.apply(updown)
     t.each_family("created", lambda f: t.expect_http(updown, HTTP, f, srv))
     t.apply(delete=["updown"])
@@ -153,7 +153,7 @@ def service_down_and_up(t: CheckRun) -> None:
 @check("S6/no-endpoints-rejected", "should be rejected when no endpoints exist", translated=True)
 def no_endpoints_rejected(t: CheckRun) -> None:
     srv0 = t.env.servers[0]
-    empty = Service("empty", 5, (HTTP, DNS_UDP))
+    empty = ServiceSpec("empty", 5, (HTTP, DNS_UDP))
     t.apply(empty)
     t.each_family("no endpoints: TCP", lambda f: t.expect_rejected(empty, HTTP, f))
     t.each_family("no endpoints: UDP", lambda f: t.expect_rejected(empty, DNS_UDP, f))
@@ -165,12 +165,12 @@ def no_endpoints_rejected(t: CheckRun) -> None:
 
 
 # -- S7 ------------------------------------------------------------------
-def _sticky(t: CheckRun) -> Service:
-    sticky = Service("sticky", 6, (HTTP,), affinity_timeout=AFFINITY_TIMEOUT)
+def _sticky(t: CheckRun) -> ServiceSpec:
+    sticky = ServiceSpec("sticky", 6, (HTTP,), affinity_timeout=AFFINITY_TIMEOUT)
     return sticky.with_endpoints(*t.env.servers)
 
 
-def _one_pod(t: CheckRun, service: Service, family: Family, among: Sequence[Pod]) -> str:
+def _one_pod(t: CheckRun, service: ServiceSpec, family: Family, among: Sequence[Pod]) -> str:
     """The one pod that a burst of new connections (one after the other) all reach."""
     names = {p.name for p in among}
 
@@ -303,7 +303,7 @@ def _await(probe: StreamingProbe, what: str, ready: Callable[[], bool], timeout:
 
 def _udp_follows_new_endpoint(t: CheckRun, connected: bool) -> None:
     old, new = t.env.servers[0], t.env.servers[1]
-    cycle = Service("cycle", 7, (DNS_UDP,))
+    cycle = ServiceSpec("cycle", 7, (DNS_UDP,))
     t.apply(cycle.with_endpoints(old))
     extra = ["--connected"] if connected else []
     probes = {f: StreamingProbe(t.env.client, "dns-follow", str(cycle.cluster_ip(f)),
@@ -359,7 +359,7 @@ def udp_unconnected_follows(t: CheckRun) -> None:
        "Pod to Pod", translated=True)
 def internal_traffic_local(t: CheckRun) -> None:
     srv0, srv1, srv2 = t.env.servers
-    local = Service("local", 8, (HTTP,), internal_traffic_local=True)
+    local = ServiceSpec("local", 8, (HTTP,), internal_traffic_local=True)
     t.apply(local.with_endpoints(srv0, EndpointRef(srv1, REMOTE_NODE),
                                  EndpointRef(srv2, REMOTE_NODE)))
     t.each_family("one local endpoint of three", lambda f: t.expect_http(local, HTTP, f, [srv0]))
@@ -367,7 +367,7 @@ def internal_traffic_local(t: CheckRun) -> None:
     t.each_family("no local endpoint, three remote", lambda f: _connect_fails(t, local, f))
 
 
-def _connect_fails(t: CheckRun, service: Service, family: Family) -> None:
+def _connect_fails(t: CheckRun, service: ServiceSpec, family: Family) -> None:
     target = str(service.cluster_ip(family))
     t.eventually(f"{host_literal(target)}:{HTTP.port} must fail",
                lambda: clients.probe(t.env.client, "connect", target, str(HTTP.port)),
@@ -378,10 +378,10 @@ def _connect_fails(t: CheckRun, service: Service, family: Family) -> None:
 @check("S11/headless-and-externalname-ignored", "Headless / ExternalName ignored")
 def headless_and_externalname(t: CheckRun) -> None:
     web, srv = t.env.shared("web"), t.env.servers
-    headless = Service("headless", 9, (HTTP,), headless=True).with_endpoints(*srv)
+    headless = ServiceSpec("headless", 9, (HTTP,), headless=True).with_endpoints(*srv)
     # An ExternalName service has no ClusterIP; this one has one anyway so
     # that programming it by mistake would show.
-    extname = Service("extname", 10, (HTTP,), type="ExternalName").with_endpoints(*srv)
+    extname = ServiceSpec("extname", 10, (HTTP,), type="ExternalName").with_endpoints(*srv)
     t.apply(headless, extname)
     t.each_family("ExternalName's address", lambda f: t.expect_not_served(extname, HTTP, f))
     t.each_family("other services", lambda f: t.expect_http(web, HTTP, f, srv))
@@ -393,7 +393,7 @@ def headless_and_externalname(t: CheckRun) -> None:
 def ipv4_mapped(t: CheckRun) -> None:
     web, echo, srv = t.env.shared("web"), t.env.shared("echo"), t.env.servers
 
-    def mapped(service: Service) -> str:
+    def mapped(service: ServiceSpec) -> str:
         return f"::ffff:{service.cluster_ip(Family.IPV4)}"
 
     t.each_family("TCP (curl)", lambda f: t.expect_http(web, HTTP, f, srv, ip=mapped(web)))
@@ -405,8 +405,8 @@ def ipv4_mapped(t: CheckRun) -> None:
        "(single-stack services in a dual-stack cluster)", families=dual_only, translated=True)
 def single_stack_services(t: CheckRun) -> None:
     srv = t.env.servers
-    single = {Family.IPV4: Service("v4only", 13, (HTTP,), only_family=Family.IPV4),
-              Family.IPV6: Service("v6only", 14, (HTTP,), only_family=Family.IPV6)}
+    single = {Family.IPV4: ServiceSpec("v4only", 13, (HTTP,), only_family=Family.IPV4),
+              Family.IPV6: ServiceSpec("v6only", 14, (HTTP,), only_family=Family.IPV6)}
     single = {f: s.with_endpoints(*srv) for f, s in single.items()}
     t.apply(*single.values())
     t.each_family("own family", lambda f: t.expect_http(single[f], HTTP, f, srv))
@@ -510,7 +510,7 @@ def restart_sigkill(t: CheckRun) -> None:
 @check("S14/services-sharing-endpoints", "multiple services, same endpoints")
 def services_sharing_endpoints(t: CheckRun) -> None:
     web, srv = t.env.shared("web"), t.env.servers
-    web2 = Service("web2", 11, (HTTP,)).with_endpoints(*srv)
+    web2 = ServiceSpec("web2", 11, (HTTP,)).with_endpoints(*srv)
     t.apply(web2)
     t.each_family("both", lambda f: t.expect_http(web2, HTTP, f, srv))
     t.apply(delete=["web2"])

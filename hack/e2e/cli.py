@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from e2e.checks import CHECKS
-from e2e.proxy import BACKENDS, built_in_backends
+from e2e.proxy import BACKENDS
 from e2e.run import Options, run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,8 @@ _SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed$")
 def _run_one(argv: list[str]) -> tuple[int, int, int]:
     """Run one mode, passing its output through; (exit code, passed, failed)."""
     passed = failed = 0
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as child:
+    # From hack/, `python -m e2e` finds the harness package (e2e).
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=ROOT / "hack") as child:
         assert child.stdout is not None
         for line in child.stdout:
             print(line, end="", flush=True)
@@ -59,7 +60,7 @@ def _run_one(argv: list[str]) -> tuple[int, int, int]:
 
 
 def run_all(args: argparse.Namespace) -> int:
-    backends = built_in_backends()
+    backends = list(BACKENDS)
     failed_runs = []
     total_passed = total_failed = 0
     for required in REQUIRED_IN_CI:
@@ -71,7 +72,8 @@ def run_all(args: argparse.Namespace) -> int:
         for ip in IP_MODES:
             began = time.monotonic()
             argv = [sys.executable, "-m", "e2e", "-i", ip, "-b", backend,
-                    "--logs-dir", str(args.logs_dir), *(["-k"] if args.keep_logs else [])]
+                    "--logs-dir", str(args.logs_dir.resolve()),
+                    *(["-k"] if args.keep_logs else [])]
             print(f"== e2e {backend} {ip}", flush=True)
             code, passed, failed = _run_one(argv)
             if code and not failed:

@@ -14,13 +14,13 @@ import sys
 import time
 from typing import Sequence
 
-from e2e import clients, procs, teardown
 from e2e.checks import HTTP, base_state
-from e2e.cluster import Cluster, IPAddress, Pod, families_of_mode
-from e2e.names import RunNames
-from e2e.proxy import BACKENDS, ControlPlane, built_in_backends
-from e2e.run import build_cluster
-from e2e.statefile import Service
+from e2e.proxy import BACKENDS, ControlPlane
+from e2e.statefile import ServiceSpec
+from lab import clients, procs, teardown
+from lab.cluster import Cluster, IPAddress, Pod, families_of_mode
+from lab.names import RunNames
+from lab.pods import build_cluster
 
 
 def say(text: str) -> None:
@@ -32,7 +32,7 @@ def _stop(signum: int, _frame: object) -> None:
 
 
 def demo(ip_mode: str) -> int:
-    if "ebpf" not in built_in_backends():
+    if "ebpf" not in BACKENDS:
         say("demo: this kpng-py has no to-ebpf backend")
         return 1
     names = RunNames.for_this_process()
@@ -62,7 +62,7 @@ def demo(ip_mode: str) -> int:
             answers = clients.dns(client, dns_vip, attempts=3)
             say("   " + (", ".join(f"{pod} x{n}" for pod, n in answers.pods.items())
                          or "no answer: " + "; ".join(answers.errors)))
-        empty = Service("empty", 5, (HTTP,))
+        empty = ServiceSpec("empty", 5, (HTTP,))
         say(f"== edit {control.state_path.name}: web loses {servers[2].name}, a service "
             f"without endpoints appears; the brain publishes, the backend applies")
         edited = time.monotonic()

@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence, TypeVar
 
-from e2e import clients
-from e2e.clients import Sample
-from e2e.cluster import Cluster, Family, IPAddress, Pod
 from e2e.proxy import BackendKind, ControlPlane, SyncError
-from e2e.statefile import ClusterState, Service, ServicePort
+from e2e.statefile import ClusterState, PortSpec, ServiceSpec
+from lab import clients
+from lab.clients import Sample
+from lab.cluster import Cluster, Family, IPAddress, Pod
 
 # An expectation keeps sampling until EFFECT_TIMEOUT seconds after the backend
 # logged its last sync, and at least MIN_RETRY seconds: a change shows at once
@@ -49,7 +49,7 @@ class Env:
     def families(self) -> tuple[Family, ...]:
         return self.cluster.families
 
-    def shared(self, name: str) -> Service:
+    def shared(self, name: str) -> ServiceSpec:
         return next(s for s in self.base_state.services if s.name == name)
 
 
@@ -86,7 +86,7 @@ class CheckRun:
     def state(self) -> ClusterState:
         return self.env.control.state
 
-    def apply(self, *services: Service, delete: Iterable[str] = ()) -> None:
+    def apply(self, *services: ServiceSpec, delete: Iterable[str] = ()) -> None:
         """Create/update `services`, delete services named in `delete`, in one
         save of the state file; wait for the backend to apply it."""
         state = self.state
@@ -115,7 +115,7 @@ class CheckRun:
                 raise CheckFailed(f"{what}: {trouble}")
             time.sleep(0.1)
 
-    def expect_http(self, service: Service, port: ServicePort, family: Family,
+    def expect_http(self, service: ServiceSpec, port: PortSpec, family: Family,
                     pods: Sequence[Pod], client: Pod | None = None,
                     ip: IPAddress | str | None = None) -> Sample:
         """New connections reach every pod of `pods` and only them, each on its
@@ -141,7 +141,7 @@ class CheckRun:
             f"{_where(target, port)} from {(client or self.env.client).name}",
             lambda: clients.http(client or self.env.client, target, port.port, attempts), problem)
 
-    def expect_dns(self, service: Service, port: ServicePort, family: Family,
+    def expect_dns(self, service: ServiceSpec, port: PortSpec, family: Family,
                    pods: Sequence[Pod]) -> Sample:
         """DNS queries (over `port`'s protocol) are answered by exactly `pods`."""
         names = {p.name for p in pods}
@@ -158,7 +158,7 @@ class CheckRun:
             lambda: clients.dns(self.env.client, target, port.port, port.protocol == "TCP",
                                 attempts), problem)
 
-    def expect_not_served(self, service: Service, port: ServicePort, family: Family) -> Sample:
+    def expect_not_served(self, service: ServiceSpec, port: PortSpec, family: Family) -> Sample:
         """Nothing answers on the ClusterIP port any more (any failure will do:
         refused, unreachable, timeout)."""
         target = service.cluster_ip(family)
@@ -175,7 +175,7 @@ class CheckRun:
         return self.eventually(f"{_where(target, port)} no longer served", sample,
                           lambda s: s.describe() if s.pods else None)
 
-    def expect_rejected(self, service: Service, port: ServicePort, family: Family) -> dict:
+    def expect_rejected(self, service: ServiceSpec, port: PortSpec, family: Family) -> dict:
         """connect() (TCP) or the first exchange (UDP) fails at once with
         ECONNREFUSED."""
         target = service.cluster_ip(family)
@@ -193,5 +193,5 @@ class CheckRun:
                                                 str(port.port), *udp), problem)
 
 
-def _where(ip: IPAddress | str, port: ServicePort) -> str:
+def _where(ip: IPAddress | str, port: PortSpec) -> str:
     return f"{clients.host_literal(ip)}:{port.port}/{port.protocol}"

@@ -9,19 +9,15 @@ for the next one after the state file changed.
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable
 
-from e2e.cluster import Cluster
-from e2e.names import RunNames
-from e2e.procs import Proc, run, wait_until
 from e2e.statefile import LOCAL_NODE, ClusterState, write_atomically
+from kpng_py.registry import LabSupport, kpng_py_command, lab_backends
+from lab.cluster import Cluster
+from lab.names import RunNames
+from lab.procs import JsonLog, Proc, run, wait_until
 
-KPNG_PY = str(Path(sys.executable).with_name("kpng-py"))
 START_TIMEOUT = 120.0  # BCC compiles the programs at start-up: seconds on a busy machine
 SYNC_TIMEOUT = 20.0
 # Two polls of the brain (0.2 s each): enough for a file only ever replaced atomically.
@@ -29,82 +25,42 @@ ATOMIC_SAVES_SETTLE_SECONDS = 0.2
 
 
 def kpng_py(*args: str) -> list[str]:
-    return [KPNG_PY, "--log-format", "json", *args]
-
-
-def ebpf_cleanup(names: RunNames) -> None:
-    """Detach and unpin what the eBPF backend installed for run `names`."""
-    if names.bpffs_dir.exists() or names.cgroup.exists():
-        run([KPNG_PY, "ebpf", "cleanup", "--cgroup", str(names.cgroup),
-             "--bpffs-dir", str(names.bpffs_dir)])
+    return kpng_py_command("--log-format", "json", *args)
 
 
 @dataclass(frozen=True)
 class BackendKind:
+    """A registered backend (kpng_py.registry), as this harness runs it for a run's
+    names. A backend that does not survive a restart is asked by S13 only to
+    serve again, including changes made while it was down."""
+
     name: str
-    sink_args: Callable[[RunNames], list[str]]
-    # A command that shows what the backend programmed (saved with the logs).
-    inspect: Callable[[RunNames], list[str]]
-    dataplane_cleanup: Callable[[RunNames], None] | None
-    # Whether every packet to a ClusterIP must be translated inside the pod
-    # (a socket-level balancer), so that none may ever reach the node.
-    translates_in_pod: bool
-    # Whether the dataplane outlives the process (kernel state), so that a
-    # restart neither refuses a new connection nor breaks an established one.
-    # A userspace proxy cannot: its sockets die with it (kube-proxy's
-    # userspace mode behaved the same); S13 then asks only that it serves
-    # again, including changes made while it was down.
-    survives_restart: bool
+    sink: str
+    lab: LabSupport
+
+    def sink_args(self, names: RunNames) -> list[str]:
+        return [self.sink, *self.lab.flags(names.places)]
+
+    def inspect(self, names: RunNames) -> list[str]:
+        return self.lab.inspect(names.places)
+
+    def dataplane_cleanup(self, names: RunNames) -> None:
+        command = self.lab.cleanup(names.places)
+        if command is not None:
+            run(command)
+
+    @property
+    def translates_in_pod(self) -> bool:
+        return self.lab.translates_in_pod
+
+    @property
+    def survives_restart(self) -> bool:
+        return self.lab.survives_restart
 
 
-BACKENDS = {
-    "ebpf": BackendKind(
-        "ebpf",
-        sink_args=lambda names: ["to-ebpf", "--cgroup", str(names.cgroup),
-                                 "--bpffs-dir", str(names.bpffs_dir)],
-        inspect=lambda names: [KPNG_PY, "ebpf", "dump", "--bpffs-dir", str(names.bpffs_dir)],
-        dataplane_cleanup=ebpf_cleanup, translates_in_pod=True, survives_restart=True),
-    "userspace": BackendKind(
-        "userspace",
-        sink_args=lambda names: ["to-userspace", "--interface", names.service_interface],
-        inspect=lambda names: ["ip", "-n", names.netns("node"), "addr", "show",
-                               "dev", names.service_interface],
-        dataplane_cleanup=None, translates_in_pod=False, survives_restart=False),
-}
-
-
-def built_in_backends() -> list[str]:
-    """The backends this kpng-py has (`to-<name>` sinks)."""
-    from kpng_py.cli import BACKENDS as SINKS
-
-    return [name for name in BACKENDS if f"to-{name}" in SINKS]
-
-
-class JsonLog:
-    """Follows a process's JSON log lines as the file grows."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._offset = 0
-        self._partial = b""
-        self.syncs = 0
-
-    def poll(self) -> None:
-        try:
-            with open(self._path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        self._offset += len(data)
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:  # tracebacks, BCC warnings
-                continue
-            if isinstance(record, dict) and record.get("msg") == "sync applied":
-                self.syncs += 1
+# `-b` takes these names; each is a registered backend that has a dataplane.
+BACKENDS = {name: BackendKind(name, spec.sink, spec.lab)
+            for name, spec in lab_backends().items() if spec.lab is not None}
 
 
 class SyncError(Exception):

@@ -15,20 +15,17 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e import clients, procs, teardown
 from e2e.checks import CHECKS, Check, base_state
-from e2e.cluster import Cluster, Family, Pod, families_of_mode
 from e2e.expect import CheckFailed, CheckRun, Env
-from e2e.names import CGROUP2_ROOT, RunNames
-from e2e.proxy import BACKENDS, ControlPlane, SyncError, built_in_backends
+from e2e.proxy import BACKENDS, ControlPlane, SyncError
 from e2e.report import Report, Result
-from e2e.servers import ContainerPort, start_servers, wait_listening
 from e2e.statefile import ClusterState
+from lab import clients, procs, teardown
+from lab.cluster import Cluster, Family, families_of_mode
+from lab.names import CGROUP2_ROOT, RunNames
+from lab.pods import PodNetworkError, build_cluster
 
 log = logging.getLogger("e2e")
-
-SERVER_PODS = ("srv-0", "srv-1", "srv-2")
-CLIENT_POD = "client"
 
 
 @dataclass(frozen=True)
@@ -68,7 +65,7 @@ def run(options: Options) -> int:
     started = time.monotonic()
     previous = {s: signal.signal(s, _interrupt) for s in _STOP_SIGNALS}
     try:
-        _preflight(options)
+        _preflight()
         for line in teardown.remove_stale_runs(_stale_dataplane_cleanup):
             log.info(line)
         cluster = Cluster(names, families_of_mode(options.ip_mode), names.make_workdir())
@@ -82,7 +79,7 @@ def run(options: Options) -> int:
     except Interrupted as err:
         report.add(Result("interrupted", str(err), time.monotonic() - started))
     except Exception as err:  # checks catch their own: this is the cluster or the proxy
-        if not isinstance(err, (SetupError, SyncError, TimeoutError)):
+        if not isinstance(err, (SetupError, PodNetworkError, SyncError, TimeoutError)):
             log.error("set-up failed: %s", traceback.format_exc())
         report.add(Result("setup", f"{err}", time.monotonic() - started))
     finally:
@@ -95,7 +92,7 @@ def run(options: Options) -> int:
     return 0 if report.failed == 0 else 1
 
 
-def _preflight(options: Options) -> None:
+def _preflight() -> None:
     if os.geteuid() != 0:
         raise SetupError("needs root (network namespaces, cgroups, BPF)")
     if not (CGROUP2_ROOT / "cgroup.procs").exists():
@@ -103,52 +100,11 @@ def _preflight(options: Options) -> None:
     for tool in ("ip", "nft", "nginx", "dnsmasq", "socat", "curl", "dig", "ss"):
         if shutil.which(tool) is None:
             raise SetupError(f"`{tool}` not found: run hack/setup.sh")
-    if options.backend not in built_in_backends():
-        raise SetupError(f"this kpng-py has no to-{options.backend} backend "
-                         f"(has: {', '.join(built_in_backends()) or 'none'})")
 
 
 def _stale_dataplane_cleanup(names: RunNames) -> None:
-    for name in built_in_backends():
-        cleanup = BACKENDS[name].dataplane_cleanup
-        if cleanup is not None:
-            cleanup(names)
-
-
-def build_cluster(cluster: Cluster) -> tuple[tuple[Pod, ...], Pod]:
-    """Namespaces, pods, servers; checks that the client reaches every server
-    directly. Returns the server pods and the client pod."""
-    began = time.monotonic()
-    cluster.build([*SERVER_PODS, CLIENT_POD])
-    servers = tuple(cluster.pods[name] for name in SERVER_PODS)
-    running = {pod: start_servers(cluster, pod) for pod in servers}
-    for pod, pod_servers in running.items():
-        wait_listening(pod, pod_servers)
-    client = cluster.pods[CLIENT_POD]
-    for family in cluster.families:
-        _check_pod_network(client, servers, family)
-    log.info("cluster %s up in %.1f s (%s)", cluster.names.tag, time.monotonic() - began,
-             ", ".join(f.value for f in cluster.families))
-    return servers, client
-
-
-def _check_pod_network(client: Pod, servers: tuple[Pod, ...], family: Family) -> None:
-    """Before any proxy: the client reaches every server directly."""
-    for pod in servers:
-        ip = pod.ip(family)
-        seen = [
-            clients.http(client, ip, ContainerPort.HTTP.number(pod)),
-            clients.http(client, ip, ContainerPort.ALT.number(pod)),
-            clients.dns(client, ip),
-            clients.dns(client, ip, tcp=True),
-        ]
-        for sample in seen:
-            if set(sample.pods) != {pod.name}:
-                raise SetupError(f"the client cannot reach pod {pod.name} at {ip} directly: "
-                                 f"{sample.describe()}")
-        echo = clients.probe(client, "udp-echo", str(ip), str(ContainerPort.ECHO_UDP.number(pod)))
-        if not (echo["ok"] and echo["equal"]):
-            raise SetupError(f"no UDP echo from pod {pod.name} at {ip}: {echo}")
+    for kind in BACKENDS.values():
+        kind.dataplane_cleanup(names)
 
 
 def _start_control_plane(control: ControlPlane) -> None:

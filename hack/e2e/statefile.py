@@ -2,7 +2,7 @@
 (../shared/spec/kpng-file-format.md) for the built-in brain.
 
 Values are frozen; a check changes the cluster by building a new state
-(`with_service`, `without_service`, `Service.with_endpoints`...) the way a
+(`with_service`, `without_service`, `ServiceSpec.with_endpoints`...) the way a
 Kubernetes e2e test creates, updates and deletes objects.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from e2e.cluster import ADDRESSING, Family, IPAddress, Pod, ip_family
-from e2e.servers import ContainerPort
+from lab.cluster import ADDRESSING, Family, IPAddress, Pod, ip_family
+from lab.servers import ContainerPort
 
 LOCAL_NODE = "node-a"   # the node the backend serves (--node-name)
 REMOTE_NODE = "node-b"  # a node with no processes: its endpoints are not Local
@@ -26,7 +26,7 @@ PROTOCOL_NUMBERS = {"TCP": 1, "UDP": 2}
 
 
 @dataclass(frozen=True)
-class ServicePort:
+class PortSpec:
     """A service port whose targetPort is a named container port, or a number
     (`target_number`; then endpoints carry no port override for it)."""
 
@@ -59,10 +59,10 @@ class EndpointRef:
 
 
 @dataclass(frozen=True)
-class Service:
+class ServiceSpec:
     name: str
     ip_index: int  # the ClusterIP is the service CIDR's address number 10 + ip_index
-    ports: tuple[ServicePort, ...]
+    ports: tuple[PortSpec, ...]
     endpoints: tuple[EndpointRef, ...] = ()
     type: str = "ClusterIP"
     headless: bool = False
@@ -74,14 +74,14 @@ class Service:
     def cluster_ip(self, family: Family) -> IPAddress:
         return ADDRESSING[family].service_ip(self.ip_index)
 
-    def port(self, name: str) -> ServicePort:
+    def port(self, name: str) -> PortSpec:
         return next(p for p in self.ports if p.name == name)
 
-    def with_endpoints(self, *endpoints: EndpointRef | Pod) -> Service:
+    def with_endpoints(self, *endpoints: EndpointRef | Pod) -> ServiceSpec:
         refs = tuple(e if isinstance(e, EndpointRef) else EndpointRef(e) for e in endpoints)
         return dataclasses.replace(self, endpoints=refs)
 
-    def with_ports(self, *ports: ServicePort) -> Service:
+    def with_ports(self, *ports: PortSpec) -> ServiceSpec:
         return dataclasses.replace(self, ports=ports)
 
     def families(self, cluster_families: tuple[Family, ...]) -> tuple[Family, ...]:
@@ -125,9 +125,9 @@ def _ip_set(ips) -> dict[str, list[str]]:
 @dataclass(frozen=True)
 class ClusterState:
     families: tuple[Family, ...]
-    services: tuple[Service, ...] = field(default=())
+    services: tuple[ServiceSpec, ...] = field(default=())
 
-    def with_service(self, service: Service) -> ClusterState:
+    def with_service(self, service: ServiceSpec) -> ClusterState:
         """Create or update (by name)."""
         kept = tuple(s for s in self.services if s.name != service.name)
         return dataclasses.replace(self, services=kept + (service,))

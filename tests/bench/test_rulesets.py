@@ -18,7 +18,8 @@ from bench.rulesets.iptables import IptablesProxier
 from bench.rulesets.nftables import NftablesProxier
 from bench.scenario import Scenario
 from kpng_py.model import Endpoint, Protocol, ServicePort, ServicePortName
-from tests.support.kernel import netns, require_root_bpf
+from lab.netns import netns
+from tests.support.kernel import require_root_bpf
 
 CLUSTER_CIDR = "10.244.0.0/16"
 

@@ -16,6 +16,7 @@ from bench.results import Results
 from bench.scenario import Probe, Scenario
 from bench.worker import REPORT_KEY, read_reports
 from kpng_py.model import Protocol
+from kpng_py.registry import LabPlaces
 
 
 def test_scenario_has_n_distinct_service_ports_of_e_endpoints_with_probes_last():
@@ -90,8 +91,8 @@ def test_markdown_shows_min_median_max_and_ratio():
 
 
 def test_ebpf_worker_gets_maps_sized_for_the_state():
-    argv = CONTENDERS["ebpf"].worker(Scenario(30_000, 10), Path("s.json"), Path("/cg"),
-                                     Path("/bpf/x"), changes=5)
+    places = LabPlaces("kpe1-node", Path("/cg"), Path("/bpf/x"), "kpe1svc")
+    argv = CONTENDERS["ebpf"].worker(Scenario(30_000, 10), Path("s.json"), places, changes=5)
     flags = argv[argv.index("--") + 1:]
     assert flags[:4] == ["--cgroup", "/cg", "--bpffs-dir", "/bpf/x"]
     sizes = dict(zip(flags[4::2], map(int, flags[5::2])))

@@ -20,7 +20,7 @@ from kpng_py.brain.source import BrainSource
 from kpng_py.brain.watcher import StateFileWatcher
 from kpng_py.client import ClientConfig, WatchClient
 from kpng_py.metrics import Metrics
-from kpng_py.model import ChangeSet
+from kpng_py.model import ServicePortChanges
 from kpng_py.print_backend import PrintBackend
 from kpng_py.server import LocalApiServer
 from kpng_py.skips import Skips
@@ -127,7 +127,7 @@ class Applied:
     """One change set as a client received and applied it."""
 
     ops: list[localv1.OpItem]
-    changes: ChangeSet
+    changes: ServicePortChanges
     printed: dict  # the to-print line after it
 
     def op_kinds(self) -> list[str]:

@@ -9,11 +9,11 @@ from typing import Iterator
 import pytest
 
 from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.loader import DatapathConfig
+from backends.ebpf.loader import DatapathConfig, cleanup
 from kpng_py.metrics import Metrics
-from kpng_py.model import ChangeSet
+from kpng_py.model import ServicePortChanges
 from kpng_py.skips import Skips
-from tests.ebpf.lab import Agent, Lab, lab
+from lab.socket_lab import Agent, Lab, lab
 from tests.support.kernel import require_root_bpf
 
 # Small maps: LRU maps are preallocated, and tests never need many entries.
@@ -23,7 +23,7 @@ TEST_MAP_SIZES = {"services": 4096, "backends": 4096, "reverse_nat": 4096, "affi
 @pytest.fixture(scope="module")
 def the_lab() -> Iterator[Lab]:
     require_root_bpf()
-    with lab() as created:
+    with lab(cleanup) as created:
         yield created
 
 
@@ -41,7 +41,7 @@ def backend(the_lab: Lab, metrics: Metrics) -> Iterator[EbpfBackend]:
     """A loaded and attached backend, starting from an empty full sync."""
     ebpf = EbpfBackend(datapath_config(the_lab), metrics, Skips(metrics))
     ebpf.setup()
-    ebpf.apply(ChangeSet(full=True))
+    ebpf.apply(ServicePortChanges(full=True))
     yield ebpf
     ebpf.close()
 

@@ -14,9 +14,9 @@ from typing import Iterator, Sequence
 from backends.ebpf.dump import read_dump
 from backends.ebpf.loader import cleanup
 from backends.ebpf.maps import MAP_SPECS
+from lab.socket_lab import Lab, backend_ip, target
 from tests.brain.helpers import TCP, UDP, StateFile, endpoint, port, service, state
 from tests.ebpf.conftest import TEST_MAP_SIZES
-from tests.ebpf.lab import Lab, backend_ip, target
 from tests.support.process import LOOPBACK_PROBES, Process, Processes
 
 NODE_NAME = "node-a"

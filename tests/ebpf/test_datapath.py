@@ -17,17 +17,8 @@ from kpng_py.api import localv1
 from kpng_py.metrics import Metrics
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState
-from tests.ebpf.lab import (
-    BACKEND_COUNT,
-    Agent,
-    added,
-    backend_ip,
-    brain_ops,
-    removed,
-    service_port,
-    target,
-    updated,
-)
+from lab.socket_lab import BACKEND_COUNT, Agent, backend_ip, target
+from tests.ebpf.helpers import added, brain_ops, removed, service_port, updated
 
 pytestmark = pytest.mark.kernel
 

@@ -16,27 +16,21 @@ import pytest
 
 from backends.ebpf import maps
 from backends.ebpf.backend import EbpfBackend
+from backends.ebpf.contents import FrontendKeys, HostPort
 from backends.ebpf.dump import read_dump
 from backends.ebpf.libbpf import MapFullError
 from backends.ebpf.loader import DatapathConfig, cleanup
-from backends.ebpf.programmer import Frontend, HostPort
 from kpng_py.api import localv1 as L
 from kpng_py.metrics import Metrics
-from kpng_py.model import ChangeSet, Protocol
+from kpng_py.model import ServicePortChanges, Protocol
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState
+from lab.cgroups import cgroup
+from lab.socket_lab import Agent, Lab, backend_ip, target, unique_bpffs_dir
 from tests.ebpf.conftest import TEST_MAP_SIZES
-from tests.ebpf.lab import (
-    Agent,
-    Lab,
-    backend_ip,
-    programmed_frontends,
-    target,
-    unique_bpffs_dir,
-)
+from tests.ebpf.helpers import programmed_frontends
 from tests.streams.build import delete, endpoint, port, reset, service, set_endpoint, set_service
 from tests.streams.build import sync as sync_op
-from tests.support.kernel import cgroup
 
 pytestmark = pytest.mark.kernel
 
@@ -64,7 +58,7 @@ class Brain:
         self.metrics = metrics
         self.state = NodeState(Skips(metrics))
 
-    def send(self, *ops: L.OpItem) -> ChangeSet:
+    def send(self, *ops: L.OpItem) -> ServicePortChanges:
         changes = self.state.apply([*ops, sync_op()])
         assert changes is not None
         self.backend.apply(changes)
@@ -115,7 +109,7 @@ CONFLICTS = [
 @pytest.fixture
 def brain(backend: EbpfBackend, metrics: Metrics) -> Iterator[Brain]:
     yield Brain(backend, metrics)
-    backend.apply(ChangeSet(full=True))  # nothing left for the next case
+    backend.apply(ServicePortChanges(full=True))  # nothing left for the next case
 
 
 def assert_keep_is_served(agent: Agent, dials: list, unserved: list) -> None:
@@ -168,7 +162,7 @@ def own_backend(the_lab: Lab, **sizes: int) -> Iterator[tuple[Brain, Agent]]:
         ebpf = EbpfBackend(config, metrics, Skips(metrics))
         try:
             ebpf.setup()
-            ebpf.apply(ChangeSet(full=True))
+            ebpf.apply(ServicePortChanges(full=True))
             client = Agent(the_lab.node, group)
             try:
                 yield Brain(ebpf, metrics), client
@@ -226,7 +220,7 @@ def test_a_failed_map_write_is_counted_right_and_the_next_full_change_set_repair
         brain.send(reset(), *service_ops("keep", [1, 2], v4=["10.96.43.1"]))  # 3 entries
         # A bad neighbour writes into our map: slots of a frontend that has
         # no master (no connect() reaches them) fill it to its 8 entries.
-        stray = Frontend(HostPort(backend_ip(99), 80), Protocol.TCP)
+        stray = FrontendKeys(HostPort(backend_ip(99), 80), Protocol.TCP)
         services = brain.backend._datapath.maps[maps.SERVICES.pin]
         services.put_many([stray.key(slot) for slot in range(1, 6)],
                           [maps.ServiceValue(id=4242)] * 5)

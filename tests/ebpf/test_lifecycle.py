@@ -20,9 +20,10 @@ from kpng_py.api import localv1
 from kpng_py.metrics import Metrics
 from kpng_py.recording import RecordingWriter
 from kpng_py.skips import Skips
+from lab.cgroups import cgroup
+from lab.socket_lab import Agent, Lab, backend_ip, target
 from tests.ebpf.conftest import TEST_MAP_SIZES
-from tests.ebpf.lab import Agent, Lab, added, backend_ip, brain_ops, service_port, target
-from tests.support.kernel import cgroup
+from tests.ebpf.helpers import added, brain_ops, service_port
 
 pytestmark = pytest.mark.kernel
 

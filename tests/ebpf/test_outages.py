@@ -16,8 +16,8 @@ import pytest
 from backends.ebpf import maps
 from backends.ebpf.loader import pinned_links
 from kpng_py.client import JITTER
+from lab.socket_lab import Agent, Lab, backend_ip, target
 from tests.brain.helpers import TCP
-from tests.ebpf.lab import Agent, Lab, backend_ip, target
 from tests.ebpf.node import TARGETS, WEB_VIPS, lab_service, node, web_and_dns
 from tests.support.process import Process
 

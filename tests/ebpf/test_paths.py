@@ -24,9 +24,12 @@ from backends.ebpf.loader import (
 )
 from backends.ebpf.privileges import privilege_hint
 from kpng_py.backend import BackendSetupError
+from lab.cgroups import cgroup
+from lab.names import BPFFS_ROOT as BPFFS, CGROUP2_ROOT, unique_name
+from lab.socket_lab import unique_bpffs_dir
 from tests.ebpf.conftest import TEST_MAP_SIZES
-from tests.ebpf.lab import BPFFS, loaded, unique_bpffs_dir
-from tests.support.kernel import CGROUP2_ROOT, cgroup, require_root_bpf, unique_name
+from tests.ebpf.helpers import loaded
+from tests.support.kernel import require_root_bpf
 from tests.support.process import KPNG_PY, LOOPBACK_PROBES
 
 pytestmark = pytest.mark.kernel

@@ -10,13 +10,13 @@ from typing import Iterator
 import pytest
 
 from backends.ebpf import maps
+from backends.ebpf.contents import FrontendKeys, HostPort
 from backends.ebpf.libbpf import BpfMap
 from backends.ebpf.loader import Datapath
 from backends.ebpf.maps import ServiceValue
-from backends.ebpf.programmer import Frontend, HostPort
 from kpng_py.metrics import Metrics
-from kpng_py.model import ChangeSet, Protocol
-from tests.ebpf.lab import added, loaded, programmer, removed, service_port, updated
+from kpng_py.model import ServicePortChanges, Protocol
+from tests.ebpf.helpers import added, loaded, programmer, removed, service_port, updated
 
 pytestmark = pytest.mark.kernel
 
@@ -46,7 +46,7 @@ class RecordingMap(BpfMap):
 def frontend_entries(datapath: Datapath, vip: str, port: int,
                      protocol: Protocol = Protocol.TCP) -> dict[int, tuple]:
     """slot -> (id, count, timeout, flags) of one frontend, as the map holds it."""
-    frontend = Frontend(HostPort(ipaddress.ip_address(vip), port), protocol)
+    frontend = FrontendKeys(HostPort(ipaddress.ip_address(vip), port), protocol)
     result = {}
     for key, value in datapath.maps[maps.SERVICES.pin].items():
         if bytes(key) == bytes(frontend.key(key.slot)):
@@ -111,7 +111,7 @@ def test_ids_survive_a_restart_and_a_full_sync_removes_the_rest(datapath: Datapa
     backends = backends_of(datapath, master[0][0])
 
     restarted = programmer(datapath)
-    restarted.apply(ChangeSet(added=(keep,), full=True))
+    restarted.apply(ServicePortChanges(added=(keep,), full=True))
     assert frontend_entries(datapath, "10.96.3.1", 80) == master
     assert backends_of(datapath, master[0][0]) == backends
     assert frontend_entries(datapath, "10.96.3.2", 80) == {}
@@ -119,7 +119,7 @@ def test_ids_survive_a_restart_and_a_full_sync_removes_the_rest(datapath: Datapa
     more = service_port("more", ["10.96.3.3"], 80, backends=[1], families=(4,))
     restarted.apply(added(more))
     assert frontend_entries(datapath, "10.96.3.3", 80)[0][0] > master[0][0]
-    restarted.apply(ChangeSet(full=True))
+    restarted.apply(ServicePortChanges(full=True))
     assert len(datapath.maps[maps.SERVICES.pin]) == 0
     assert len(datapath.maps[maps.BACKENDS.pin]) == 0
 
@@ -127,28 +127,28 @@ def test_ids_survive_a_restart_and_a_full_sync_removes_the_rest(datapath: Datapa
 def test_a_full_sync_removes_entries_no_frontend_explains(datapath: Datapath) -> None:
     svc = service_port("stray", ["10.96.4.1"], 80, backends=[1], families=(4,))
     programmer(datapath).apply(added(svc))
-    frontend = Frontend(HostPort(svc.cluster_ips[0], 80), Protocol.TCP)
+    frontend = FrontendKeys(HostPort(svc.cluster_ips[0], 80), Protocol.TCP)
     services, backends = datapath.maps[maps.SERVICES.pin], datapath.maps[maps.BACKENDS.pin]
     # What a crash between two write steps can leave: slots above the count,
     # a backend no slot names.
     services.put_many([frontend.key(2), frontend.key(5)], [ServiceValue(id=4242)] * 2)
-    backends.put_many([4242], [maps.Backend(addr=maps.L4Addr.of(svc.cluster_ips[0], 1))])
+    backends.put_many([4242], [maps.BackendValue(addr=maps.L4Addr.of(svc.cluster_ips[0], 1))])
 
     grown = service_port("stray", ["10.96.4.1"], 80, backends=[1, 2], families=(4,))
-    programmer(datapath).apply(ChangeSet(added=(grown,), full=True))
+    programmer(datapath).apply(ServicePortChanges(added=(grown,), full=True))
     entries = frontend_entries(datapath, "10.96.4.1", 80)
     assert sorted(entries) == [0, 1, 2]
     assert sorted(backends_of(datapath, entries[0][0])) == sorted(
         entries[slot][0] for slot in (1, 2))
     assert backends.get(4242) is None
-    programmer(datapath).apply(ChangeSet(full=True))
+    programmer(datapath).apply(ServicePortChanges(full=True))
 
 
 def test_an_incremental_change_writes_only_what_changed(datapath: Datapath) -> None:
     ports = [service_port(f"many-{i}", [f"10.96.5.{i}"], 80, backends=[1, 2], families=(4,))
              for i in range(1, 51)]
     p = programmer(datapath)
-    p.apply(ChangeSet(added=tuple(ports), full=True))
+    p.apply(ServicePortChanges(added=tuple(ports), full=True))
     recording = {pin: RecordingMap(datapath.maps[pin]) for pin in (maps.SERVICES.pin,
                                                                      maps.BACKENDS.pin)}
     p._services, p._backends_map = recording[maps.SERVICES.pin], recording[maps.BACKENDS.pin]
@@ -157,7 +157,7 @@ def test_an_incremental_change_writes_only_what_changed(datapath: Datapath) -> N
     # One new backend, its slot, and the master with the new count.
     assert len(recording[maps.BACKENDS.pin].touched) == 1
     assert sorted(k.slot for k in recording[maps.SERVICES.pin].touched) == [0, 3]
-    p.apply(ChangeSet(full=True))
+    p.apply(ServicePortChanges(full=True))
 
 
 def test_a_frontend_claimed_twice_stays_with_its_owner(datapath: Datapath) -> None:
@@ -176,7 +176,7 @@ def test_a_frontend_claimed_twice_stays_with_its_owner(datapath: Datapath) -> No
     master = frontend_entries(datapath, "10.96.6.1", 80)[0]
     assert list(backends_of(datapath, master[0]).values()) == ["10.244.0.3:8080"]
     assert skipped(metrics, "frontend-conflict") == 1
-    p.apply(ChangeSet(full=True))
+    p.apply(ServicePortChanges(full=True))
 
 
 def test_a_full_change_set_keeps_the_owner_and_reports_nothing_again(
@@ -191,11 +191,11 @@ def test_a_full_change_set_keeps_the_owner_and_reports_nothing_again(
     p.apply(added(owner))
     p.apply(added(claimant))
     before = frontend_entries(datapath, "10.96.6.3", 80)
-    p.apply(ChangeSet(added=(claimant, owner), full=True))
+    p.apply(ServicePortChanges(added=(claimant, owner), full=True))
     assert frontend_entries(datapath, "10.96.6.3", 80) == before
     assert list(backends_of(datapath, before[0][0]).values()) == ["10.244.0.2:8080"]
     assert skipped(metrics, "frontend-conflict") == 1
-    p.apply(ChangeSet(full=True))
+    p.apply(ServicePortChanges(full=True))
 
 
 @pytest.mark.parametrize("owned, intruding", [
@@ -224,7 +224,7 @@ def test_one_map_key_is_one_frontend_however_its_address_is_spelt(
     assert frontend_entries(datapath, canonical, 80) == before
     assert backends_of(datapath, before[0][0]) == backends
     p._services = datapath.maps[maps.SERVICES.pin]
-    p.apply(ChangeSet(full=True))
+    p.apply(ServicePortChanges(full=True))
 
 
 def test_a_full_map_skips_that_service_port_only_and_retries_it_later(
@@ -236,7 +236,7 @@ def test_a_full_map_skips_that_service_port_only_and_retries_it_later(
         a, b, c = (service_port(name, [vip], 80, backends=[1, 2, 3], families=(4,))
                    for name, vip in (("a", "10.96.7.1"), ("b", "10.96.7.2"), ("c", "10.96.7.3")))
         with caplog.at_level(logging.WARNING):
-            p.apply(ChangeSet(added=(a, b, c), full=True))
+            p.apply(ServicePortChanges(added=(a, b, c), full=True))
         assert frontend_entries(small, "10.96.7.1", 80) and frontend_entries(
             small, "10.96.7.2", 80)
         assert frontend_entries(small, "10.96.7.3", 80) == {}

@@ -16,9 +16,11 @@ import pytest
 from backends.ebpf.loader import LINKS_DIR, Datapath, DatapathConfig, cleanup
 from backends.ebpf.maps import MAP_SPECS
 from kpng_py.backend import BackendSetupError
+from lab.cgroups import cgroup
+from lab.socket_lab import Lab, unique_bpffs_dir
 from tests.ebpf.conftest import TEST_MAP_SIZES
-from tests.ebpf.lab import Lab, loaded, unique_bpffs_dir
-from tests.support.kernel import cgroup, require_root_bpf
+from tests.ebpf.helpers import loaded
+from tests.support.kernel import require_root_bpf
 from tests.support.process import KPNG_PY, LOOPBACK_PROBES
 
 pytestmark = pytest.mark.kernel

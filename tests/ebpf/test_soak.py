@@ -22,8 +22,9 @@ import pytest
 
 from backends.ebpf import maps
 from kpng_py.brain.watcher import Settle
+from lab.socket_lab import Agent, Lab
 from tests.brain.helpers import TCP
-from tests.ebpf.lab import Agent, Lab, programmed_frontends
+from tests.ebpf.helpers import programmed_frontends
 from tests.ebpf.node import TARGETS, lab_service, node, web_and_dns
 from tests.support.process import wait_until
 

@@ -12,7 +12,7 @@ from backends.ebpf import maps
 from backends.ebpf.backend import EbpfBackend
 from backends.ebpf.usage import CachedCount
 from kpng_py.metrics import Metrics
-from tests.ebpf.lab import loaded
+from tests.ebpf.helpers import loaded
 
 
 class Walks:

@@ -9,12 +9,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 from typing import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from lab import procs
 
 KPNG_PY = str(Path(sys.executable).with_name("kpng-py"))
 WAIT_SECONDS = 10.0  # an upper bound for things that happen well within a second
@@ -27,11 +28,12 @@ _METRICS_ADDRESS = re.compile(r"serving /metrics address=(\S+)")
 
 def wait_until(condition: Callable[[], bool], what: str,
                seconds: float = WAIT_SECONDS) -> None:
-    """Wait, checking often, until `condition()` holds; fail after `seconds`."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+    """Wait, checking often, until `condition()` holds; fail the test after
+    `seconds`."""
+    try:
+        procs.wait_until(what, condition, seconds, interval=0.01)
+    except TimeoutError as err:
+        raise AssertionError(f"timed out waiting for {what}") from err
 
 
 class Process:

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.kernel import netns, require_root, unique_name
+from lab.names import unique_name
+from lab.netns import netns
+from tests.support.kernel import require_root
 
 pytestmark = pytest.mark.kernel
 

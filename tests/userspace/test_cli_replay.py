@@ -12,7 +12,7 @@ import pytest
 
 from kpng_py.api import localv1
 from kpng_py.recording import RecordingWriter
-from tests.userspace.cluster import ENDPOINT_PORT, REPO, SERVER_V4
+from lab.proxy_node import ENDPOINT_PORT, REPO, SERVER_V4
 
 pytestmark = pytest.mark.kernel
 

@@ -9,9 +9,9 @@ import pytest
 
 from backends.userspace.guard import ClusterIPGuard
 from kpng_py.metrics import Metrics
-from kpng_py.model import ChangeSet, Protocol
+from kpng_py.model import ServicePortChanges, Protocol
 from kpng_py.skips import Skips
-from tests.userspace.cluster import service_port
+from lab.proxy_node import service_port
 
 GOOD = "10.96.0.10"
 
@@ -34,13 +34,13 @@ def _skipped(metrics: Metrics, reason: str) -> float:
 def test_a_refused_cluster_ip_is_dropped_and_reported_once(bad, reason, caplog):
     guard, metrics = _guard()
     port = service_port("evil", Protocol.TCP, (GOOD, bad) if ":" in bad else (bad,), 80)
-    kept = guard.filter(ChangeSet(added=(port,), full=True)).added[0]
+    kept = guard.filter(ServicePortChanges(added=(port,), full=True)).added[0]
     assert kept.cluster_ips == ((ipaddress.ip_address(GOOD),) if ":" in bad else ())
     assert _skipped(metrics, reason) == 1
     assert [r.getMessage() for r in caplog.records if bad in r.getMessage()]
     # A resync and an update that keeps it: not reported again.
-    guard.filter(ChangeSet(added=(port,), full=True))
-    guard.filter(ChangeSet(updated=((port, port),)))
+    guard.filter(ServicePortChanges(added=(port,), full=True))
+    guard.filter(ServicePortChanges(updated=((port, port),)))
     assert _skipped(metrics, reason) == 1
 
 
@@ -48,12 +48,12 @@ def test_a_port_that_drops_its_refused_address_and_brings_it_back_is_reported_ag
     guard, metrics = _guard()
     bad = service_port("evil", Protocol.TCP, ("0.0.0.0",), 80)
     fixed = service_port("evil", Protocol.TCP, (GOOD,), 80)
-    guard.filter(ChangeSet(added=(bad,), full=True))
-    guard.filter(ChangeSet(updated=((bad, fixed),)))
-    guard.filter(ChangeSet(updated=((fixed, bad),)))
+    guard.filter(ServicePortChanges(added=(bad,), full=True))
+    guard.filter(ServicePortChanges(updated=((bad, fixed),)))
+    guard.filter(ServicePortChanges(updated=((fixed, bad),)))
     assert _skipped(metrics, "special-ip") == 2
-    guard.filter(ChangeSet(removed=(bad,)))
-    guard.filter(ChangeSet(added=(bad,)))
+    guard.filter(ServicePortChanges(removed=(bad,)))
+    guard.filter(ServicePortChanges(added=(bad,)))
     assert _skipped(metrics, "special-ip") == 3
 
 
@@ -61,7 +61,7 @@ def test_the_old_side_of_an_update_is_filtered_alike_and_good_ports_pass_unchang
     guard, _ = _guard()
     good = service_port("web", Protocol.TCP, (GOOD,), 80)
     bad = service_port("evil", Protocol.TCP, ("127.0.0.5", "fd00:10:96::7"), 80)
-    changes = guard.filter(ChangeSet(added=(good,), updated=((bad, bad),), removed=(bad,)))
+    changes = guard.filter(ServicePortChanges(added=(good,), updated=((bad, bad),), removed=(bad,)))
     assert changes.added == (good,)
     stripped = (ipaddress.ip_address("fd00:10:96::7"),)
     assert [p.cluster_ips for p in (*changes.updated[0], *changes.removed)] == [stripped] * 3

@@ -1,6 +1,6 @@
 """Bad input and bad neighbours: one bad ClusterIP, a refused address, a
 taken port or a vanished interface leaves every other service served
-(client, node and server namespaces of tests/userspace/cluster.py)."""
+(client, node and server namespaces of lab/proxy_node.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from kpng_py.model import ChangeSet, Protocol, ServicePort
-from tests.userspace.cluster import SERVER_V4, SERVER_V6, SetupRefused, addresses, service_port
+from kpng_py.model import ServicePortChanges, Protocol, ServicePort
+from lab.proxy_node import SERVER_V4, SERVER_V6, SetupRefused, addresses, service_port
 
 pytestmark = pytest.mark.kernel
 
@@ -53,11 +53,11 @@ def test_a_hostile_change_set_leaves_lo_alone_and_serves_the_good_services(
     good = (_web("web", "10.96.1.10", "fd00:10:96::110"),
             service_port("dns", UDP, ("10.96.1.53",), 53, SERVER_V4))
     hostile = tuple(service_port(name, TCP, ips, 8081, SERVER_V4) for name, ips in HOSTILE)
-    node.apply(ChangeSet(added=good + hostile, full=True))
+    node.apply(ServicePortChanges(added=good + hostile, full=True))
     # A later change set (incremental, then a resync) applies as well.
     late = _web("late", "10.96.1.20", "fd00:10:96::120")
-    node.apply(ChangeSet(added=(late,)))
-    node.apply(ChangeSet(added=good + hostile + (late,), full=True))
+    node.apply(ServicePortChanges(added=(late,)))
+    node.apply(ServicePortChanges(added=good + hostile + (late,), full=True))
     for vip, servers in (("10.96.1.10", SERVER_V4), ("fd00:10:96::110", SERVER_V6),
                          ("10.96.1.20", SERVER_V4), ("fd00:10:96::120", SERVER_V6)):
         assert _served_by(client, vip, 80, servers), vip
@@ -92,17 +92,17 @@ def test_a_cluster_ip_the_kernel_refuses_is_left_out_and_retried(
                        (*SERVER_V4, *SERVER_V6))
     _set_ipv6(netns_cluster.node, INTERFACE, False)
     try:
-        node.apply(ChangeSet(added=(web, dns), full=True))
+        node.apply(ServicePortChanges(added=(web, dns), full=True))
         assert _served_by(client, "10.96.2.10", 80, SERVER_V4)
         assert "error" in client("tcp", host="fd00:10:96::210", port=80, count=1)
-        node.apply(ChangeSet(added=(_web("other", "10.96.2.20", "fd00:10:96::220"),)))
+        node.apply(ServicePortChanges(added=(_web("other", "10.96.2.20", "fd00:10:96::220"),)))
         assert _served_by(client, "10.96.2.20", 80, SERVER_V4)
         # Tried again with each change set; logged and counted once per address.
         assert _errors(node, "address") == 2
         assert len(_error_lines(node, cluster_ip="fd00:10:96::210")) == 1
     finally:
         _set_ipv6(netns_cluster.node, INTERFACE, True)
-    node.apply(ChangeSet(added=(_web("third", "10.96.2.30", "fd00:10:96::230"),)))
+    node.apply(ServicePortChanges(added=(_web("third", "10.96.2.30", "fd00:10:96::230"),)))
     for vip in ("fd00:10:96::210", "fd00:10:96::220", "fd00:10:96::230"):
         assert _served_by(client, vip, 80, SERVER_V6), vip
     assert client("udp", host="fd00:10:96::210", port=53, count=3, size=10,
@@ -131,16 +131,16 @@ def test_a_port_taken_by_another_process_is_listened_on_once_it_is_free(
         assert blocker.stdout.readline().strip() == "ready"
         node = start_node()
         taken = _web("taken", vip, "fd00:10:96::310")
-        node.apply(ChangeSet(added=(taken,), full=True))
+        node.apply(ServicePortChanges(added=(taken,), full=True))
         assert _served_by(client, "fd00:10:96::310", 80, SERVER_V6)
-        node.apply(ChangeSet(added=(_web("other", "10.96.3.20", "fd00:10:96::320"),)))
+        node.apply(ServicePortChanges(added=(_web("other", "10.96.3.20", "fd00:10:96::320"),)))
         assert _errors(node, "listen") == 1
         assert len(_error_lines(node, service_port="default/taken:p")) == 1
     finally:
         blocker.stdin.close()
         blocker.wait(timeout=10)
     # The next change set, about another service, retries it.
-    node.apply(ChangeSet(added=(_web("third", "10.96.3.30", "fd00:10:96::330"),)))
+    node.apply(ServicePortChanges(added=(_web("third", "10.96.3.30", "fd00:10:96::330"),)))
     assert _served_by(client, vip, 80, SERVER_V4)
     assert _errors(node, "listen") == 1
 
@@ -149,12 +149,12 @@ def test_an_interface_deleted_under_the_backend_is_set_up_again(
         start_node, client, netns_cluster):
     node = start_node()
     web = _web("web", "10.96.4.10", "fd00:10:96::410")
-    node.apply(ChangeSet(added=(web,), full=True))
+    node.apply(ServicePortChanges(added=(web,), full=True))
     netns_cluster.node.ip("link", "del", INTERFACE)
     late = _web("late", "10.96.4.20", "fd00:10:96::420")
     # The interface itself failed: the change set fails (the applier retries
     # with the whole state, as below).
-    assert node.send(ChangeSet(added=(late,))).startswith("error:")
-    node.apply(ChangeSet(added=(web, late), full=True))
+    assert node.send(ServicePortChanges(added=(late,))).startswith("error:")
+    node.apply(ServicePortChanges(added=(web, late), full=True))
     for vip, servers in (("10.96.4.10", SERVER_V4), ("fd00:10:96::420", SERVER_V6)):
         assert _served_by(client, vip, 80, servers), vip

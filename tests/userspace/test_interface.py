@@ -14,9 +14,9 @@ from typing import Callable, Iterator
 import pytest
 
 from backends.userspace.context import MARKER
-from kpng_py.model import ChangeSet, Protocol
-from tests.support.kernel import NetNS, netns, require_root
-from tests.userspace.cluster import (
+from kpng_py.model import ServicePortChanges, Protocol
+from lab.netns import NetNS, netns
+from lab.proxy_node import (
     REPO,
     NodeBackend,
     SetupRefused,
@@ -24,6 +24,7 @@ from tests.userspace.cluster import (
     node_starter,
     service_port,
 )
+from tests.support.kernel import require_root
 
 pytestmark = pytest.mark.kernel
 
@@ -69,8 +70,8 @@ def _alias(ns: NetNS, name: str) -> str | None:
     return json.loads(ns.ip("-j", "-d", "link", "show", "dev", name).stdout)[0].get("ifalias")
 
 
-def _full(*cluster_ips: str) -> ChangeSet:
-    return ChangeSet(added=(service_port("web", Protocol.TCP, cluster_ips, 80),), full=True)
+def _full(*cluster_ips: str) -> ServicePortChanges:
+    return ServicePortChanges(added=(service_port("web", Protocol.TCP, cluster_ips, 80),), full=True)
 
 
 def test_the_loopback_interface_is_refused_even_when_marked(ns, start):

@@ -1,5 +1,5 @@
 """The userspace proxy with real sockets: a client, the node running the
-backend and a server, each in its own network namespace (tests/userspace/cluster.py)."""
+backend and a server, each in its own network namespace (lab/proxy_node.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 import pytest
 
 from backends.userspace.picker import EndpointPicker
-from kpng_py.model import ChangeSet, IPFamily, Protocol, ServicePort
-from tests.userspace.cluster import CLOSED_PORT, SERVER_V4, SERVER_V6, service_port
+from kpng_py.model import ServicePortChanges, IPFamily, Protocol, ServicePort
+from lab.proxy_node import CLOSED_PORT, SERVER_V4, SERVER_V6, service_port
 
 pytestmark = pytest.mark.kernel
 
@@ -37,7 +37,7 @@ def _node_addresses(netns_cluster) -> str:
 @pytest.mark.parametrize("vip, servers", [(VIP4, SERVER_V4), (VIP6, SERVER_V6)])
 def test_tcp_reaches_every_endpoint_and_the_client_sees_the_cluster_ip(
         start_node, client, vip, servers):
-    start_node().apply(ChangeSet(added=(_web(*SERVER_V4, *SERVER_V6),), full=True))
+    start_node().apply(ServicePortChanges(added=(_web(*SERVER_V4, *SERVER_V6),), full=True))
     results = client("tcp", host=vip, port=80, count=30)
     assert _endpoints(results) == set(servers)
     assert all(r["peer"] == [vip, 80] for r in results)
@@ -48,7 +48,7 @@ def test_tcp_reaches_every_endpoint_and_the_client_sees_the_cluster_ip(
 @pytest.mark.parametrize("vip, servers", [(VIP4, SERVER_V4), (VIP6, SERVER_V6)])
 @pytest.mark.parametrize("connected", [False, True])
 def test_udp_replies_come_from_the_cluster_ip(start_node, client, vip, servers, connected):
-    start_node().apply(ChangeSet(added=(_dns(*SERVER_V4, *SERVER_V6),), full=True))
+    start_node().apply(ServicePortChanges(added=(_dns(*SERVER_V4, *SERVER_V6),), full=True))
     results = client("udp", host=vip, port=53, count=20, size=2000, connected=connected)
     assert _endpoints(results) == set(servers)
     assert all(r["source"] == [vip, 53] and r["size"] == 2000 for r in results)
@@ -57,26 +57,26 @@ def test_udp_replies_come_from_the_cluster_ip(start_node, client, vip, servers, 
 def test_no_endpoints_means_refused_for_tcp_and_udp(start_node, client):
     node = start_node()
     # A family without endpoints is refused too: here IPv6 has none.
-    node.apply(ChangeSet(added=(_web(), _dns(SERVER_V4[0])), full=True))
+    node.apply(ServicePortChanges(added=(_web(), _dns(SERVER_V4[0])), full=True))
     assert client("tcp", host=VIP4, port=80, count=1) == {"error": "ECONNREFUSED"}
     assert client("udp", host=VIP6, port=53, count=1, size=10, connected=True) == {
         "error": "ECONNREFUSED"}
     assert _endpoints(client("udp", host=VIP4, port=53, count=1, size=10, connected=True)) == {
         SERVER_V4[0]}
     # Endpoints arrive: served; they all go: refused again.
-    node.apply(ChangeSet(updated=((_web(), _web(SERVER_V4[1])),)))
+    node.apply(ServicePortChanges(updated=((_web(), _web(SERVER_V4[1])),)))
     assert _endpoints(client("tcp", host=VIP4, port=80, count=3)) == {SERVER_V4[1]}
-    node.apply(ChangeSet(updated=((_web(SERVER_V4[1]), _web()),)))
+    node.apply(ServicePortChanges(updated=((_web(SERVER_V4[1]), _web()),)))
     assert client("tcp", host=VIP4, port=80, count=1) == {"error": "ECONNREFUSED"}
 
 
 def test_removing_an_endpoint_keeps_established_connections(start_node, client):
     node = start_node()
     before = _web(*SERVER_V4)
-    node.apply(ChangeSet(added=(before,), full=True))
+    node.apply(ServicePortChanges(added=(before,), full=True))
     kept = client("open", id="kept", host=VIP4, port=80)["endpoint"]
     after = _web(*(ip for ip in SERVER_V4 if ip != kept))
-    node.apply(ChangeSet(updated=((before, after),)))
+    node.apply(ServicePortChanges(updated=((before, after),)))
     assert client("echo", id="kept", data="still here") == {"data": "still here"}
     assert kept not in _endpoints(client("tcp", host=VIP4, port=80, count=20))
 
@@ -84,18 +84,18 @@ def test_removing_an_endpoint_keeps_established_connections(start_node, client):
 def test_a_udp_session_moves_off_a_removed_endpoint(start_node, client):
     node = start_node()
     before = _dns(*SERVER_V4)
-    node.apply(ChangeSet(added=(before,), full=True))
+    node.apply(ServicePortChanges(added=(before,), full=True))
     client("udp-open", id="stream", host=VIP4, port=53)
     first = client("udp-send", id="stream", data="one")["endpoint"]
     after = _dns(*(ip for ip in SERVER_V4 if ip != first))
-    node.apply(ChangeSet(updated=((before, after),)))
+    node.apply(ServicePortChanges(updated=((before, after),)))
     reply = client("udp-send", id="stream", data="two")
     assert reply["data"] == "two" and reply["endpoint"] in {ip for ip in SERVER_V4 if ip != first}
 
 
 def test_udp_sessions_end_after_the_idle_timeout(start_node, client):
     node = start_node("--udp-idle-timeout", "0.5")
-    node.apply(ChangeSet(added=(_dns(*SERVER_V4),), full=True))
+    node.apply(ServicePortChanges(added=(_dns(*SERVER_V4),), full=True))
     client("udp-open", id="stream", host=VIP4, port=53)
     first = client("udp-send", id="stream", data="one")
     # While the client keeps talking, its session (the node's upstream socket) stays.
@@ -124,7 +124,7 @@ def _source_ports_by_maglev_choice(endpoints: tuple[str, ...]) -> dict[str, list
 
 def test_session_affinity_holds_until_the_timeout(start_node, client):
     node = start_node()
-    node.apply(ChangeSet(added=(_web(*SERVER_V4, affinity_timeout_seconds=1),), full=True))
+    node.apply(ServicePortChanges(added=(_web(*SERVER_V4, affinity_timeout_seconds=1),), full=True))
     ports = _source_ports_by_maglev_choice(SERVER_V4)
     one, other = SERVER_V4[0], SERVER_V4[1]
     assert client("tcp", host=VIP4, port=80, count=1, source_port=ports[one][0])[0][
@@ -141,10 +141,10 @@ def test_session_affinity_holds_until_the_timeout(start_node, client):
 def test_a_refusing_endpoint_is_skipped_for_the_next_in_maglev_order(start_node, client):
     node = start_node("--tcp-connect-attempts", "3")
     refusing = [(ip, CLOSED_PORT) for ip in SERVER_V4[:2]]
-    node.apply(ChangeSet(added=(_web(*refusing, SERVER_V4[2]),), full=True))
+    node.apply(ServicePortChanges(added=(_web(*refusing, SERVER_V4[2]),), full=True))
     assert _endpoints(client("tcp", host=VIP4, port=80, count=15)) == {SERVER_V4[2]}
     # Nothing accepts: the client is reset rather than left hanging.
-    node.apply(ChangeSet(added=(_web(*refusing),), full=True))
+    node.apply(ServicePortChanges(added=(_web(*refusing),), full=True))
     assert client("tcp", host=VIP4, port=80, count=1) == {"error": "ECONNRESET"}
 
 
@@ -152,9 +152,9 @@ def test_tcp_and_udp_on_one_port_are_independent(start_node, client):
     node = start_node()
     tcp = service_port("both", TCP, (VIP4,), 53, SERVER_V4)
     udp = service_port("both", UDP, (VIP4,), 53, SERVER_V4)
-    node.apply(ChangeSet(added=(tcp, udp), full=True))
+    node.apply(ServicePortChanges(added=(tcp, udp), full=True))
     assert client("udp", host=VIP4, port=53, count=1, size=10, connected=True)[0]["size"] == 10
-    node.apply(ChangeSet(removed=(udp,)))
+    node.apply(ServicePortChanges(removed=(udp,)))
     assert client("udp", host=VIP4, port=53, count=1, size=10, connected=True) == {
         "error": "ECONNREFUSED"}
     assert client("tcp", host=VIP4, port=53, count=1)[0]["echo"] == "ping"
@@ -164,31 +164,31 @@ def test_ports_and_services_come_and_go_with_their_addresses(start_node, client,
     node = start_node()
     http = service_port("web", TCP, (VIP4,), 80, SERVER_V4)
     https = service_port("web", TCP, (VIP4,), 443, SERVER_V4, port_name="https")
-    node.apply(ChangeSet(added=(http, https), full=True))
+    node.apply(ServicePortChanges(added=(http, https), full=True))
     # Removing one port leaves the other and the ClusterIP.
-    node.apply(ChangeSet(removed=(https,)))
+    node.apply(ServicePortChanges(removed=(https,)))
     assert client("tcp", host=VIP4, port=443, count=1) == {"error": "ECONNREFUSED"}
     assert client("tcp", host=VIP4, port=80, count=1)[0]["echo"] == "ping"
     assert VIP4 in _node_addresses(netns_cluster)
     # Removing the service removes its listener and its ClusterIP.
-    node.apply(ChangeSet(removed=(http,)))
+    node.apply(ServicePortChanges(removed=(http,)))
     assert VIP4 not in _node_addresses(netns_cluster)
     assert "error" in client("tcp", host=VIP4, port=80, count=1)
     # Re-created: served again.
-    node.apply(ChangeSet(added=(http,)))
+    node.apply(ServicePortChanges(added=(http,)))
     assert client("tcp", host=VIP4, port=80, count=1)[0]["echo"] == "ping"
 
 
 def test_a_full_change_set_reconciles_with_what_a_previous_run_left(
         start_node, client, netns_cluster):
     first = start_node()
-    first.apply(ChangeSet(added=(_web(*SERVER_V4), _dns(*SERVER_V4)), full=True))
+    first.apply(ServicePortChanges(added=(_web(*SERVER_V4), _dns(*SERVER_V4)), full=True))
     first.close()  # the ClusterIPs stay on the interface across a restart
     assert VIP4 in _node_addresses(netns_cluster)
     netns_cluster.node.ip("addr", "add", "10.96.99.99/32", "dev", "kpng-py0")
     second = start_node()
     web_only = service_port("web", TCP, ("10.96.0.20",), 80, SERVER_V4)
-    second.apply(ChangeSet(added=(web_only,), full=True))
+    second.apply(ServicePortChanges(added=(web_only,), full=True))
     addresses = _node_addresses(netns_cluster)
     assert "10.96.0.20/32" in addresses
     assert VIP4 not in addresses and VIP6 not in addresses and "10.96.99.99" not in addresses

@@ -12,6 +12,7 @@ order.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -30,6 +31,10 @@ def in_namespace(netns: str, argv: Sequence[str], cgroup: Path | None = None) ->
     if cgroup is None:
         return command
     return ["sh", "-c", _JOIN_CGROUP, str(cgroup), *command]
+
+
+def sysctl(netns: str, *settings: str) -> None:
+    run(in_namespace(netns, ["sysctl", "-q", "-w", *settings]))
 
 
 class CommandError(Exception):
@@ -103,6 +108,17 @@ def spawn(name: str, argv: Sequence[str], log: Path) -> Proc:
     return Proc(name, popen, log)
 
 
+def start_ready(argv: Sequence[str], what: str, **popen_args) -> subprocess.Popen[str]:
+    """Start a helper that prints "ready" once it serves (a server, an agent);
+    RuntimeError, with the helper killed, when it says anything else."""
+    proc = subprocess.Popen(list(argv), text=True, stdout=subprocess.PIPE, **popen_args)
+    said = proc.stdout.readline() if proc.stdout else ""
+    if said.strip() != "ready":
+        proc.kill()
+        raise RuntimeError(f"{what} did not start (said {said!r}, exit code {proc.wait()})")
+    return proc
+
+
 def wait_until(what: str, ready: Callable[[], bool], timeout: float,
                interval: float = 0.05) -> None:
     """Poll `ready()` until it is true; TimeoutError naming `what` otherwise."""
@@ -119,3 +135,30 @@ def kill_pids(pids: Sequence[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+class JsonLog:
+    """Follows a process's JSON log lines as the file grows."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._offset = 0
+        self._partial = b""
+        self.syncs = 0
+
+    def poll(self) -> None:
+        try:
+            with open(self._path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        self._offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:  # tracebacks, BCC warnings
+                continue
+            if isinstance(record, dict) and record.get("msg") == "sync applied":
+                self.syncs += 1

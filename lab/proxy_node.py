@@ -1,12 +1,14 @@
-"""A node, a client and a server in network namespaces, for the proxy tests.
+"""A node, a client and a server in network namespaces, for testing a proxy
+that runs on the node (the userspace backend's tests and throughput bench).
 
     client (10.244.0.2, fd00:10:244::2) --veth-- node --veth-- server
     routes 10.96.0.0/16 and fd00:10:96::/112     (10.244.1.10-12 and
     to the node                                   fd00:10:244:1::10-12,
                                                   echo_server on ENDPOINT_PORT)
 
-The node runs the userspace backend (`node_driver`), fed ChangeSets built from
-model objects. No namespace has a route anywhere else.
+The node runs the userspace backend (`lab.node_driver`), fed ServicePortChanges built
+from model objects; `lab.client_agent` is the client. No namespace has a route
+anywhere else.
 """
 
 from __future__ import annotations
@@ -23,27 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from kpng_py.model import ChangeSet, Endpoint, Protocol, ServicePort, ServicePortName
-from tests.support.kernel import NetNS, netns
+from kpng_py.model import ServicePortChanges, Endpoint, Protocol, ServicePort, ServicePortName
+from lab.netns import NetNS, netns
+from lab.procs import start_ready
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 ENDPOINT_PORT = 8080
 # Nothing listens there: connections to it are refused.
 CLOSED_PORT = 9999
 SERVER_V4 = ("10.244.1.10", "10.244.1.11", "10.244.1.12")
 SERVER_V6 = ("fd00:10:244:1::10", "fd00:10:244:1::11", "fd00:10:244:1::12")
-READY_TIMEOUT = 20
 
 
 def _start(args: list[str], **kwargs) -> subprocess.Popen:
     return subprocess.Popen(args, cwd=REPO, text=True, stdout=subprocess.PIPE, **kwargs)
-
-
-def _wait_ready(proc: subprocess.Popen, what: str) -> None:
-    line = proc.stdout.readline()
-    if line.strip() != "ready":
-        proc.kill()
-        raise RuntimeError(f"{what} did not start (said {line!r}, exit code {proc.wait()})")
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -53,7 +48,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @dataclass
-class Cluster:
+class ClientNodeServer:
     node: NetNS
     client: NetNS
     server: NetNS
@@ -74,7 +69,7 @@ def _link(node: NetNS, peer: NetNS, node_side: str, node_ips: tuple[str, str],
 
 
 @contextmanager
-def cluster() -> Iterator[Cluster]:
+def cluster() -> Iterator[ClientNodeServer]:
     with ExitStack() as stack:
         node = stack.enter_context(netns("kpn"))
         client = stack.enter_context(netns("kpc"))
@@ -85,11 +80,10 @@ def cluster() -> Iterator[Cluster]:
         client.ip("-6", "route", "add", "fd00:10:96::/112", "via", "fd00:10:244::1")
         _link(node, server, "s0", ("10.244.1.1/24", "fd00:10:244:1::1/64"),
               tuple(f"{ip}/24" for ip in SERVER_V4) + tuple(f"{ip}/64" for ip in SERVER_V6))
-        the_cluster = Cluster(node, client, server)
-        echo = _start(the_cluster.python(server, "tests.userspace.echo_server",
-                                         str(ENDPOINT_PORT), *SERVER_V4, *SERVER_V6))
+        the_cluster = ClientNodeServer(node, client, server)
+        echo = start_ready(the_cluster.python(server, "lab.echo_server", str(ENDPOINT_PORT),
+                                              *SERVER_V4, *SERVER_V6), "echo_server", cwd=REPO)
         stack.callback(_stop, echo)
-        _wait_ready(echo, "echo_server")
         yield the_cluster
 
 
@@ -101,11 +95,11 @@ class NodeBackend:
     """The backend process (`node_driver`) in the node namespace, or in any
     namespace of the test's."""
 
-    def __init__(self, where: Cluster | NetNS, *flags: str) -> None:
-        node = where.node if isinstance(where, Cluster) else where
+    def __init__(self, where: ClientNodeServer | NetNS, *flags: str) -> None:
+        node = where.node if isinstance(where, ClientNodeServer) else where
         self._log = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(
-            node.exec_args(sys.executable, "-m", "tests.userspace.node_driver", *flags),
+            node.exec_args(sys.executable, "-m", "lab.node_driver", *flags),
             cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
         line = self._proc.stdout.readline().decode().strip()
         if line != "ready":
@@ -114,17 +108,18 @@ class NodeBackend:
                 raise SetupRefused(line.removeprefix("setup-error: "))
             raise RuntimeError(f"node_driver did not start (said {line!r}): {self.log()}")
 
-    def send(self, request: ChangeSet | str) -> str:
+    def send(self, request: ServicePortChanges | str) -> str:
         """One request (see node_driver); its answer."""
         data = pickle.dumps(request)
         self._proc.stdin.write(struct.pack(">I", len(data)) + data)
         self._proc.stdin.flush()
         return self._proc.stdout.readline().decode().strip()
 
-    def apply(self, changes: ChangeSet) -> None:
+    def apply(self, changes: ServicePortChanges) -> None:
         answer = self.send(changes)
-        assert answer == "applied", (f"the backend failed to apply {changes}: {answer!r}; "
-                                     f"log: {self.log()[-5:]}")
+        if answer != "applied":
+            raise RuntimeError(f"the backend failed to apply {changes}: {answer!r}; "
+                               f"log: {self.log()[-5:]}")
 
     def counts(self) -> dict[str, float]:
         """The backend's counters: {"name:label,...": value}."""
@@ -148,7 +143,7 @@ class NodeBackend:
 
 
 @contextmanager
-def node_starter(where: Cluster | NetNS) -> Iterator[Callable[..., NodeBackend]]:
+def node_starter(where: ClientNodeServer | NetNS) -> Iterator[Callable[..., NodeBackend]]:
     """A function that starts the backend in `where` with the given flags;
     every backend it started is closed on exit."""
     started: list[NodeBackend] = []
@@ -173,15 +168,16 @@ def addresses(ns: NetNS, device: str) -> set[str]:
 class ClientAgent:
     """`client_agent` in the client namespace."""
 
-    def __init__(self, cluster: Cluster) -> None:
-        self._proc = _start(cluster.python(cluster.client, "tests.userspace.client_agent"),
+    def __init__(self, cluster: ClientNodeServer) -> None:
+        self._proc = _start(cluster.python(cluster.client, "lab.client_agent"),
                             stdin=subprocess.PIPE)
 
     def __call__(self, op: str, **args):
         self._proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
         self._proc.stdin.flush()
         line = self._proc.stdout.readline()
-        assert line, f"client_agent exited (code {self._proc.wait()}) on {op} {args}"
+        if not line:
+            raise RuntimeError(f"client_agent exited (code {self._proc.wait()}) on {op} {args}")
         return json.loads(line)
 
     def close(self) -> None:

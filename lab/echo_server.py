@@ -1,10 +1,10 @@
-"""An endpoint for the proxy tests: TCP and UDP on PORT at each ADDRESS given.
+"""An endpoint for proxy_node.py: TCP and UDP on PORT at each ADDRESS given.
 
 TCP: greets with the address it was reached at ("10.244.1.1\\n"), then echoes
 until the client's EOF, then closes. UDP: answers each datagram with
 "ADDRESS PEER_PORT " + the datagram (the peer port tells proxy sessions apart). Prints "ready" once every socket is bound.
 
-    python -m tests.userspace.echo_server PORT ADDRESS...
+    python -m lab.echo_server PORT ADDRESS...
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, Union
 
-from e2e.names import RunNames
-from e2e.procs import Proc, in_namespace, run, spawn
+from lab.names import RunNames
+from lab.procs import Proc, in_namespace, run, spawn, sysctl
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
@@ -139,7 +139,7 @@ class Cluster:
         run(["ip", "netns", "add", ns])
         # No rate limit on ICMP errors: every escaped packet gets its error at
         # once, so a client that should not have been sent there fails fast.
-        _sysctl(ns, "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1",
+        sysctl(ns, "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1",
                 "net.ipv4.icmp_ratelimit=0", "net.ipv6.icmp.ratelimit=0", *_NO_DAD)
         bridge = self.names.bridge
         commands = [
@@ -163,7 +163,7 @@ class Cluster:
                   ips=tuple(ADDRESSING[f].pod_ip(index) for f in self.families))
         pod.cgroup.mkdir()
         run(["ip", "netns", "add", pod.netns])
-        _sysctl(pod.netns, *_NO_DAD)
+        sysctl(pod.netns, *_NO_DAD)
         veth = self.names.veth(index)
         _ip_batch(self.node_netns, [
             f"link add {veth} type veth peer name eth0 netns {pod.netns}",
@@ -185,10 +185,6 @@ _NO_DAD = ("net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0
 
 def _nodad(family: Family) -> str:
     return " nodad" if family is Family.IPV6 else ""
-
-
-def _sysctl(netns: str, *settings: str) -> None:
-    run(in_namespace(netns, ["sysctl", "-q", "-w", *settings]))
 
 
 def _ip_batch(netns: str, commands: Sequence[str]) -> None:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import enum
 from pathlib import Path
 
-from e2e.cluster import Cluster, Pod
-from e2e.procs import Proc, in_namespace, run, wait_until
+from lab.cluster import Cluster, Pod
+from lab.procs import Proc, in_namespace, run, wait_until
 
 WHOAMI_NAME = "whoami.e2e"
 

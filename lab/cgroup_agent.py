@@ -2,10 +2,11 @@
 answers each with one JSON line on stdout.
 
 Run it inside the client network namespace (`ip netns exec NS python
-agent.py`). The parent moves it into the test cgroup, then sends an empty line;
-the agent answers with its cgroup and only then creates sockets, so the
-kpng-py programs attached to the cgroup see every socket it makes. A
-long-lived agent keeps sockets across calls (sticky UDP, stale connected UDP).
+cgroup_agent.py`; socket_lab.Agent does). The parent moves it into the test
+cgroup, then sends an empty line; the agent answers with its cgroup and only
+then creates sockets, so the kpng-py programs attached to the cgroup see
+every socket it makes. A long-lived agent keeps sockets across calls (sticky
+UDP, stale connected UDP).
 """
 
 from __future__ import annotations

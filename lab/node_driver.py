@@ -1,14 +1,15 @@
-"""The userspace backend inside the node namespace, fed ChangeSets by a test.
+"""The userspace backend inside the node namespace (proxy_node.py), fed
+ServicePortChanges by a test.
 
 Reads pickled requests (a 4-byte big-endian length, then the pickle) on
-stdin: a ChangeSet is applied and answered with "applied" (or the error),
+stdin: a ServicePortChanges is applied and answered with "applied" (or the error),
 the string "counts" with the process's counters as one JSON line
 ({"name:label,...": value}). Closes the backend at EOF. Says "ready" once
 set up, or "setup-error: MESSAGE" (and exits 2) when the backend refuses to
 set up. Flags are the backend's own (`to-userspace --help`); logs are JSON
 lines on stderr.
 
-    python -m tests.userspace.node_driver [--udp-idle-timeout 1 ...]
+    python -m lab.node_driver [--udp-idle-timeout 1 ...]
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ def _counts(metrics: Metrics) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
+    cli.BACKEND.add_arguments(parser)
     setup_logging("json", verbosity=0)
     metrics = Metrics()
-    backend = cli.create(parser.parse_args(), metrics)
+    backend = cli.BACKEND.create(parser.parse_args(), metrics)
     try:
         backend.setup()
     except BackendSetupError as err:

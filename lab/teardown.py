@@ -1,7 +1,8 @@
-"""Removing what a run created: its processes, namespaces, cgroups, pinned BPF
-objects and temporary files. The same code ends a run and clears the
-leftovers of runs whose process is gone; it only ever touches objects whose
-name carries a run's tag (names.py).
+"""Removing what a process of the lab created: its processes, namespaces,
+cgroups, pinned BPF objects and temporary files. The same code ends a run and
+clears the leftovers of processes that are gone (an e2e run, a bench, a test
+session killed outright); it only ever touches objects whose name carries
+their owner's pid (names.py), in either form.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from e2e.names import (BPFFS_ROOT, CGROUP2_ROOT, PREFIX, TEMP_ROOT, RunNames, owner_pid,
-                       process_exists)
-from e2e.procs import kill_pids
+from lab.names import BPFFS_ROOT, CGROUP2_ROOT, TEMP_ROOT, RunNames, owner_pid, process_exists
+from lab.procs import kill_pids
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,12 @@ def _netns_pids(netns: str) -> list[int]:
     return [int(pid) for pid in out.split()]
 
 
-def _run_netns(names: RunNames) -> list[str]:
-    return [ns for ns in _netns_names() if ns.startswith(f"{names.tag}-")]
+# Which objects of an owner to remove: RunNames.in_run or RunNames.of_process.
+Selects = Callable[[str], bool]
+
+
+def _selected(root: Path, selects: Selects) -> list[Path]:
+    return sorted(p for p in root.iterdir() if selects(p.name)) if root.is_dir() else []
 
 
 def _cgroups_bottom_up(root: Path) -> list[Path]:
@@ -71,8 +75,13 @@ def _remove_cgroups(root: Path) -> list[str]:
 
 def remove_run(names: RunNames, dataplane_cleanup: DataplaneCleanup | None = None) -> list[str]:
     """Remove everything of run `names`; returns what could not be removed."""
+    return _remove(names, names.in_run, dataplane_cleanup)
+
+
+def _remove(names: RunNames, selects: Selects,
+            dataplane_cleanup: DataplaneCleanup | None) -> list[str]:
     problems: list[str] = []
-    namespaces = _run_netns(names)
+    namespaces = [ns for ns in _netns_names() if selects(ns)]
     for ns in namespaces:  # brain, backend and servers of a run that died
         kill_pids(_netns_pids(ns))
     if dataplane_cleanup is not None:
@@ -80,13 +89,13 @@ def remove_run(names: RunNames, dataplane_cleanup: DataplaneCleanup | None = Non
             dataplane_cleanup(names)
         except Exception as err:  # the generic removal below still runs
             problems.append(f"dataplane clean-up: {err}")
-    if names.cgroup.is_dir():
-        _kill_cgroup(names.cgroup)
-        problems += _remove_cgroups(names.cgroup)
+    for cgroup in _selected(CGROUP2_ROOT, selects):
+        _kill_cgroup(cgroup)
+        problems += _remove_cgroups(cgroup)
     for ns in namespaces:
         if subprocess.run(["ip", "netns", "del", ns], capture_output=True).returncode:
             problems.append(f"netns {ns} could not be deleted")
-    for path in (names.bpffs_dir, *names.workdirs()):
+    for path in (*_selected(BPFFS_ROOT, selects), *_selected(TEMP_ROOT, selects)):
         shutil.rmtree(path, ignore_errors=True)
         if path.exists():
             problems.append(f"{path} could not be removed")
@@ -94,26 +103,24 @@ def remove_run(names: RunNames, dataplane_cleanup: DataplaneCleanup | None = Non
 
 
 def stale_runs() -> list[RunNames]:
-    """Runs whose objects exist but whose process is gone."""
+    """Owners of objects that exist while the owner process is gone."""
     candidates: Iterable[str] = [
         *_netns_names(),
-        *(p.name for p in _glob(CGROUP2_ROOT)),
-        *(p.name for p in _glob(BPFFS_ROOT)),
-        *(p.name for p in _glob(TEMP_ROOT)),
+        *(p.name for root in (CGROUP2_ROOT, BPFFS_ROOT, TEMP_ROOT) for p in _entries(root)),
     ]
     pids = {pid for name in candidates if (pid := owner_pid(name)) is not None}
     return [RunNames(pid) for pid in sorted(pids) if not process_exists(pid)]
 
 
-def _glob(root: Path) -> list[Path]:
-    return list(root.glob(f"{PREFIX}-*")) if root.is_dir() else []
+def _entries(root: Path) -> list[Path]:
+    return list(root.iterdir()) if root.is_dir() else []
 
 
 def remove_stale_runs(dataplane_cleanup: DataplaneCleanup | None = None) -> list[str]:
     """Clear the leftovers of dead runs; returns a line per run cleared."""
     report = []
     for names in stale_runs():
-        problems = remove_run(names, dataplane_cleanup)
+        problems = _remove(names, names.of_process, dataplane_cleanup)
         report.append(f"removed leftovers of run {names.tag}"
                       + (f" (left: {'; '.join(problems)})" if problems else ""))
     return report

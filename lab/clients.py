@@ -16,9 +16,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2e.cluster import IPAddress, Pod
-from e2e.procs import CommandError, run
-from e2e.servers import WHOAMI_NAME
+from lab.cluster import IPAddress, Pod
+from lab.procs import CommandError, run
+from lab.servers import WHOAMI_NAME
 
 PROBE = str(Path(__file__).with_name("probe.py"))
 CONNECT_TIMEOUT = 2.0

@@ -1,8 +1,9 @@
-"""Test servers: one process serving many (address, port, protocol) sockets,
-each answering with its own address so a client can tell who served it.
+"""The socket lab's servers (socket_lab.py): one process serving many
+(address, port, protocol) sockets, each answering with its own address so a
+client can tell who served it.
 
 TCP: send "ADDRESS:PORT" and close. UDP: reply "ADDRESS:PORT|PAYLOAD" to the
-sender. Usage: `servers.py tcp:10.244.0.2:8080 udp:[fd00:244::2]:53 ...`;
+sender. Usage: `address_servers.py tcp:10.244.0.2:8080 udp:[fd00:244::2]:53 ...`;
 prints "ready" once every socket listens.
 """
 

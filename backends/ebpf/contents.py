@@ -1,0 +1,246 @@
+"""What the `services` and `backends` maps hold, as typed values.
+
+The one reader of the maps the control plane writes: `ebpf dump` prints
+what it reads, the programmer rebuilds its mirror (and the ids in use) from
+it at start and after a failed write, and the stale-UDP terminator names
+backends with its `HostPort`. Reading keeps every entry as it is;
+`Contents.recovered()` says which of them a connect() can reach (what the
+programmer adopts) and which are strays (what a crash between two write
+steps, or a neighbour, leaves).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Mapping
+
+from backends.ebpf import maps
+from backends.ebpf.mapaccess import MapAccess
+from backends.ebpf.maps import (
+    BackendValue,
+    L4Addr,
+    RevNatKey,
+    RevNatValue,
+    ServiceKey,
+    ServiceValue,
+)
+from kpng_py.model import IPAddress, Protocol, format_host_port
+
+IPPROTO = {Protocol.TCP: socket.IPPROTO_TCP, Protocol.UDP: socket.IPPROTO_UDP}
+PROTOCOL_OF = {number: protocol for protocol, number in IPPROTO.items()}
+# A services key without its slot: the address, port, protocol and pads.
+_PREFIX_SIZE = ServiceKey.slot.offset
+
+
+@dataclass(frozen=True, order=True)
+class HostPort:
+    ip: IPAddress
+    port: int
+    # ipaddress hashes through hex(), too slowly for dicts of every backend
+    # of a full sync: hash once, from the integer.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((int(self.ip), self.ip.version, self.port)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def l4addr(self) -> L4Addr:
+        return L4Addr.of(self.ip, self.port)
+
+    @classmethod
+    def of(cls, addr: L4Addr) -> HostPort:
+        return cls(addr.ip, addr.host_port)
+
+    def __str__(self) -> str:
+        return format_host_port(self.ip, self.port)
+
+
+@dataclass(frozen=True)
+class FrontendKeys:
+    """What a socket dials: ClusterIP, port, protocol.
+
+    Two frontends are the same exactly when their map keys are: 10.96.0.10
+    and ::ffff:10.96.0.10, or fd00::1%a and fd00::1%b, are different
+    addresses to Python but one key to the datapath, so one frontend here,
+    which one service port at a time may own."""
+
+    vip: HostPort = field(compare=False)
+    protocol: Protocol = field(compare=False)
+    # What every key of this frontend starts with (computed once: a frontend
+    # has a key per slot, and a full sync makes hundreds of thousands).
+    _key_prefix: bytes = field(init=False, repr=False)
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        prefix = ServiceKey.frontend_prefix(self.vip.l4addr(), IPPROTO[self.protocol])
+        object.__setattr__(self, "_key_prefix", prefix)
+        object.__setattr__(self, "_hash", hash(prefix))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def key(self, slot: int) -> ServiceKey:
+        return ServiceKey.at_slot(self._key_prefix, slot)
+
+    def __str__(self) -> str:
+        return f"{self.vip}/{self.protocol.value}"
+
+
+@dataclass(frozen=True)
+class Programmed:
+    """A frontend as the maps hold it."""
+
+    service_id: int
+    slots: tuple[int, ...]  # backend id of slot i+1; 0 where a recovered slot was missing
+    affinity_timeout: int
+
+    def master(self) -> ServiceValue:
+        return ServiceValue(id=self.service_id, count=len(self.slots),
+                            affinity_timeout=self.affinity_timeout,
+                            flags=maps.SVC_F_AFFINITY if self.affinity_timeout else 0)
+
+    def same_master(self, other: Programmed) -> bool:
+        return (self.service_id, len(self.slots), self.affinity_timeout) == (
+            other.service_id, len(other.slots), other.affinity_timeout)
+
+
+@dataclass(frozen=True)
+class StoredBackend:
+    """An entry of `backends`: where a slot sends, and whose slot it is."""
+
+    target: HostPort
+    service_id: int
+
+    @classmethod
+    def of(cls, value: BackendValue) -> StoredBackend:
+        return cls(HostPort.of(value.addr), value.service_id)
+
+
+@dataclass(frozen=True)
+class StoredFrontend:
+    """A master entry of `services` with every slot entry of its key prefix
+    (those above its count too), whatever they hold."""
+
+    master_key: ServiceKey
+    master: ServiceValue
+    slots: Mapping[int, int]  # slot number -> backend id
+
+    @property
+    def vip(self) -> HostPort:
+        return HostPort.of(self.master_key.vip)
+
+    @property
+    def proto(self) -> int:
+        return self.master_key.proto
+
+    @property
+    def protocol(self) -> Protocol | None:
+        return PROTOCOL_OF.get(self.proto)
+
+    @property
+    def affinity_timeout(self) -> int:
+        """The timeout the datapath applies: none without the affinity flag."""
+        return self.master.affinity_timeout if self.master.flags & maps.SVC_F_AFFINITY else 0
+
+    def backend_ids(self) -> list[int | None]:
+        """The backend id of slots 1..count; None where a slot is missing."""
+        return [self.slots.get(slot) for slot in range(1, self.master.count + 1)]
+
+    def frontend(self) -> FrontendKeys | None:
+        """The frontend of these keys; None when no frontend has such keys
+        (a protocol the programs do not serve, pad bytes that are not 0)."""
+        if self.protocol is None or self.master_key.pad or self.master_key.vip.pad:
+            return None
+        return FrontendKeys(self.vip, self.protocol)
+
+    def keys(self) -> Iterator[ServiceKey]:
+        yield self.master_key
+        yield from self.slot_keys(self.slots)
+
+    def slot_keys(self, slots: Iterable[int]) -> Iterator[ServiceKey]:
+        prefix = bytes(self.master_key)[:_PREFIX_SIZE]
+        return (ServiceKey.at_slot(prefix, slot) for slot in slots)
+
+    def sort_key(self) -> tuple:
+        vip = self.vip
+        return vip.ip.version, int(vip.ip), vip.port, self.proto, bytes(self.master_key)
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """What a connect() can reach, as the programmer adopts it, and the rest."""
+
+    frontends: Mapping[FrontendKeys, Programmed]
+    backends: Mapping[int, StoredBackend]  # those a recovered slot names
+    stray_keys: tuple[ServiceKey, ...]
+    stray_backends: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Contents:
+    """Every entry of the two maps."""
+
+    frontends: tuple[StoredFrontend, ...]  # by address, port and protocol
+    masterless_slots: tuple[ServiceKey, ...]
+    backends: Mapping[int, StoredBackend]
+
+    def recovered(self) -> Recovered:
+        """A master is adopted with its slots 1..count when its keys are a
+        frontend's and its service id is neither 0 nor taken by a frontend
+        sorted before it; a slot is adopted as missing (0) when it names no
+        backend of that service. Every other entry is a stray."""
+        frontends: dict[FrontendKeys, Programmed] = {}
+        named: dict[int, StoredBackend] = {}
+        strays = list(self.masterless_slots)
+        service_ids: set[int] = set()
+        for stored in self.frontends:
+            frontend, service_id = stored.frontend(), stored.master.id
+            if frontend is None or service_id == 0 or service_id in service_ids:
+                strays += stored.keys()
+                continue
+            service_ids.add(service_id)
+            slots = tuple(self._backend_of(backend_id, service_id)
+                          for backend_id in stored.backend_ids())
+            strays += stored.slot_keys(s for s in stored.slots if s > stored.master.count)
+            frontends[frontend] = Programmed(service_id, slots, stored.affinity_timeout)
+            named.update((backend_id, self.backends[backend_id]) for backend_id in slots
+                         if backend_id)
+        return Recovered(frontends, named, tuple(strays),
+                         tuple(b for b in self.backends if b not in named))
+
+    def _backend_of(self, backend_id: int | None, service_id: int) -> int:
+        """The slot's backend id if it names a backend of the service, else 0."""
+        backend = self.backends.get(backend_id) if backend_id is not None else None
+        return backend_id if backend is not None and backend.service_id == service_id else 0
+
+
+def read_contents(services: MapAccess[ServiceKey, ServiceValue],
+                  backends: MapAccess[int, BackendValue]) -> Contents:
+    """Both maps, read once each."""
+    masters: dict[bytes, tuple[ServiceKey, ServiceValue]] = {}
+    slots: dict[bytes, dict[int, int]] = {}
+    for key, value in services.items():
+        prefix = bytes(key)[:_PREFIX_SIZE]
+        if key.slot == 0:
+            masters[prefix] = (key, value)
+        else:
+            slots.setdefault(prefix, {})[key.slot] = value.id
+    frontends = sorted((StoredFrontend(key, value, slots.pop(prefix, {}))
+                        for prefix, (key, value) in masters.items()),
+                       key=StoredFrontend.sort_key)
+    masterless = tuple(ServiceKey.at_slot(prefix, slot)
+                       for prefix, by_slot in slots.items() for slot in by_slot)
+    return Contents(tuple(frontends), masterless,
+                    {int(backend_id): StoredBackend.of(value)
+                     for backend_id, value in backends.items()})
+
+
+def reached_through(reverse_nat: MapAccess[RevNatKey, RevNatValue], cookie: int,
+                    backend: HostPort) -> int | None:
+    """The service through which the socket with this cookie reached the
+    backend (its reverse-NAT entry), or None when it has no entry."""
+    entry = reverse_nat.get(RevNatKey(cookie=cookie, backend=backend.l4addr()))
+    return entry.service_id if entry is not None else None

@@ -1,0 +1,38 @@
+"""What the map programmer and the datapath reader need of a BPF map, and
+nothing more: lookup, batched writes and deletes, and reading every entry.
+
+`libbpf.BpfMap` is the real one (batched bpf() syscalls on a pinned map);
+tests/ebpf/fake_maps.py has a dict with the same semantics, so the
+programmer runs on any machine, without root or BPF.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Protocol, Sequence, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class MapFullError(OSError):
+    """A map has no room for another entry (E2BIG from the kernel)."""
+
+
+class MapAccess(Protocol[K, V]):
+    """A map with ctypes keys (an int for maps with integer keys) and values."""
+
+    name: str
+
+    def get(self, key: K | int) -> V | None:
+        """The value at key, or None when the map does not hold it."""
+
+    def put_many(self, keys: Sequence[K | int], values: Sequence[V]) -> None:
+        """Create or update entries in order. When the map has no room for a
+        new key, the entries before it are written and MapFullError raised;
+        updating a key the map holds needs no room."""
+
+    def delete_many(self, keys: Sequence[K | int]) -> None:
+        """Delete entries in order; keys the map does not hold are skipped."""
+
+    def items(self) -> Iterator[tuple[K | int, V]]:
+        """Every entry, in no particular order (ints for integer keys)."""

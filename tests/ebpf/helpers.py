@@ -1,0 +1,126 @@
+"""Helpers of the eBPF kernel tests: a loaded datapath, a programmer, the
+model objects and brain ops the tests feed it, and a check of what it
+programmed. The node itself (namespaces, cgroup, servers, the agent) is the
+lab's: lab/socket_lab.py.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from backends.ebpf import maps
+from backends.ebpf.loader import Datapath, DatapathConfig, cleanup
+from backends.ebpf.programmer import Capacity, ServiceProgrammer
+from kpng_py.api import localv1
+from kpng_py.metrics import Metrics
+from kpng_py.model import (
+    ServicePortChanges,
+    Endpoint,
+    Protocol,
+    ServicePort,
+    ServicePortName,
+)
+from kpng_py.skips import Skips
+from lab.cgroups import cgroup
+from lab.socket_lab import backend_ip, unique_bpffs_dir
+from tests.support.kernel import require_root_bpf
+
+
+@contextmanager
+def loaded(bpffs_dir: Path | None = None, **sizes: int) -> Iterator[Datapath]:
+    """A loaded (not attached) datapath in a bpffs directory and a cgroup of its
+    own; both are removed afterwards."""
+    require_root_bpf()
+    bpffs_dir = bpffs_dir or unique_bpffs_dir()
+    with cgroup() as group:
+        try:
+            datapath = Datapath.load(DatapathConfig(bpffs_dir, group.path, sizes))
+            try:
+                yield datapath
+            finally:
+                datapath.close()
+        finally:
+            cleanup(bpffs_dir)
+
+
+def programmer(datapath: Datapath, metrics: Metrics | None = None,
+               skips: Skips | None = None) -> ServiceProgrammer:
+    """A programmer as a fresh process would make one: recovering from the maps."""
+    services = datapath.maps[maps.SERVICES.pin]
+    backends = datapath.maps[maps.BACKENDS.pin]
+    return ServiceProgrammer(services, backends, Capacity(
+        services.info().max_entries, backends.info().max_entries),
+        skips or Skips(metrics or Metrics()))
+
+
+def service_port(name: str, vips: Sequence[str], port: int, backends: Sequence[int] = (),
+                 protocol: str = "TCP", target_port: int = 8080, affinity: int = 0,
+                 port_name: str = "", families: Sequence[int] = (4, 6),
+                 local_only: Sequence[int] | None = None) -> ServicePort:
+    """A ClusterIP service port whose endpoints are backend numbers of the lab
+    (in each family of `families`). With local_only, only those backends have
+    Scopes.Internal (internalTrafficPolicy Local as the brain computes it)."""
+    endpoints = tuple(
+        Endpoint(backend_ip(i, family), target_port,
+                 local=local_only is None or i in local_only,
+                 internal=local_only is None or i in local_only)
+        for i in backends for family in families)
+    return ServicePort(
+        name=ServicePortName("default", name, port_name, Protocol(protocol)),
+        type="ClusterIP", cluster_ips=tuple(ipaddress.ip_address(v) for v in vips),
+        port=port, target_port=target_port, affinity_timeout_seconds=affinity,
+        internal_traffic_local=local_only is not None, endpoints=endpoints)
+
+
+def added(*ports: ServicePort, full: bool = False) -> ServicePortChanges:
+    return ServicePortChanges(added=ports, full=full)
+
+
+def updated(old: ServicePort, new: ServicePort) -> ServicePortChanges:
+    return ServicePortChanges(updated=((old, new),))
+
+
+def removed(*ports: ServicePort) -> ServicePortChanges:
+    return ServicePortChanges(removed=ports)
+
+
+def set_op(ref_set: int, path: str, message) -> localv1.OpItem:
+    return localv1.OpItem(Set=localv1.Value(Ref=localv1.Ref(Set=ref_set, Path=path),
+                                            Bytes=message.SerializeToString()))
+
+
+def brain_ops(service: localv1.Service,
+              endpoints: Sequence[localv1.Endpoint]) -> list[localv1.OpItem]:
+    """A change set as KPNG's brain sends it: the service, its endpoints, Sync."""
+    path = f"{service.Namespace}/{service.Name}"
+    return ([set_op(localv1.ServicesSet, path, service)]
+            + [set_op(localv1.EndpointsSet, f"{path}/ep{i}", ep) for i, ep in enumerate(endpoints)]
+            + [localv1.OpItem(Sync=localv1.EmptyOp())])
+
+
+def programmed_frontends(dump: dict) -> dict[tuple, tuple]:
+    """(vip, port, protocol) -> (backend addresses, affinity timeout), from an
+    `ebpf dump`, after checking that every map entry belongs to a frontend:
+    slots 1..count, each naming its own backend entry of that service, and
+    nothing else in either map."""
+    frontends = {}
+    backend_ids: Counter[int] = Counter()
+    for svc in dump["services"]:
+        for slot in svc["backends"]:
+            assert slot["address"] is not None, f"{svc['vip']} slot {slot} names no backend"
+            assert slot["serviceId"] == svc["serviceId"], f"{slot} belongs to another service"
+            backend_ids[slot["backendId"]] += 1
+        frontends[(svc["vip"], svc["port"], svc["protocol"])] = (
+            sorted(slot["address"] for slot in svc["backends"]),
+            svc["affinityTimeoutSeconds"])
+    assert not [b for b, n in backend_ids.items() if n > 1], "a backend entry in two slots"
+    assert len({svc["serviceId"] for svc in dump["services"]}) == len(dump["services"])
+    entries = {pin: counts["entries"] for pin, counts in dump["maps"].items()}
+    assert entries[maps.SERVICES.pin] == sum(1 + svc["count"] for svc in dump["services"]), (
+        "services entries that no master explains")
+    assert entries[maps.BACKENDS.pin] == len(backend_ids), "backends no slot names"
+    return frontends

@@ -1,0 +1,62 @@
+"""The datapath reader (backends/ebpf/contents.py) on the state of
+test_dump.py, in fake maps: what the programmer adopts from it and what
+it deletes as strays (no root)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from backends.ebpf import maps
+from backends.ebpf.contents import FrontendKeys, HostPort, Programmed, read_contents
+from backends.ebpf.programmer import Capacity, ServiceProgrammer
+from kpng_py.metrics import Metrics
+from kpng_py.model import ServicePortChanges, Protocol
+from kpng_py.skips import Skips
+from tests.ebpf.fake_maps import FakeMap
+from tests.ebpf.test_dump import BACKENDS, SERVICES, SIZES, write_state
+
+
+def fake_maps() -> tuple[FakeMap, FakeMap]:
+    services = FakeMap(maps.SERVICES.key, maps.SERVICES.value, SIZES["services"], "services")
+    backends = FakeMap(maps.BACKENDS.key, maps.BACKENDS.value, SIZES["backends"], "backends")
+    write_state(services, backends)
+    return services, backends
+
+
+def frontend(vip: str, port: int, protocol: Protocol) -> FrontendKeys:
+    return FrontendKeys(HostPort(ipaddress.ip_address(vip), port), protocol)
+
+
+def slot_of(key: maps.ServiceKey) -> tuple[str, int, int, int]:
+    return str(key.vip.ip), key.vip.host_port, key.proto, key.slot
+
+
+def test_a_master_is_adopted_with_its_slots_and_everything_else_is_a_stray() -> None:
+    recovered = read_contents(*fake_maps()).recovered()
+    assert recovered.frontends == {
+        frontend("10.96.0.10", 80, Protocol.TCP): Programmed(7, (101, 102), 0),
+        frontend("10.96.0.10", 80, Protocol.UDP): Programmed(11, (111,), 0),
+        frontend("10.96.0.11", 443, Protocol.TCP): Programmed(9, (), 0),  # no affinity flag
+        # Slot 2 is missing, slot 3 names no backend: both to be rewritten.
+        frontend("fd00::10", 53, Protocol.UDP): Programmed(8, (201, 0, 0), 30),
+    }
+    assert sorted(recovered.backends) == [101, 102, 111, 201]
+    assert recovered.stray_backends == (300,)
+    assert sorted(map(slot_of, recovered.stray_keys)) == sorted([
+        ("10.96.0.10", 80, 6, 5),  # above the count
+        ("10.96.0.12", 80, 132, 0), ("10.96.0.12", 80, 132, 1),  # SCTP
+        ("10.96.0.13", 80, 17, 0),  # service id 0
+        ("10.96.0.14", 80, 6, 0), ("10.96.0.14", 80, 6, 1),  # service id 7 again
+        ("10.96.0.99", 80, 6, 1),  # no master
+    ])
+
+
+def test_the_programmer_counts_what_it_recovered_and_a_full_sync_deletes_it_all() -> None:
+    services, backends = fake_maps()
+    p = ServiceProgrammer(services, backends, Capacity(SIZES["services"], SIZES["backends"]),
+                          Skips(Metrics()))
+    # Counted with the missing slot 2 of fd00::10, which the next change set
+    # that keeps the frontend writes: room for it is kept.
+    assert (p.service_entries, p.backend_entries) == (len(SERVICES) + 1, len(BACKENDS))
+    p.apply(ServicePortChanges(full=True))
+    assert (len(services), len(backends)) == (0, 0) == (p.service_entries, p.backend_entries)

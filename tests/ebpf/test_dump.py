@@ -1,0 +1,89 @@
+"""`kpng-py ebpf dump` prints what the pinned maps hold, text and JSON, byte
+for byte as reviewed in tests/ebpf/dump/ (recorded before the reading of the
+maps moved to backends/ebpf/contents.py). The state is written entry by
+entry, bypassing the programmer, so that it holds what a crash or a
+neighbour can leave: a missing slot, a slot naming a missing backend or
+another service's, slots above a master's count or without a master, an
+unknown protocol, an affinity timeout without its flag, a service id of 0
+or used twice, a backend no slot names."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from backends.ebpf import maps
+from backends.ebpf.dump import dump_json, format_text, read_dump
+from backends.ebpf.mapaccess import MapAccess
+from tests.ebpf.helpers import loaded
+
+pytestmark = pytest.mark.kernel
+
+EXPECTED = Path(__file__).parent / "dump"
+SIZES = {"services": 64, "backends": 32, "reverse_nat": 16, "affinity": 8}
+TCP, UDP, SCTP = 6, 17, 132
+# Written in this order (the dump sorts by address, port and protocol).
+SERVICES = [
+    # (vip, port, proto, slot, id, count, affinity timeout, flags)
+    ("fd00::10", 53, UDP, 0, 8, 3, 30, maps.SVC_F_AFFINITY),
+    ("fd00::10", 53, UDP, 1, 201, 0, 0, 0),
+    ("fd00::10", 53, UDP, 3, 203, 0, 0, 0),  # slot 2 is missing; backend 203 too
+    ("10.96.0.10", 80, TCP, 0, 7, 2, 0, 0),
+    ("10.96.0.10", 80, TCP, 1, 101, 0, 0, 0),
+    ("10.96.0.10", 80, TCP, 2, 102, 0, 0, 0),
+    ("10.96.0.10", 80, TCP, 5, 999, 0, 0, 0),  # above the count
+    ("10.96.0.10", 80, UDP, 0, 11, 1, 0, 0),
+    ("10.96.0.10", 80, UDP, 1, 111, 0, 0, 0),
+    ("10.96.0.11", 443, TCP, 0, 9, 0, 60, 0),  # rejects; a timeout without the flag
+    ("10.96.0.12", 80, SCTP, 0, 10, 1, 0, 0),
+    ("10.96.0.12", 80, SCTP, 1, 101, 0, 0, 0),  # another service's backend
+    ("10.96.0.13", 80, UDP, 0, 0, 0, 0, 0),
+    ("10.96.0.14", 80, TCP, 0, 7, 1, 0, 0),  # service id 7 twice
+    ("10.96.0.14", 80, TCP, 1, 102, 0, 0, 0),
+    ("10.96.0.99", 80, TCP, 1, 101, 0, 0, 0),  # no master
+]
+BACKENDS = [
+    # (id, address, port, service id)
+    (101, "10.244.0.2", 8080, 7),
+    (102, "10.244.0.3", 8080, 7),
+    (111, "10.244.0.2", 5353, 11),
+    (201, "fd00:244::2", 5353, 8),
+    (300, "10.244.0.9", 1, 42),  # no slot names it
+]
+
+
+def write_state(services: MapAccess, backends: MapAccess) -> None:
+    keys, values = [], []
+    for vip, port, proto, slot, value_id, count, timeout, flags in SERVICES:
+        prefix = maps.ServiceKey.frontend_prefix(
+            maps.L4Addr.of(ipaddress.ip_address(vip), port), proto)
+        keys.append(maps.ServiceKey.at_slot(prefix, slot))
+        values.append(maps.ServiceValue(id=value_id, count=count, affinity_timeout=timeout,
+                                        flags=flags))
+    services.put_many(keys, values)
+    backends.put_many([backend_id for backend_id, *_ in BACKENDS], [
+        maps.BackendValue(addr=maps.L4Addr.of(ipaddress.ip_address(ip), port), service_id=service_id)
+        for _, ip, port, service_id in BACKENDS])
+
+
+@pytest.fixture(scope="module")
+def dumped() -> Iterator[tuple[Path, dict]]:
+    with loaded(**SIZES) as datapath:
+        write_state(datapath.maps[maps.SERVICES.pin], datapath.maps[maps.BACKENDS.pin])
+        yield datapath.config.bpffs_dir, read_dump(datapath.config.bpffs_dir)
+
+
+def as_recorded(printed: str, bpffs_dir: Path) -> str:
+    """The output with the test's own bpffs directory as the recording's."""
+    return printed.replace(str(bpffs_dir), "/sys/fs/bpf/kpng-py-test")
+
+
+@pytest.mark.parametrize("name, render", [("dump.txt", format_text), ("dump.json", dump_json)])
+def test_the_dump_prints_what_it_printed_when_reviewed(dumped: tuple[Path, dict], name: str,
+                                                       render) -> None:
+    bpffs_dir, dump = dumped
+    printed = as_recorded(render(dump) + "\n", bpffs_dir)
+    assert printed == (EXPECTED / name).read_text()

@@ -1,0 +1,99 @@
+"""The fake maps of the programmer tests (tests/ebpf/fake_maps.py) behave as
+the kernel's for every operation the programmer uses: the same generated
+sequences of batch writes and deletes, with keys that come back, keys that
+are missing and writes that find the map full, go to a real pinned map and to
+a fake of its size, and after each step both raised the same (MapFullError
+or nothing) and hold the same entries."""
+
+from __future__ import annotations
+
+import ctypes as ct
+import ipaddress
+from typing import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backends.ebpf import maps
+from backends.ebpf.loader import Datapath
+from backends.ebpf.mapaccess import MapAccess, MapFullError
+from tests.ebpf.fake_maps import FakeMap
+from tests.ebpf.helpers import loaded
+
+pytestmark = pytest.mark.kernel
+
+SIZE = 6  # entries of each map: small, so that sequences fill it often
+
+
+@pytest.fixture(scope="module")
+def datapath() -> Iterator[Datapath]:
+    with loaded(services=SIZE, backends=SIZE, reverse_nat=8, affinity=8) as created:
+        yield created
+
+
+def service_key(index: int) -> maps.ServiceKey:
+    vip = maps.L4Addr.of(ipaddress.ip_address(f"10.96.0.{index % 3 + 1}"), 80)
+    return maps.ServiceKey.at_slot(maps.ServiceKey.frontend_prefix(vip, 6), index // 3)
+
+
+def service_value(n: int) -> maps.ServiceValue:
+    return maps.ServiceValue(id=n, count=n % 4, affinity_timeout=n * 7, flags=n % 2)
+
+
+def backend_value(n: int) -> maps.BackendValue:
+    return maps.BackendValue(addr=maps.L4Addr.of(ipaddress.ip_address(f"10.244.0.{n % 250}"),
+                                            8000 + n), service_id=n)
+
+
+# Per map: how an index becomes a key and a number a value.
+LAYOUTS = {
+    maps.SERVICES.pin: (service_key, service_value),
+    maps.BACKENDS.pin: (lambda index: index + 1, backend_value),
+}
+
+# Twice as many keys as the map holds: writes find it full, deletes miss.
+indexes = st.integers(0, 2 * SIZE - 1)
+operations = st.lists(st.one_of(
+    st.tuples(st.just("put"), st.lists(st.tuples(indexes, st.integers(1, 1000)), max_size=8)),
+    st.tuples(st.just("delete"), st.lists(indexes, max_size=8)),
+), min_size=1, max_size=12)
+
+
+def contents(bpf_map: MapAccess) -> dict[bytes, bytes]:
+    return {bytes(ct.c_uint32(key)) if isinstance(key, int) else bytes(key): bytes(value)
+            for key, value in bpf_map.items()}
+
+
+def outcome(bpf_map: MapAccess, operation: tuple) -> str:
+    """What one operation raised: nothing or a MapFullError."""
+    kind, args = operation
+    try:
+        if kind == "put":
+            bpf_map.put_many([key for key, _ in args], [value for _, value in args])
+        else:
+            bpf_map.delete_many(args)
+    except MapFullError:
+        return "full"
+    return "ok"
+
+
+@pytest.mark.parametrize("pin", sorted(LAYOUTS))
+def test_the_fake_maps_do_what_the_kernel_maps_do(datapath: Datapath, pin: str) -> None:
+    real = datapath.maps[pin]
+    key_of, value_of = LAYOUTS[pin]
+    spec = {maps.SERVICES.pin: maps.SERVICES, maps.BACKENDS.pin: maps.BACKENDS}[pin]
+
+    @settings(max_examples=150, deadline=None)
+    @given(operations)
+    def run(sequence: list[tuple]) -> None:
+        real.delete_many([key for key, _ in real.items()])
+        fake = FakeMap(spec.key, spec.value, SIZE, pin)
+        for kind, args in sequence:
+            operation = (kind, [(key_of(i), value_of(n)) for i, n in args] if kind == "put"
+                         else [key_of(i) for i in args])
+            assert outcome(real, operation) == outcome(fake, operation), operation
+            assert contents(real) == contents(fake), operation
+            assert len(contents(fake)) == len(fake) <= SIZE
+
+    run()
