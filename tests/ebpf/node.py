@@ -17,7 +17,7 @@ from backends.ebpf.maps import MAP_SPECS
 from lab.socket_lab import Lab, backend_ip, target
 from tests.brain.helpers import TCP, UDP, StateFile, endpoint, port, service, state
 from tests.ebpf.conftest import TEST_MAP_SIZES
-from tests.support.process import LOOPBACK_PROBES, Process, Processes
+from tests.support.process import LOOPBACK_PROBES, START_SECONDS, Process, Processes
 
 NODE_NAME = "node-a"
 WEB_VIPS = ("10.96.30.1", "fd00:96::30:1")
@@ -71,7 +71,7 @@ class Node:
             "--cgroup", str(self.lab.group.path), "--bpffs-dir", str(self.lab.bpffs_dir),
             *sizes, *flags)
         if syncs:
-            backend.wait_for_log("sync applied", syncs)
+            backend.wait_for_log("sync applied", syncs, seconds=START_SECONDS)
         return backend
 
     def dump(self) -> dict:

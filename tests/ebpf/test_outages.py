@@ -19,7 +19,7 @@ from kpng_py.client import JITTER
 from lab.socket_lab import Agent, Lab, backend_ip, target
 from tests.brain.helpers import TCP
 from tests.ebpf.node import TARGETS, WEB_VIPS, lab_service, node, web_and_dns
-from tests.support.process import Process
+from tests.support.process import START_SECONDS, Process
 
 pytestmark = pytest.mark.kernel
 
@@ -113,7 +113,7 @@ def test_backend_killed_while_serving_and_while_starting_fails_nothing_and_adopt
             backend.kill()  # kill -9 while serving
             time.sleep(1.0)  # no process at all: the pinned programs and maps serve on
             starting = n.start_backend(syncs=0)
-            starting.wait_for_log("eBPF datapath loaded")
+            starting.wait_for_log("eBPF datapath loaded", seconds=START_SECONDS)
             starting.kill()  # kill -9 while starting (programs loaded, maybe not yet swapped in)
             restarted = n.start_backend()
             time.sleep(0.3)

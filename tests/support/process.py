@@ -19,6 +19,9 @@ from lab import procs
 
 KPNG_PY = str(Path(sys.executable).with_name("kpng-py"))
 WAIT_SECONDS = 10.0  # an upper bound for things that happen well within a second
+# An upper bound for a backend's start, which compiles its programs with BCC:
+# seconds on an idle machine, several times that on a loaded one.
+START_SECONDS = 60.0
 # Where a process's /healthz and /metrics go: any free loopback port (the
 # port is read from the log), so parallel runs never compete for one.
 LOOPBACK_PROBES = ("--healthz-bind-address", "127.0.0.1:0",
