@@ -20,6 +20,7 @@ from typing import Iterable, Protocol
 
 from kpng_py.api import localv1
 from kpng_py.client import Backoff
+from kpng_py.collector import collector_paused, freeze_survivors
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePortChanges
@@ -102,15 +103,18 @@ class ChangeSetApplier:
         ops = list(ops)
         with self._lock:
             started = time.monotonic()
-            changes = self.state.apply(ops)
-            if changes is None:
-                return None
-            self._retry.cancel()  # this change set reconciles, if that is needed
-            if self._needs_full:
-                changes = replace(self.state.full_changeset(),
-                                  service_changes=changes.service_changes,
-                                  endpoint_changes=changes.endpoint_changes)
-            seconds = self._program(changes, "a change set", started)
+            with collector_paused():
+                changes = self.state.apply(ops)
+                if changes is None:
+                    return None
+                self._retry.cancel()  # this change set reconciles, if that is needed
+                if self._needs_full:
+                    changes = replace(self.state.full_changeset(),
+                                      service_changes=changes.service_changes,
+                                      endpoint_changes=changes.endpoint_changes)
+                seconds = self._program(changes, "a change set", started)
+            if changes.full:
+                freeze_survivors()
             self.syncs += 1
             self._observe(ops, changes)
             if seconds is not None:
@@ -130,8 +134,10 @@ class ChangeSetApplier:
                 return  # a change set reconciled meanwhile, or failed and re-armed
             self._metrics.apply_retries.inc()
             started = time.monotonic()
-            changes = self.state.full_changeset()
-            seconds = self._program(changes, "the retried reconcile", started)
+            with collector_paused():
+                changes = self.state.full_changeset()
+                seconds = self._program(changes, "the retried reconcile", started)
+            freeze_survivors()
             if seconds is not None:
                 log.info("dataplane reconciled after a failed apply", extra=fields(
                     service_ports=len(changes.added), duration_ms=round(seconds * 1000, 2)))

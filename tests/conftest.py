@@ -4,8 +4,10 @@ CI machines have everything, so a skip there means a test silently did not run."
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+from typing import Iterator
 
 import pytest
 
@@ -23,6 +25,15 @@ def _sweep_leftovers_of_killed_runs() -> None:
 
     for removed in teardown.remove_stale_runs(_detach_programs):
         logging.getLogger("tests").warning("%s", removed)
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze_collected_objects() -> Iterator[None]:
+    """A full sync freezes what is alive (kpng_py/collector.py); in the test
+    process that would be pytest's own objects too, kept from the collector
+    for the rest of the session."""
+    yield
+    gc.unfreeze()
 
 
 def _detach_programs(names: RunNames) -> None:

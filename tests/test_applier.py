@@ -4,6 +4,7 @@ the brain's next change set, and /healthz follows."""
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import logging
 import threading
@@ -194,6 +195,52 @@ def test_retries_and_changesets_never_overlap(new_applier) -> None:
     backend.wait_for(lambda: backend.calls[-1][2])
     assert not backend.overlapped
     assert backend.held == {str(p.name): p for p in applier.state.service_ports()}
+
+
+class CollectorWatchingBackend(FlakyBackend):
+    """Records whether Python's cyclic collector was enabled during each apply."""
+
+    def __init__(self, failures: int = 0) -> None:
+        super().__init__(failures)
+        self.collector_enabled: list[bool] = []
+
+    def apply(self, changes: ServicePortChanges) -> None:
+        self.collector_enabled.append(gc.isenabled())
+        super().apply(changes)
+
+
+def test_changesets_are_applied_with_the_collector_paused_and_a_full_sync_is_frozen(
+        new_applier) -> None:
+    backend = CollectorWatchingBackend()
+    applier = new_applier(backend)
+    assert gc.isenabled()
+    frozen_before = gc.get_freeze_count()
+    applier.apply_ops(web_and_dns())  # a full sync
+    assert gc.isenabled() and gc.get_freeze_count() > frozen_before
+    frozen_after_full = gc.get_freeze_count()
+    applier.apply_ops(another_web_endpoint())  # an incremental one: nothing more frozen
+    assert gc.isenabled() and gc.get_freeze_count() <= frozen_after_full  # (some freed)
+    assert backend.collector_enabled == [False, False]
+
+
+def test_the_collector_comes_back_after_a_failed_apply_and_its_retry(new_applier) -> None:
+    backend = CollectorWatchingBackend(failures=1)
+    applier = new_applier(backend)
+    applier.apply_ops(web_and_dns())  # fails, then the retry on its timer thread succeeds
+    backend.wait_for(lambda: bool(backend.successes()))
+    assert backend.collector_enabled == [False, False]
+    assert gc.isenabled()
+
+
+def test_a_collector_disabled_by_someone_else_stays_disabled(new_applier) -> None:
+    backend = CollectorWatchingBackend()
+    applier = new_applier(backend)
+    gc.disable()
+    try:
+        applier.apply_ops(web_and_dns())
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def get_healthz(port: int) -> int:

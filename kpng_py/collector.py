@@ -1,0 +1,44 @@
+"""Keeping Python's cyclic garbage collector out of a change set's way.
+
+A full sync at 10 000 service ports builds millions of objects that live as
+long as the node state (decoded values, model objects, the programmer's
+mirror). The collector's generation-0 threshold (700 allocations) makes it
+walk them over and over while they are being built, and once more every
+time they are promoted: about 40 % of a full sync's apply time, for nothing,
+because almost none of them is garbage, and what is garbage is freed by
+reference counting.
+
+So a change set is applied with the collector paused, and after a full sync
+the objects then alive are frozen (`gc.freeze`): moved out of the
+generations the collector walks, which would otherwise walk the new state
+three times more as it is promoted. Freed frozen objects are still released
+by reference counting; only a reference cycle made during that one change
+set would outlive its use (the state model's values are frozen dataclasses
+and tuples, without cycles). A collection before freezing would cost one
+more walk of the whole state, which is what this avoids.
+"""
+
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+from typing import Iterator
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic collection inside the block; the collector's previous
+    setting comes back after it, also when the block raises."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def freeze_survivors() -> None:
+    """Move every object alive now out of the collector's generations (after
+    a full sync: the new state is long-lived)."""
+    gc.freeze()
