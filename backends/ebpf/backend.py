@@ -45,8 +45,9 @@ class EbpfBackend:
             services, backends,
             Capacity(services.info().max_entries, backends.info().max_entries), self._skips)
         config = self._datapath.config  # with its paths resolved: use no other
-        self._terminator = StaleUdpTerminator(config.cgroup,
-                                              self._datapath.maps[maps.REVERSE_NAT.pin])
+        self._terminator = StaleUdpTerminator(
+            config.cgroup, self._datapath.maps[maps.REVERSE_NAT.pin],
+            self._metrics.dataplane_errors.labels("udp-socket-termination"))
         for spec in maps.MAP_SPECS:
             self._metrics.map_capacity.labels(spec.pin).set(
                 self._datapath.maps[spec.pin].info().max_entries)
@@ -86,13 +87,7 @@ class EbpfBackend:
         self._metrics.map_entries.labels(maps.BACKENDS.pin).set(programmer.backend_entries)
 
     def _terminate_stale_udp(self, terminator: StaleUdpTerminator, removed_udp: set) -> None:
-        try:
-            destroyed = terminator.terminate(removed_udp)
-        except OSError as err:  # the maps are right; only the clean-up failed
-            self._metrics.dataplane_errors.labels("udp-socket-termination").inc()
-            log.warning("could not terminate UDP sockets of removed backends",
-                        extra=fields(error=err))
-            return
+        destroyed = terminator.terminate(removed_udp)  # counts and warns its own failures
         if destroyed:
             log.info("terminated connected UDP sockets of removed backends",
                      extra=fields(sockets=destroyed, backends=len(removed_udp)))

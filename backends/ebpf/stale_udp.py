@@ -28,7 +28,7 @@ import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Protocol
 
 from backends.ebpf.contents import HostPort, reached_through
 from backends.ebpf.mapaccess import MapAccess
@@ -173,12 +173,28 @@ def _raise_error(payload: bytes, what: str) -> None:
         raise OSError(code, f"{what}: {os.strerror(code)}")
 
 
-class StaleUdpTerminator:
-    """Destroys connected UDP sockets of the cgroup whose backend is gone."""
+class Failures(Protocol):
+    """Where failed clean-ups are counted (a prometheus Counter child is one)."""
 
-    def __init__(self, cgroup: Path, reverse_nat: MapAccess[RevNatKey, RevNatValue]) -> None:
+    def inc(self) -> None: ...
+
+
+class StaleUdpTerminator:
+    """Destroys connected UDP sockets of the cgroup whose backend is gone.
+
+    A namespace that cannot be checked (its pod is going away, or a security
+    module refuses) is usually refused again with every following change set:
+    each failure is counted in `failures`, and warned about once per namespace
+    until a check of it succeeds again."""
+
+    def __init__(self, cgroup: Path, reverse_nat: MapAccess[RevNatKey, RevNatValue],
+                 failures: Failures,
+                 open_socket: Callable[[Path], socket.socket] = open_diag_socket) -> None:
         self._cgroup = cgroup
         self._reverse_nat = reverse_nat
+        self._failures = failures
+        self._open_socket = open_socket
+        self._failing: set[tuple[int, int]] = set()  # namespaces warned about
 
     def terminate(self, removed: Iterable[tuple[int, HostPort]]) -> int:
         """Destroy the sockets that reached a removed (service id, backend)
@@ -189,14 +205,26 @@ class StaleUdpTerminator:
         if not by_backend:
             return 0
         destroyed = 0
-        for netns in namespaces_of_cgroup(self._cgroup).values():
+        namespaces = namespaces_of_cgroup(self._cgroup)
+        self._failing &= namespaces.keys()  # forget namespaces that are gone
+        for key, netns in namespaces.items():
             try:
-                with open_diag_socket(netns) as sock:
+                with self._open_socket(netns) as sock:
                     destroyed += self._terminate_in(sock, by_backend)
             except OSError as err:  # the namespace went away, or no permission
-                log.warning("cannot check a network namespace for stale UDP sockets",
-                            extra=fields(netns=netns, error=err))
+                self._failed(key, netns, err)
+            else:
+                self._failing.discard(key)
         return destroyed
+
+    def _failed(self, key: tuple[int, int], netns: Path, err: OSError) -> None:
+        self._failures.inc()
+        if key in self._failing:
+            return
+        self._failing.add(key)
+        log.warning("cannot check a network namespace for stale UDP sockets; counted in "
+                    "kpng_py_dataplane_errors{kind=\"udp-socket-termination\"}, not warned "
+                    "again until it can be checked", extra=fields(netns=netns, error=err))
 
     def _terminate_in(self, sock: socket.socket, by_backend: dict[HostPort, set[int]]) -> int:
         stale = [s for s in connected_udp_sockets(sock)
