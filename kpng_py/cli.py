@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import errno
-import math
+import json
 import os
 import socket
 import sys
@@ -24,12 +24,14 @@ from kpng_py.brain import command as brain_command
 from kpng_py.brain.reader import StateFileError
 from kpng_py.brain.watcher import DEFAULT_MAX_FILE_SIZE, Settle
 from kpng_py.client import ClientConfig, SinkFailed
+from kpng_py.durations import DurationError, parse_seconds
 from kpng_py.health import DEFAULT_HEALTHZ, DEFAULT_METRICS, BindAddress, Observability
 from kpng_py.limits import add_limit_flags, limits_from_args
 from kpng_py.logs import setup_logging
 from kpng_py.metrics import Metrics
 from kpng_py.recording import RecordingError, read_segments
 from kpng_py.replay import ReplaySource
+from kpng_py.version import version_report
 from kpng_py.transport import AddressError, ListenAddress, TLSFiles, dial_target
 
 _CLIENT = ClientConfig(target="", node_name="")  # the client's defaults
@@ -48,13 +50,12 @@ MAX_NODE_NAME = 253
 
 
 def _positive_float(text: str) -> float:
-    """Seconds, more than 0, at most MAX_SECONDS (about 24 days)."""
+    """A duration (seconds or Go's form, kpng_py/durations.py), more than 0,
+    at most MAX_SECONDS (about 24 days)."""
     try:
-        value = float(text.removesuffix("s"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration in seconds (e.g. 1 or 0.5)")
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds")
+        value = parse_seconds(text)
+    except DurationError as err:
+        raise argparse.ArgumentTypeError(str(err))
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
     if value > MAX_SECONDS:
@@ -315,7 +316,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_api_server_parser(replay)
     _add_file_parser(commands)
     _add_tool_parsers(commands)
+    version = commands.add_parser(
+        "version", help="print the versions of kpng-py and of what it runs on",
+        description="The versions of kpng-py (and its git commit), Python, the kernel, the "
+                    "libraries and each backend's own dependencies (BCC), for bug reports.")
+    version.add_argument("--json", action="store_true", help="one JSON object")
     return parser
+
+
+def _print_versions(as_json: bool) -> None:
+    report = version_report(registry.registered())
+    if as_json:
+        print(json.dumps(report))
+    else:
+        width = max(map(len, report))
+        print("\n".join(f"{name + ':':<{width + 1}} {value}" for name, value in report.items()))
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -341,6 +356,8 @@ def _run(args: argparse.Namespace) -> None:
                                          observability(args), args.exit_after,
                                          args.max_file_size, limits_from_args(args),
                                          Settle.after(args.settle))
+    elif args.command == "version":
+        _print_versions(args.json)
     else:
         args.run_tool(args)
 

@@ -12,6 +12,7 @@ escaped ``error=`` field; the JSON format escapes them as JSON does.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import math
@@ -76,16 +77,26 @@ def _text_value(value: Any) -> str:
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per line: `ts` in RFC 3339, UTC, milliseconds
+    (`2026-12-02T06:05:12.345Z`); a field whose value is None is left out
+    rather than written as "None"."""
+
     def format(self, record: logging.LogRecord) -> str:
         body: dict[str, Any] = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+            "ts": rfc3339_milliseconds(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        body.update({k: _json_value(v) for k, v in _record_fields(record).items()})
+        body.update({k: _json_value(v) for k, v in _record_fields(record).items()
+                     if v is not None})
         body.update(_failure_fields(self, record))
         return json.dumps(body)
+
+
+def rfc3339_milliseconds(epoch_seconds: float) -> str:
+    when = datetime.datetime.fromtimestamp(epoch_seconds, tz=datetime.timezone.utc)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _json_value(value: Any) -> Any:

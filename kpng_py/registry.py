@@ -104,6 +104,9 @@ class BackendSpec:
     create: Callable[[argparse.Namespace, Metrics], Backend]
     lab: LabSupport | None  # None: no dataplane for a lab run to test
     tool: ToolCommand | None
+    # What `kpng-py version` reports of the backend's own dependencies, by
+    # name: a version, or why there is none.
+    versions: Callable[[], dict[str, str]] = dict
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):

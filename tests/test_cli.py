@@ -158,3 +158,11 @@ def test_a_hostile_value_is_one_clear_error(capsys: pytest.CaptureFixture, hosti
     assert len(errors) == 1 and "unrecognized arguments" not in errors[0], out
     given_file = name in ("-i", "-o") and value.removesuffix("/out.jsonl") in errors[0]
     assert name in errors[0] or given_file, out
+
+
+def test_durations_in_go_form_are_taken_as_kpng_takes_them() -> None:
+    args = build_parser().parse_args(
+        ["local", "--api", "x:1", "--error-delay", "500ms", "--max-error-delay", "1m30s",
+         "--keepalive-time", "5m", "--changeset-stall-timeout", "30", "to-print"])
+    assert (args.error_delay, args.max_error_delay, args.keepalive_time,
+            args.changeset_stall_timeout) == (0.5, 90.0, 300.0, 30.0)

@@ -155,3 +155,12 @@ def test_text_field_values(value: object, text: str) -> None:
     record = logging.LogRecord("x", logging.INFO, "f", 1, "m", None, None)
     record.__dict__.update(fields(v=value))
     assert TextFormatter().format(record).endswith(f" x: m v={text}")
+
+
+def test_json_timestamps_are_rfc3339_utc_milliseconds_and_missing_fields_are_left_out() -> None:
+    record = logging.LogRecord("x", logging.INFO, "f", 1, "m", None, None)
+    record.created = 1_764_655_512.3456  # 2025-12-02T06:05:12.345Z
+    record.__dict__.update(fields(reason="bad-path", error=None))
+    body = json.loads(JsonFormatter().format(record))
+    assert body["ts"] == "2025-12-02T06:05:12.345Z"
+    assert body["reason"] == "bad-path" and "error" not in body

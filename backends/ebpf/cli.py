@@ -124,6 +124,15 @@ def _lab_cleanup(places: LabPlaces) -> list[str] | None:
                            "--bpffs-dir", str(places.bpffs_dir))
 
 
+def _versions() -> dict[str, str]:
+    """BCC's version, or why it cannot be loaded (the backend needs it)."""
+    try:
+        from bcc.version import __version__ as bcc_version
+    except Exception as err:  # ImportError, or OSError from loading libbcc
+        return {"bcc": f"not loadable ({err})"}
+    return {"bcc": bcc_version}
+
+
 BACKEND = BackendSpec(
     name="ebpf",
     help="ClusterIP services for the processes of a cgroup, translated at the socket "
@@ -141,4 +150,5 @@ BACKEND = BackendSpec(
         name="ebpf", help="inspect or remove the eBPF datapath",
         description="Inspect or remove the eBPF datapath.",
         add_arguments=_add_tool_arguments, run=_run_tool),
+    versions=_versions,
 )
