@@ -64,6 +64,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _file_path(text: str) -> Path:
+    """A path made absolute as the flags are read: BCC changes the process's
+    working directory while it compiles, and files such as the state file and
+    the TLS files are read again long after start-up."""
+    return Path(text).absolute()
+
+
 def _size(text: str) -> int:
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     scale = units.get(text[-1:].lower(), 1)
@@ -115,9 +122,9 @@ def _open_nonblocking(path: str, flags: int) -> int:
 
 def _add_tls_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("TLS (as KPNG's tlsflags)")
-    group.add_argument("--tls-key", type=Path, help="TLS key file")
-    group.add_argument("--tls-crt", type=Path, help="TLS certificate file")
-    group.add_argument("--tls-ca", type=Path, help="TLS CA certificate file")
+    group.add_argument("--tls-key", type=_file_path, help="TLS key file")
+    group.add_argument("--tls-crt", type=_file_path, help="TLS certificate file")
+    group.add_argument("--tls-ca", type=_file_path, help="TLS CA certificate file")
 
 
 def _tls(args: argparse.Namespace) -> TLSFiles:
@@ -263,7 +270,7 @@ def _add_file_parser(commands: argparse._SubParsersAction) -> None:
         "file", help="be a brain: serve a KPNG state file, following its edits",
         description="Serve the state in a KPNG state file (`kpng file` format, "
                     "docs/brain.md) and publish each saved edit.")
-    brain.add_argument("-i", "--input", type=Path, required=True, help="state file (YAML)")
+    brain.add_argument("-i", "--input", type=_file_path, required=True, help="state file (YAML)")
     brain.add_argument("--max-file-size", type=_size, default=DEFAULT_MAX_FILE_SIZE,
                        help="largest state file read, in bytes; a bigger one is refused "
                             f"(default: {DEFAULT_MAX_FILE_SIZE >> 20}M)")
@@ -307,12 +314,12 @@ def build_parser() -> argparse.ArgumentParser:
         "record", help="record a brain's localv1 stream to a file",
         description="Record the raw localv1 op stream (format: docs/recording-format.md).")
     _add_client_flags(rec)
-    rec.add_argument("-o", "--output", type=Path, required=True, help="recording to write")
+    rec.add_argument("-o", "--output", type=_file_path, required=True, help="recording to write")
 
     replay = commands.add_parser(
         "replay", help="serve a recording as a brain would",
         description="Serve a recording: one recorded change set per WatchReq.")
-    replay.add_argument("-i", "--input", type=Path, required=True, help="recording to serve")
+    replay.add_argument("-i", "--input", type=_file_path, required=True, help="recording to serve")
     _add_api_server_parser(replay)
     _add_file_parser(commands)
     _add_tool_parsers(commands)

@@ -166,3 +166,16 @@ def test_durations_in_go_form_are_taken_as_kpng_takes_them() -> None:
          "--keepalive-time", "5m", "--changeset-stall-timeout", "30", "to-print"])
     assert (args.error_delay, args.max_error_delay, args.keepalive_time,
             args.changeset_stall_timeout) == (0.5, 90.0, 300.0, 30.0)
+
+
+def test_file_flags_do_not_depend_on_the_working_directory_after_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """BCC changes the working directory while it compiles: a relative -i or
+    TLS file must still name the same file afterwards."""
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(
+        ["file", "-i", "state.yaml", "to-api", "--listen", "unix:///x", "--tls-ca", "ca.pem"])
+    replay = build_parser().parse_args(["replay", "-i", "rec.jsonl", "to-api"])
+    monkeypatch.chdir("/")
+    assert args.input == tmp_path / "state.yaml" and args.tls_ca == tmp_path / "ca.pem"
+    assert replay.input == tmp_path / "rec.jsonl"
