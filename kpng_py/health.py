@@ -9,8 +9,13 @@ starts until the dataplane holds the state again: a change set that has
 started arriving, a failed apply (until an apply or its retry succeeds), the
 brain lost (until a change set from it is applied). The oldest pending moment
 counts; the dataplane keeps serving meanwhile, but it no longer follows the
-cluster. `/metrics` (default 127.0.0.1:10249) serves the process's Prometheus
-registry. Both are served by `BoundedHTTPServer`.
+cluster. `/livez` (same address and body, kube-proxy's liveness endpoint)
+turns 503 only when kpng-py itself is stuck: a complete change set has been
+applying, or the dataplane has kept failing to take the state, for longer
+than `--healthz-timeout`. A lost or slow brain never fails it: restarting
+kpng-py cannot fix the brain, so `/livez` is for liveness probes and
+`/healthz` for readiness. `/metrics` (default 127.0.0.1:10249) serves the
+process's Prometheus registry. Both are served by `BoundedHTTPServer`.
 """
 
 from __future__ import annotations
@@ -55,11 +60,21 @@ class SyncHealth:
         self._receiving = False  # a change set has started arriving
         self._unapplied = False  # the last apply failed
         self._brain_lost = False  # the stream failed; cleared by the next change set
+        # What /livez counts: kpng-py's own work that has not finished.
+        self._applying_since: float | None = None  # a complete change set is applying
+        self._failing_since: float | None = None  # applies failed since then
 
     def changeset_started(self) -> None:
         """The first op of a change set arrived."""
         with self._lock:
             self._receiving = True
+            self._update()
+
+    def changeset_received(self) -> None:
+        """A complete change set arrived and goes to the dataplane now."""
+        with self._lock:
+            self._receiving = True
+            self._applying_since = self._clock()
             self._update()
 
     def brain_lost(self) -> None:
@@ -71,6 +86,7 @@ class SyncHealth:
         """The brain's change set is in the dataplane."""
         with self._lock:
             self._receiving = self._unapplied = self._brain_lost = False
+            self._applying_since = self._failing_since = None
             self._last_applied = self._clock()
             self._update()
 
@@ -79,12 +95,17 @@ class SyncHealth:
         with self._lock:
             self._receiving = self._brain_lost = False
             self._unapplied = True
+            if self._failing_since is None:
+                self._failing_since = (self._clock() if self._applying_since is None
+                                       else self._applying_since)
+            self._applying_since = None
             self._update()
 
     def reconciled(self) -> None:
         """A retry put the whole state held into the dataplane."""
         with self._lock:
             self._unapplied = False
+            self._failing_since = None
             self._last_applied = self._clock()
             self._update()
 
@@ -95,16 +116,27 @@ class SyncHealth:
             self._pending_since = self._clock()
 
     def status(self) -> tuple[bool, dict]:
+        """/healthz: the dataplane follows the brain."""
         with self._lock:
             now = self._clock()
-            healthy = self._last_applied is not None and (
-                self._pending_since is None or now - self._pending_since < self._timeout)
-            body = {
-                "lastUpdated": _timestamp(self._last_applied),
-                "currentTime": _timestamp(now),
-                "nodeEligible": True,
-            }
-        return healthy, body
+            healthy = self._last_applied is not None and self._within_timeout(
+                self._pending_since, now)
+            return healthy, self._body(now)
+
+    def liveness(self) -> tuple[bool, dict]:
+        """/livez: kpng-py's own work is not stuck (whatever the brain does)."""
+        with self._lock:
+            now = self._clock()
+            stuck_since = (self._applying_since if self._failing_since is None
+                           else self._failing_since)
+            return self._within_timeout(stuck_since, now), self._body(now)
+
+    def _within_timeout(self, since: float | None, now: float) -> bool:
+        return since is None or now - since < self._timeout
+
+    def _body(self, now: float) -> dict:
+        return {"lastUpdated": _timestamp(self._last_applied), "currentTime": _timestamp(now),
+                "nodeEligible": True}
 
 
 def _timestamp(seconds: float | None) -> str:
@@ -127,7 +159,7 @@ class HealthSink:
 
     def on_changeset(self, ops: list[localv1.OpItem]) -> None:
         # In-process sources hand over whole change sets, without a start.
-        self._health.changeset_started()
+        self._health.changeset_received()
         self._sink.on_changeset(ops)
 
     def on_stream_error(self, reason: str, partial: list[localv1.OpItem]) -> None:
@@ -148,9 +180,9 @@ class BindAddress:
         return cls(host.strip("[]") or "0.0.0.0", int(port))
 
 
-def _healthz(health: SyncHealth) -> Response:
-    healthy, body = health.status()
-    return Response(200 if healthy else 503, "application/json", json.dumps(body).encode())
+def _probe(check: Callable[[], tuple[bool, dict]]) -> Response:
+    ok, body = check()
+    return Response(200 if ok else 503, "application/json", json.dumps(body).encode())
 
 
 def _metrics(metrics: Metrics) -> Response:
@@ -167,9 +199,10 @@ def _serve(name: str, address: BindAddress, routes: dict[str, Handler],
 
 def serve_healthz(address: BindAddress, health: SyncHealth,
                   metrics: Metrics) -> BoundedHTTPServer:
-    """Serve /healthz (and /livez) on a thread of its own."""
-    probe = functools.partial(_healthz, health)
-    return _serve("healthz", address, {"/healthz": probe, "/livez": probe}, metrics)
+    """Serve /healthz and /livez on a thread of its own."""
+    return _serve("healthz", address, {"/healthz": functools.partial(_probe, health.status),
+                                       "/livez": functools.partial(_probe, health.liveness)},
+                  metrics)
 
 
 def serve_metrics(address: BindAddress, metrics: Metrics) -> BoundedHTTPServer:

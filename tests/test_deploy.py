@@ -41,7 +41,8 @@ def test_split_layout_shares_the_brain_socket() -> None:
     assert "--api=unix:///k8s/proxy.sock" in backend["args"]
     for container in (brain, backend):
         assert {"name": "api", "mountPath": "/k8s"} in container["volumeMounts"]
-    assert backend["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert backend["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert backend["readinessProbe"]["httpGet"]["path"] == "/healthz"
     assert "ALL" in backend["securityContext"]["capabilities"]["drop"]
     assert not backend["securityContext"].get("privileged", False)
 

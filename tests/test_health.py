@@ -72,6 +72,46 @@ def test_healthy_once_programmed_and_while_nothing_is_pending(clock: Clock) -> N
     assert healthy(health)
 
 
+def alive(health: SyncHealth) -> bool:
+    return health.liveness()[0]
+
+
+def test_livez_stays_up_while_the_brain_is_away_or_slow(clock: Clock) -> None:
+    health = SyncHealth(timeout=TIMEOUT, clock=clock)
+    clock.now += 3600  # never reached a brain
+    assert alive(health) and not healthy(health)
+    health.changeset_started()  # a brain that sends very slowly
+    clock.now += TIMEOUT + 1
+    health.brain_lost()
+    clock.now += 3600
+    assert alive(health) and not healthy(health)
+
+
+def test_livez_fails_when_an_apply_hangs(health: SyncHealth, clock: Clock) -> None:
+    health.changeset_received()
+    clock.now += TIMEOUT - 1
+    assert alive(health)
+    clock.now += 2
+    assert not alive(health)
+    health.changeset_applied()
+    assert alive(health)
+
+
+def test_livez_fails_when_applies_keep_failing_until_one_succeeds(health: SyncHealth,
+                                                                  clock: Clock) -> None:
+    health.changeset_received()
+    clock.now += 1
+    health.changeset_failed()
+    clock.now += TIMEOUT - 2
+    health.changeset_received()  # the next change set fails too
+    health.changeset_failed()
+    assert alive(health)
+    clock.now += 2  # failing since the first one arrived, longer than the timeout
+    assert not alive(health)
+    health.reconciled()
+    assert alive(health)
+
+
 def test_a_changeset_that_never_syncs_turns_stale(health: SyncHealth, clock: Clock) -> None:
     health.changeset_started()  # ops arrive, their Sync does not
     clock.now += TIMEOUT - 1
@@ -192,7 +232,12 @@ def test_healthz_over_http(host: str, clock: Clock, cleanup: ExitStack) -> None:
     health.brain_lost()
     clock.now += TIMEOUT + 1
     assert get(f"{base}/healthz")[0] == 503
-    assert get(f"{base}/livez")[0] == 503
+    assert get(f"{base}/livez")[0] == 200  # a lost brain is not kpng-py stuck
+    health.changeset_received()
+    clock.now += TIMEOUT + 1
+    status, content_type, body = get(f"{base}/livez")
+    assert (status, content_type) == (503, "application/json")
+    assert set(json.loads(body)) == {"lastUpdated", "currentTime", "nodeEligible"}
     assert get(f"{base}/nope")[0] == 404
 
 
