@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable
 
+from prometheus_client import Counter
 from prometheus_client.exposition import generate_latest
 
 from kpng_py.api import localv1
@@ -180,9 +181,11 @@ class BindAddress:
         return cls(host.strip("[]") or "0.0.0.0", int(port))
 
 
-def _probe(check: Callable[[], tuple[bool, dict]]) -> Response:
+def _probe(check: Callable[[], tuple[bool, dict]], answers: Counter) -> Response:
     ok, body = check()
-    return Response(200 if ok else 503, "application/json", json.dumps(body).encode())
+    code = 200 if ok else 503
+    answers.labels(str(code)).inc()
+    return Response(code, "application/json", json.dumps(body).encode())
 
 
 def _metrics(metrics: Metrics) -> Response:
@@ -200,9 +203,9 @@ def _serve(name: str, address: BindAddress, routes: dict[str, Handler],
 def serve_healthz(address: BindAddress, health: SyncHealth,
                   metrics: Metrics) -> BoundedHTTPServer:
     """Serve /healthz and /livez on a thread of its own."""
-    return _serve("healthz", address, {"/healthz": functools.partial(_probe, health.status),
-                                       "/livez": functools.partial(_probe, health.liveness)},
-                  metrics)
+    routes = {"/healthz": functools.partial(_probe, health.status, metrics.healthz_requests),
+              "/livez": functools.partial(_probe, health.liveness, metrics.livez_requests)}
+    return _serve("healthz", address, routes, metrics)
 
 
 def serve_metrics(address: BindAddress, metrics: Metrics) -> BoundedHTTPServer:

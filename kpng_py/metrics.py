@@ -7,13 +7,21 @@ module-level state), which the HTTP endpoint serves.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import prometheus_client
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector,
+                               ProcessCollector)
 
 
 class Metrics:
     def __init__(self) -> None:
+        # kube-proxy's counters and histograms have no `_created` series, and
+        # dashboards do not expect them; prometheus_client has only this
+        # process-wide switch for it.
+        prometheus_client.disable_created_metrics()
         self.registry = CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes...
+        PlatformCollector(registry=r)  # python_info
         self.sync_duration = Histogram(
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "Time to apply one change set to the dataplane.",
@@ -81,6 +89,14 @@ class Metrics:
         )
         self.map_capacity = Gauge(
             "kpng_py_map_capacity", "Capacity of a dataplane map or table.", ["map"], registry=r
+        )
+        self.healthz_requests = Counter(
+            "kubeproxy_proxy_healthz", "Answers of /healthz, by HTTP status code.", ["code"],
+            registry=r,
+        )
+        self.livez_requests = Counter(
+            "kubeproxy_proxy_livez", "Answers of /livez, by HTTP status code.", ["code"],
+            registry=r,
         )
         self.service_ports = Gauge(
             "kpng_py_service_ports", "Service ports currently programmed.", registry=r

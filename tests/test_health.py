@@ -219,7 +219,8 @@ def cleanup() -> Iterator[ExitStack]:
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
 def test_healthz_over_http(host: str, clock: Clock, cleanup: ExitStack) -> None:
     health = SyncHealth(timeout=TIMEOUT, clock=clock)
-    server = serve_healthz(BindAddress(host, 0), health, Metrics())
+    metrics = Metrics()
+    server = serve_healthz(BindAddress(host, 0), health, metrics)
     cleanup.callback(server.close)
     base = f"http://{'[::1]' if ':' in host else host}:{server.port}"
     status, content_type, body = get(f"{base}/healthz")
@@ -233,6 +234,10 @@ def test_healthz_over_http(host: str, clock: Clock, cleanup: ExitStack) -> None:
     clock.now += TIMEOUT + 1
     assert get(f"{base}/healthz")[0] == 503
     assert get(f"{base}/livez")[0] == 200  # a lost brain is not kpng-py stuck
+    answers = {code: metrics.registry.get_sample_value("kubeproxy_proxy_healthz_total",
+                                                       {"code": code}) for code in ("200", "503")}
+    assert answers == {"200": 1, "503": 2}
+    assert metrics.registry.get_sample_value("kubeproxy_proxy_livez_total", {"code": "200"}) == 1
     health.changeset_received()
     clock.now += TIMEOUT + 1
     status, content_type, body = get(f"{base}/livez")
@@ -255,8 +260,10 @@ def test_metrics_over_http(cleanup: ExitStack) -> None:
                  "kubeproxy_sync_proxy_rules_service_changes_total",
                  "kpng_py_brain_connected", "kpng_py_brain_reconnects_total",
                  "kpng_py_apply_retries_total",
-                 'kpng_py_skipped_total{reason="headless"} 1.0'):
+                 'kpng_py_skipped_total{reason="headless"} 1.0',
+                 "process_resident_memory_bytes", "process_cpu_seconds_total", "python_info"):
         assert name in body, name
+    assert "_created" not in body  # kube-proxy has no such series
     assert get(f"http://127.0.0.1:{server.port}/")[0] == 404
 
 
