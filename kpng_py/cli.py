@@ -21,6 +21,9 @@ from typing import IO, Callable, Sequence
 from kpng_py import __version__, registry, runner
 from kpng_py.backend import BackendSetupError
 from kpng_py.brain import command as brain_command
+from kpng_py.brain.convert import ConvertError
+from kpng_py.brain.convert import convert as convert_kubectl
+from kpng_py.brain.convert import dump as dump_state
 from kpng_py.brain.reader import StateFileError
 from kpng_py.brain.watcher import DEFAULT_MAX_FILE_SIZE, Settle
 from kpng_py.client import ClientConfig, SinkFailed
@@ -270,7 +273,8 @@ def _add_file_parser(commands: argparse._SubParsersAction) -> None:
         "file", help="be a brain: serve a KPNG state file, following its edits",
         description="Serve the state in a KPNG state file (`kpng file` format, "
                     "docs/brain.md) and publish each saved edit.")
-    brain.add_argument("-i", "--input", type=_file_path, required=True, help="state file (YAML)")
+    brain.add_argument("-i", "--input", type=_file_path,
+                       help="state file (YAML); required by to-api and to-local")
     brain.add_argument("--max-file-size", type=_size, default=DEFAULT_MAX_FILE_SIZE,
                        help="largest state file read, in bytes; a bigger one is refused "
                             f"(default: {DEFAULT_MAX_FILE_SIZE >> 20}M)")
@@ -280,7 +284,7 @@ def _add_file_parser(commands: argparse._SubParsersAction) -> None:
                             "is not; a writer that only ever saves atomically (a temporary file "
                             f"renamed over it) may lower it (default: {Settle().seconds:g})")
     sinks = _add_api_server_parser(brain)
-    sinks.metavar = "to-api|to-local"
+    sinks.metavar = "to-api|to-local|convert"
     local = sinks.add_parser(
         "to-local", help="program a backend in this process (no gRPC)",
         description="Program a backend in this process with one node's view (no gRPC).")
@@ -289,6 +293,29 @@ def _add_file_parser(commands: argparse._SubParsersAction) -> None:
     add_limit_flags(local)
     add_observability_flags(local)
     add_backend_parsers(local)
+    convert = sinks.add_parser(
+        "convert", help="write a state file from `kubectl get nodes,svc,endpointslices -A -o yaml`",
+        description="Write a KPNG state file from what `kubectl get nodes,svc,endpointslices -A "
+                    "-o yaml` prints (kpng_py/brain/convert.py says how each object is mapped).")
+    convert.add_argument("-i", "--input", type=_file_path, required=True, dest="kubectl_output",
+                         help="kubectl's YAML output")
+    convert.add_argument("-o", "--output", type=_file_path, help="state file to write "
+                         "(default: stdout)")
+
+
+def _convert(kubectl_output: Path, output: Path | None) -> None:
+    try:
+        conversion = convert_kubectl(kubectl_output.read_text(encoding="utf-8"))
+    except (ConvertError, UnicodeDecodeError) as err:
+        raise UsageError(f"{kubectl_output}: {err}") from err
+    text = dump_state(conversion)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        with _output_file(output, "-o") as out:
+            out.write(text)
+    for kind, count in sorted(conversion.skipped.items()):
+        print(f"kpng-py: skipped {count} {kind} object(s)", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -354,6 +381,11 @@ def _run(args: argparse.Namespace) -> None:
         listen, tls = _server_address(args)  # flags first, then the file
         runner.serve(ReplaySource(read_segments(args.input)), listen, tls)
     elif args.command == "file":
+        if args.sink == "convert":
+            _convert(args.kubectl_output, args.output)
+            return
+        if args.input is None:
+            raise UsageError(f"file {args.sink} needs -i STATE.yaml (before {args.sink})")
         if args.sink == "to-api":
             brain_command.serve_file(args.input, *_server_address(args), args.max_file_size,
                                     Settle.after(args.settle))

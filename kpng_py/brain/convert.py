@@ -1,0 +1,243 @@
+"""`kpng-py file convert`: a KPNG state file from what kubectl prints.
+
+Input: `kubectl get nodes,svc,endpointslices -A -o yaml` (a v1 List; single
+objects and `---`-separated documents are read too). Output: the state file
+the built-in brain and `kpng file` read (docs/brain.md), mapped as KPNG's
+kube watcher maps the API objects:
+
+- a Service becomes a localv1 Service: ClusterIPs by family (`None`:
+  headless), externalIPs, LoadBalancer ingress IPs, ports (a named targetPort
+  becomes `targetportname`), ClientIP affinity, the traffic policies,
+  healthCheckNodePort, loadBalancerSourceRanges as an IPFilter on the LB IPs;
+- an EndpointSlice (`kubernetes.io/service-name`) gives its service's
+  endpoints: one per pod, its IPv4 and IPv6 slices merged, with the slice's
+  named ports as port overrides, `ready`, node, zone and zone hints;
+- a Node gives its name and `topology.kubernetes.io/zone`.
+
+Objects of other kinds are skipped with a count; a Service or EndpointSlice
+that cannot be mapped names the object and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import yaml
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from kpng_py.api import localv1
+
+PROTOCOLS = {"TCP": localv1.TCP, "UDP": localv1.UDP, "SCTP": localv1.SCTP}
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+
+
+class ConvertError(ValueError):
+    """An object that cannot be mapped; the message names it."""
+
+
+@dataclass
+class Conversion:
+    """What was read, by kind; `skipped` counts objects of other kinds."""
+
+    state: dict[str, list[dict[str, Any]]]
+    skipped: Counter = field(default_factory=Counter)
+
+
+@dataclass
+class _Endpoint:
+    pod: str
+    v4: list[str] = field(default_factory=list)
+    v6: list[str] = field(default_factory=list)
+    ports: dict[str, int] = field(default_factory=dict)
+    ready: bool = True
+    node: str = ""
+    zone: str = ""
+    hints: list[str] = field(default_factory=list)
+
+
+def convert(text: str) -> Conversion:
+    services: dict[tuple[str, str], localv1.Service] = {}
+    slices: list[dict[str, Any]] = []
+    nodes: list[dict[str, Any]] = []
+    skipped: Counter = Counter()
+    for obj in _objects(text):
+        kind = obj.get("kind")
+        if kind == "Service":
+            service = service_of(obj)
+            services[(service.Namespace, service.Name)] = service
+        elif kind == "EndpointSlice":
+            slices.append(obj)
+        elif kind == "Node":
+            nodes.append(_node(obj))
+        else:
+            skipped[str(kind)] += 1
+    endpoints = _endpoints_by_service(slices, skipped)
+    entries = [{"service": state_members(service),
+                "endpoints": [_endpoint_entry(e) for e in endpoints.get(key, {}).values()]}
+               for key, service in sorted(services.items())]
+    return Conversion({"nodes": nodes, "services": entries}, skipped)
+
+
+def dump(conversion: Conversion) -> str:
+    return yaml.safe_dump(conversion.state, sort_keys=False, default_flow_style=None)
+
+
+def _objects(text: str) -> Iterator[dict[str, Any]]:
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as err:
+        raise ConvertError(f"not YAML: {err}") from err
+    for document in documents:
+        if document is None:
+            continue
+        if not isinstance(document, dict):
+            raise ConvertError("not a Kubernetes object or List (`kubectl get ... -o yaml`)")
+        if document.get("kind", "").endswith("List"):
+            yield from (item for item in document.get("items") or [] if isinstance(item, dict))
+        else:
+            yield document
+
+
+def _name(obj: dict[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace") or "default", meta.get("name") or ""
+
+
+def _by_family(addresses: Iterable[str], what: str) -> localv1.IPSet:
+    ips = localv1.IPSet()
+    for text in addresses:
+        try:
+            ip = ipaddress.ip_address(text)
+        except ValueError as err:
+            raise ConvertError(f"{what}: {text!r} is not an IP address") from err
+        (ips.V4 if ip.version == 4 else ips.V6).append(str(ip))
+    return ips
+
+
+def _set_ips(target: localv1.IPSet, ips: localv1.IPSet) -> None:
+    """`target` holds `ips`; left unset (not written out) when there are none."""
+    if ips.V4 or ips.V6:
+        target.MergeFrom(ips)
+
+
+def service_of(obj: dict[str, Any]) -> localv1.Service:
+    namespace, name = _name(obj)
+    what = f"Service {namespace}/{name}"
+    if not name:
+        raise ConvertError("a Service without metadata.name")
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    service = localv1.Service(Namespace=namespace, Name=name, Type=spec.get("type", "ClusterIP"))
+    cluster_ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
+    if cluster_ips == ["None"]:
+        service.IPs.Headless = True
+    else:
+        _set_ips(service.IPs.ClusterIPs, _by_family(cluster_ips, f"{what} clusterIPs"))
+    _set_ips(service.IPs.ExternalIPs, _by_family(spec.get("externalIPs") or [],
+                                                 f"{what} externalIPs"))
+    ingress = (status.get("loadBalancer") or {}).get("ingress") or []
+    lb_ips = _by_family([i["ip"] for i in ingress if i.get("ip")], f"{what} LoadBalancer ingress")
+    _set_ips(service.IPs.LoadBalancerIPs, lb_ips)
+    if ranges := spec.get("loadBalancerSourceRanges"):
+        service.IPFilters.add(TargetIPs=lb_ips, SourceRanges=ranges)
+    for port in spec.get("ports") or []:
+        service.Ports.append(_port_mapping(port, what))
+    if spec.get("sessionAffinity") == "ClientIP":
+        config = (spec.get("sessionAffinityConfig") or {}).get("clientIP") or {}
+        service.ClientIP.TimeoutSeconds = int(config.get("timeoutSeconds") or 10800)
+    service.ExternalTrafficToLocal = spec.get("externalTrafficPolicy") == "Local"
+    service.InternalTrafficToLocal = spec.get("internalTrafficPolicy") == "Local"
+    service.HealthCheckNodePort = int(spec.get("healthCheckNodePort") or 0)
+    return service
+
+
+def _port_mapping(port: dict[str, Any], what: str) -> localv1.PortMapping:
+    protocol = port.get("protocol", "TCP")
+    if protocol not in PROTOCOLS:
+        raise ConvertError(f"{what} port {port.get('port')}: protocol {protocol!r} is not one of "
+                           + ", ".join(PROTOCOLS))
+    mapping = localv1.PortMapping(Name=port.get("name", ""), Protocol=PROTOCOLS[protocol],
+                                  Port=int(port.get("port") or 0),
+                                  NodePort=int(port.get("nodePort") or 0))
+    target = port.get("targetPort", mapping.Port)
+    if isinstance(target, str) and not target.isdigit():
+        mapping.TargetPortName = target
+    else:
+        mapping.TargetPort = int(target)
+    return mapping
+
+
+def _endpoints_by_service(slices: list[dict[str, Any]], skipped: Counter,
+                          ) -> dict[tuple[str, str], dict[str, _Endpoint]]:
+    """Per service, its endpoints by pod (or address, without a pod)."""
+    found: dict[tuple[str, str], dict[str, _Endpoint]] = {}
+    for obj in slices:
+        namespace, _ = _name(obj)
+        service = ((obj.get("metadata") or {}).get("labels") or {}).get(SERVICE_NAME_LABEL)
+        if not service or obj.get("addressType") not in ("IPv4", "IPv6"):
+            skipped["EndpointSlice without a service or of addressType FQDN"] += 1
+            continue
+        by_pod = found.setdefault((namespace, service), {})
+        ports = {p.get("name", ""): int(p["port"]) for p in obj.get("ports") or [] if "port" in p}
+        for item in obj.get("endpoints") or []:
+            pod = (item.get("targetRef") or {}).get("name", "")
+            addresses = item.get("addresses") or []
+            endpoint = by_pod.setdefault(pod or ",".join(addresses), _Endpoint(pod))
+            ips = _by_family(addresses, f"EndpointSlice {namespace}/{_name(obj)[1]}")
+            endpoint.v4 += ips.V4
+            endpoint.v6 += ips.V6
+            endpoint.ports.update(ports)
+            # As the API says: an unknown readiness counts as ready.
+            endpoint.ready = endpoint.ready and (item.get("conditions") or {}).get("ready", True)
+            endpoint.node = item.get("nodeName", endpoint.node)
+            endpoint.zone = item.get("zone", endpoint.zone)
+            zones = (item.get("hints") or {}).get("forZones") or []
+            endpoint.hints = [z["name"] for z in zones] or endpoint.hints
+    return found
+
+
+def _endpoint_entry(endpoint: _Endpoint) -> dict[str, Any]:
+    wire = localv1.Endpoint()
+    wire.IPs.V4.extend(endpoint.v4)
+    wire.IPs.V6.extend(endpoint.v6)
+    for name, port in sorted(endpoint.ports.items()):
+        wire.PortOverrides.add(Name=name, Port=port)
+    entry: dict[str, Any] = {"podname": endpoint.pod} if endpoint.pod else {}
+    entry["endpoint"] = state_members(wire)
+    entry["conditions"] = {"ready": bool(endpoint.ready)}
+    entry["topology"] = {"node": endpoint.node, "zone": endpoint.zone}
+    if endpoint.hints:
+        entry["hints"] = {"zones": endpoint.hints}
+    return entry
+
+
+def _node(obj: dict[str, Any]) -> dict[str, Any]:
+    _, name = _name(obj)
+    zone = ((obj.get("metadata") or {}).get("labels") or {}).get(ZONE_LABEL, "")
+    return {"name": name, "topology": {"node": name, "zone": zone}}
+
+
+def state_members(message: Message) -> dict[str, Any]:
+    """A message as the state file writes it: field names lower-cased, enums
+    as numbers, unset fields left out, a oneof's member under the oneof's
+    name (`sessionaffinity: {clientip: ...}`)."""
+    members: dict[str, Any] = {}
+    for descriptor, value in message.ListFields():
+        oneof = descriptor.containing_oneof
+        into = members.setdefault(oneof.name.lower(), {}) if oneof is not None else members
+        into[descriptor.name.lower()] = _state_value(descriptor, value)
+    return members
+
+
+def _state_value(descriptor: FieldDescriptor, value: Any) -> Any:
+    if descriptor.message_type is None:
+        return list(value) if descriptor.is_repeated else value
+    if descriptor.message_type.GetOptions().map_entry:
+        return dict(value)
+    if descriptor.is_repeated:
+        return [state_members(v) for v in value]
+    return state_members(value)

@@ -1,0 +1,92 @@
+"""`kpng-py file convert`: kubectl's output becomes a state file the brain
+serves as KPNG's kube watcher would."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kpng_py.api import localv1
+from kpng_py.brain.convert import ConvertError, convert, dump
+from kpng_py.brain.statefile import ClusterState, ServiceEntry, parse_state
+from kpng_py.cli import main
+
+KUBECTL_OUTPUT = Path(__file__).parent / "data" / "kubectl-get.yaml"
+
+
+def converted(text: str) -> ClusterState:
+    """The brain's reading of the converted file (its strict parser)."""
+    return parse_state(dump(convert(text)).encode(), "converted.yaml")
+
+
+def service_named(state: ClusterState, path: str) -> ServiceEntry:
+    return next(s for s in state.services if s.path == path)
+
+
+def test_a_dual_stack_load_balancer_service_keeps_everything_a_proxy_programs() -> None:
+    web = service_named(converted(KUBECTL_OUTPUT.read_text()), "shop/web")
+    service = localv1.Service.FromString(web.service)
+    assert (service.Type, list(service.IPs.ClusterIPs.V4), list(service.IPs.ClusterIPs.V6)) == (
+        "LoadBalancer", ["10.96.0.10"], ["fd00:10:96::a"])
+    assert list(service.IPs.ExternalIPs.V4) == ["192.0.2.7"]
+    assert list(service.IPs.LoadBalancerIPs.V4) == ["203.0.113.5"]
+    assert [(f.TargetIPs.V4, f.SourceRanges) for f in service.IPFilters] == [
+        (["203.0.113.5"], ["198.51.100.0/24"])]
+    http, dns = service.Ports
+    assert (http.Name, http.Protocol, http.Port, http.NodePort, http.TargetPortName) == (
+        "http", localv1.TCP, 80, 30080, "http")
+    assert (dns.Protocol, dns.TargetPort) == (localv1.UDP, 5353)
+    assert service.ClientIP.TimeoutSeconds == 600
+    assert service.ExternalTrafficToLocal and not service.InternalTrafficToLocal
+    assert service.HealthCheckNodePort == 31999
+
+
+def test_endpoints_are_one_per_pod_across_the_families_of_its_slices() -> None:
+    web = service_named(converted(KUBECTL_OUTPUT.read_text()), "shop/web")
+    by_pod = {e.key: e for e in web.endpoints}
+    assert set(by_pod) == {"web-0", "web-1"}
+    web0 = localv1.Endpoint.FromString(by_pod["web-0"].endpoint)
+    assert (list(web0.IPs.V4), list(web0.IPs.V6)) == (["10.244.0.5"], ["fd00:10:244::5"])
+    assert {(o.Name, o.Port) for o in web0.PortOverrides} == {("http", 8080), ("dns", 5353)}
+    assert (by_pod["web-0"].ready, by_pod["web-0"].node, by_pod["web-0"].hint_zones) == (
+        True, "node-a", ("z1",))
+    assert not by_pod["web-1"].ready and by_pod["web-1"].node == "node-b"
+
+
+def test_headless_services_nodes_and_other_kinds() -> None:
+    conversion = convert(KUBECTL_OUTPUT.read_text())
+    state = converted(KUBECTL_OUTPUT.read_text())
+    db = localv1.Service.FromString(service_named(state, "shop/db").service)
+    assert db.IPs.Headless and not db.IPs.ClusterIPs.V4
+    assert (db.Ports[0].Protocol, db.Ports[0].TargetPort) == (localv1.TCP, 5432)
+    assert [(n.name, n.zone) for n in state.nodes] == [("node-a", "z1")]
+    assert conversion.skipped == {"ConfigMap": 1}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("kind: Service\nmetadata: {name: s}\nspec: {ports: [{port: 1, protocol: QUIC}]}\n",
+     "Service default/s port 1: protocol 'QUIC' is not one of TCP, UDP, SCTP"),
+    ("kind: Service\nmetadata: {name: s}\nspec: {clusterIPs: [10.96.0.300]}\n",
+     "Service default/s clusterIPs: '10.96.0.300' is not an IP address"),
+    ("kind: Service\nspec: {}\n", "a Service without metadata.name"),
+    ("[1, 2]\n", "not a Kubernetes object or List"),
+    ("a: [\n", "not YAML"),
+])
+def test_what_cannot_be_mapped_names_the_object(text: str, message: str) -> None:
+    with pytest.raises(ConvertError, match="^" + re.escape(message)):
+        convert(text)
+
+
+def test_the_command_writes_the_file_and_counts_what_it_skipped(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "state.yaml"
+    assert main(["file", "convert", "-i", str(KUBECTL_OUTPUT), "-o", str(out)]) == 0
+    assert "skipped 1 ConfigMap object(s)" in capsys.readouterr().err
+    assert [s.path for s in parse_state(out.read_bytes(), str(out)).services] == [
+        "shop/db", "shop/web"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("[1]\n")
+    assert main(["file", "convert", "-i", str(bad)]) == 2
+    assert f"{bad}: not a Kubernetes object or List" in capsys.readouterr().err
