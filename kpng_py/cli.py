@@ -16,7 +16,9 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import IO, Callable, Sequence
+from typing import IO, Callable, Iterator, Sequence
+
+import shtab
 
 from kpng_py import __version__, registry, runner
 from kpng_py.backend import BackendSetupError
@@ -323,10 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kpng-py",
         description="A KPNG backend: programs a node's Kubernetes Services from a KPNG brain.")
     parser.add_argument("--version", action="version", version=f"kpng-py {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="more logs (-v debug, -vv also gRPC's)")
-    parser.add_argument("--log-format", choices=("text", "json"), default="text",
-                        help="log line format on stderr (default: text)")
+    _add_global_flags(parser, verbose=0, log_format="text")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     local = commands.add_parser(
@@ -355,7 +354,33 @@ def build_parser() -> argparse.ArgumentParser:
         description="The versions of kpng-py (and its git commit), Python, the kernel, the "
                     "libraries and each backend's own dependencies (BCC), for bug reports.")
     version.add_argument("--json", action="store_true", help="one JSON object")
+    completion = commands.add_parser(
+        "completion", help="print a shell completion script",
+        description="Print a completion script for the shell: e.g. "
+                    "`kpng-py completion bash > /etc/bash_completion.d/kpng-py`.")
+    completion.add_argument("shell", choices=shtab.SUPPORTED_SHELLS)
+    for sub in _subparsers(parser):
+        # As KPNG's global flags: accepted after any command or sink too
+        # (`local --api=... to-ebpf -v`); a command's own use wins.
+        _add_global_flags(sub, verbose=argparse.SUPPRESS, log_format=argparse.SUPPRESS)
     return parser
+
+
+def _add_global_flags(parser: argparse.ArgumentParser, verbose: object,
+                      log_format: object) -> None:
+    parser.add_argument("-v", "--verbose", action="count", default=verbose,
+                        help="more logs (-v debug, -vv also gRPC's)")
+    parser.add_argument("--log-format", choices=("text", "json"), default=log_format,
+                        help="log line format on stderr (default: text)")
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """Every command, sink and tool action below `parser`."""
+    for action in parser._actions:  # argparse has no public walk of its subcommands
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield sub
+                yield from _subparsers(sub)
 
 
 def _print_versions(as_json: bool) -> None:
@@ -397,6 +422,8 @@ def _run(args: argparse.Namespace) -> None:
                                          Settle.after(args.settle))
     elif args.command == "version":
         _print_versions(args.json)
+    elif args.command == "completion":
+        print(shtab.complete(build_parser(), shell=args.shell))
     else:
         args.run_tool(args)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,32 @@ def test_file_flags_do_not_depend_on_the_working_directory_after_start(
     monkeypatch.chdir("/")
     assert args.input == tmp_path / "state.yaml" and args.tls_ca == tmp_path / "ca.pem"
     assert replay.input == tmp_path / "rec.jsonl"
+
+
+def test_global_flags_are_taken_after_the_command_and_the_sink_too() -> None:
+    args = build_parser().parse_args(
+        ["local", "--api=x:1", "--log-format", "json", "to-print", "-v"])
+    assert (args.verbose, args.log_format) == (1, "json")
+    defaults = build_parser().parse_args(["local", "--api=x:1", "to-print"])
+    assert (defaults.verbose, defaults.log_format) == (0, "text")
+
+
+def complete(script: Path, words: list[str]) -> list[str]:
+    """What bash completes for the last word of `words` with `script` sourced."""
+    line = " ".join(words)
+    program = (f'source {script}; COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; '
+               f'COMP_LINE="{line}"; COMP_POINT={len(line)}; '
+               f'_shtab_kpng_py kpng-py {words[-1]} {words[-2]}; echo "${{COMPREPLY[@]}}"')
+    done = subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True)
+    return done.stdout.split()
+
+
+def test_bash_completion_knows_the_commands_sinks_and_flags(
+        capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    assert main(["completion", "bash"]) == 0
+    script = tmp_path / "kpng-py.bash"
+    script.write_text(capsys.readouterr().out)
+    assert complete(script, ["kpng-py", "ver"]) == ["version"]
+    assert set(complete(script, ["kpng-py", "local", "--api", "x", "to-"])) >= {
+        "to-ebpf", "to-userspace", "to-print"}
+    assert "--keepalive-time" in complete(script, ["kpng-py", "local", "--keep"])
