@@ -102,6 +102,16 @@ def _remove(names: RunNames, selects: Selects,
     return problems
 
 
+def leftovers(names: RunNames) -> list[str]:
+    """Whatever of process `names` exists: its run's namespaces, cgroups,
+    pins and work directories, and what it made with unique_name."""
+    found = [ns for ns in _netns_names() if names.of_process(ns)]
+    found += [str(p) for p in (names.cgroup, names.bpffs_dir, *names.workdirs()) if p.exists()]
+    found += [str(p) for root in (CGROUP2_ROOT, BPFFS_ROOT) for p in _entries(root)
+              if names.of_process(p.name) and str(p) not in found]
+    return found
+
+
 def stale_runs() -> list[RunNames]:
     """Owners of objects that exist while the owner process is gone."""
     candidates: Iterable[str] = [

@@ -16,7 +16,7 @@ import pytest
 
 from lab import clients, teardown
 from lab.cluster import ADDRESSING, Cluster, families_of_mode
-from lab.names import BPFFS_ROOT, CGROUP2_ROOT, RunNames
+from lab.names import RunNames
 from lab.pods import build_cluster
 from tests.support.kernel import require_root_bpf
 
@@ -28,18 +28,6 @@ def _require_tools() -> None:
     for tool in ("nginx", "dnsmasq", "socat", "curl", "dig", "nft"):
         if shutil.which(tool) is None:
             pytest.skip(f"needs {tool} (hack/setup.sh installs it)")
-
-
-def _leftovers(names: RunNames) -> list[str]:
-    """Whatever of the process `names` exists: its run's objects and those it
-    made with unique_name."""
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    found = [ns for ns in (line.split()[0] for line in netns.splitlines() if line.strip())
-             if names.of_process(ns)]
-    found += [str(p) for p in (names.cgroup, names.bpffs_dir, *names.workdirs()) if p.exists()]
-    found += [str(p) for root in (CGROUP2_ROOT, BPFFS_ROOT) for p in root.iterdir()
-              if names.of_process(p.name) and str(p) not in found]
-    return found
 
 
 def test_pods_reach_each_other_and_cluster_ips_die_in_the_node():
@@ -59,7 +47,7 @@ def test_pods_reach_each_other_and_cluster_ips_die_in_the_node():
     finally:
         problems = teardown.remove_run(names)
     assert problems == []
-    assert _leftovers(names) == []
+    assert teardown.leftovers(names) == []
 
 
 def test_stale_run_is_cleared_and_live_run_left_alone():
@@ -91,14 +79,14 @@ def test_stale_run_is_cleared_and_live_run_left_alone():
         assert dead_child.stdout is not None and dead_child.stdout.readline() == "up\n"
         dead_child.kill()
         dead_child.wait()
-        unique = [found for found in _leftovers(dead) if not dead.in_run(Path(found).name)]
+        unique = [found for found in teardown.leftovers(dead) if not dead.in_run(Path(found).name)]
         assert len(unique) == 3, unique  # the netns, cgroup and bpffs directory
         assert f"removed leftovers of run {dead.tag}" in teardown.remove_stale_runs()
-        assert _leftovers(dead) == []
-        assert _leftovers(live)  # a run whose process lives is not stale
+        assert teardown.leftovers(dead) == []
+        assert teardown.leftovers(live)  # a run whose process lives is not stale
     finally:
         dead_child.kill()
         dead_child.wait()
         teardown.remove_run(dead)
         teardown.remove_run(live)
-    assert _leftovers(live) == []
+    assert teardown.leftovers(live) == []

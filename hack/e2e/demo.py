@@ -1,14 +1,18 @@
 """The main-job demo (`make demo`): a small cluster in namespaces, the
 built-in brain on a state file, the eBPF backend, and a client pod reaching
-ClusterIPs, then the backend's maps. Tears everything down at the end.
+ClusterIPs, then the backend's maps. Tears everything down at the end, or
+with --keep when interrupted (Ctrl-C, SIGTERM), leaving time to look around.
 
-    python -m e2e.demo [-i ipv4|ipv6|dual]
+    python -m e2e.demo [-i ipv4|ipv6|dual] [--keep]
+    python -m e2e.demo --down    # leftovers of a demo that was killed hard
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shlex
 import signal
 import sys
 import time
@@ -31,7 +35,7 @@ def _stop(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def demo(ip_mode: str) -> int:
+def demo(ip_mode: str, keep: bool) -> int:
     if "ebpf" not in BACKENDS:
         say("demo: this kpng-py has no to-ebpf backend")
         return 1
@@ -80,8 +84,12 @@ def demo(ip_mode: str) -> int:
         say(f"== kpng-py ebpf dump --bpffs-dir {names.bpffs_dir}")
         dump = procs.run(kind.inspect(names), check=False)
         say("   " + (dump.stdout + dump.stderr).strip().replace("\n", "\n   "))
+        if keep:
+            _keep_until_interrupted(client, control)
         return 0
     except KeyboardInterrupt:
+        if keep and control is not None and control.syncs:
+            return 0  # the end a kept demo waits for
         say("demo: interrupted")
         return 130
     finally:
@@ -93,6 +101,26 @@ def demo(ip_mode: str) -> int:
         for problem in problems:
             say(f"   {problem}")
         say(f"   done in {time.monotonic() - began:.1f} s in all")
+
+
+def _keep_until_interrupted(client: Pod, control: ControlPlane) -> None:
+    """Wait, with the cluster up, until Ctrl-C or SIGTERM."""
+    say("== kept up. In another terminal, a shell in the client pod (its network "
+        "namespace and cgroup, where ClusterIPs are translated):")
+    say(f"   {shlex.join(client.command(['bash']))}")
+    say(f"   the state file the brain follows (edit it, watch the backend apply): "
+        f"{control.state_path}")
+    say(f"   tear down: Ctrl-C here, or kill {os.getpid()}; after a kill -9, "
+        "`hack/demo.sh --down` (or the next `make demo`) removes what is left")
+    while True:
+        signal.pause()
+
+
+def _down() -> int:
+    kind = BACKENDS["ebpf"]
+    for line in teardown.remove_stale_runs(kind.dataplane_cleanup) or ["nothing left to remove"]:
+        say(line)
+    return 0
 
 
 def _curl(client: Pod, vip: IPAddress) -> None:
@@ -107,9 +135,13 @@ def _curl(client: Pod, vip: IPAddress) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hack/demo.sh", description=__doc__)
     parser.add_argument("-i", "--ip", choices=("ipv4", "ipv6", "dual"), default="dual")
+    parser.add_argument("--keep", action="store_true", default=os.environ.get("KEEP") == "1",
+                        help="keep the cluster up until interrupted (also: KEEP=1)")
+    parser.add_argument("--down", action="store_true",
+                        help="only remove what demos that were killed hard left behind")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="demo: %(message)s", stream=sys.stderr)
-    return demo(args.ip)
+    return _down() if args.down else demo(args.ip, args.keep)
 
 
 if __name__ == "__main__":

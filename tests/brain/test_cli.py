@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,17 @@ def test_a_state_file_that_is_not_read_at_start_is_a_clear_error(
                   "--listen", "tcp://127.0.0.1:0")
     assert process.wait() == 2
     assert process.stderr().strip().endswith(f"kpng-py: error: {state_file.path}: {expected}")
+
+
+def test_the_readme_example_runs_without_root() -> None:
+    """The README's first screen: the example state file through to-print."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "kpng_py.cli", "file", "-i", str(root / "docs/examples/state.yaml"),
+         "to-local", "--node-name", "node-a", "--exit-after", "1",
+         "--healthz-bind-address", "127.0.0.1:0", "--metrics-bind-address", "127.0.0.1:0",
+         "to-print"], capture_output=True, text=True, timeout=60, check=True)
+    ports = {p["name"]: p["endpoints"] for p in json.loads(done.stdout)["servicePorts"]}
+    assert ports == {"kube-system/dns:dns": ["10.244.0.53:53"],
+                     "shop/web:http": ["10.244.0.5:8080", "10.244.1.7:8080",
+                                       "[fd00:10:244::5]:8080"]}
