@@ -91,8 +91,8 @@ def _ms(seconds: float) -> float:
 
 
 def _with_stages(own: dict[str, float], stages: dict[str, float]) -> dict[str, float]:
-    """`own` and the backend's stages; a stage never replaces one of `own`."""
-    return {**stages, **own}
+    """`own`, then the backend's stages; a stage never replaces one of `own`."""
+    return {**own, **{name: ms for name, ms in stages.items() if name not in own}}
 
 
 class ApplyListener(Protocol):
