@@ -3,6 +3,7 @@ asserted), the Markdown table and the plots."""
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -305,7 +306,7 @@ def plot(results: Results, out_dir: Path) -> list[Path]:
             ax.set_yscale("log")
         ax.set_xlabel("services (N)")
         ax.set_ylabel(metric.unit)
-        ax.set_title(metric.title, fontsize=10)
+        ax.set_title("\n".join(textwrap.wrap(metric.title, 90)), fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         path = out_dir / f"{key}.png"
