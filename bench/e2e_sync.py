@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -145,11 +146,14 @@ def _compiled(watched: Watched) -> tuple[bool | None, str]:
     return _compiler_mapped(watched.command_pid()), "LLVM mapped in the process"
 
 
+@dataclass(frozen=True)
 class _Run:
     """Where one e2e run's figures go, and its problems."""
 
-    def __init__(self, results: Results, contender: str, n: int, label: str) -> None:
-        self.results, self.contender, self.n, self.label = results, contender, n, label
+    results: Results
+    contender: str
+    n: int
+    label: str
 
     def add(self, metric: str, value: float) -> None:
         self.results.add(metric, self.contender, self.n, value)
