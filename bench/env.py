@@ -13,6 +13,7 @@ neither pin maps nor attach to its cgroup.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from kpng_py.registry import LabPlaces, lab_backends
 from lab.names import RunNames
@@ -103,27 +104,93 @@ class Finished:
 
 def run_measured(argv: Sequence[str], timeout: float, workdir: Path, name: str) -> Finished:
     """Run to completion (killed after `timeout` s), with its peak RSS and its
-    output kept in `workdir`.
+    output kept in `workdir`."""
+    return Watched(argv, workdir, name).finish(timeout)
+
+
+class Watched:
+    """A process started at once under /usr/bin/time, its output kept in
+    `workdir`, whose JSON log lines (stderr) are read while it runs, each
+    with the time.monotonic() at which it was first seen (polled every 10 ms).
 
     The peak RSS comes from /usr/bin/time, not from our own wait4(): Linux
     carries a process's high-water mark across fork and exec, so a child
     forked from this (large) Python process would report at least our size."""
-    out, err = workdir / f"{name}.out", workdir / f"{name}.err"
-    rss = workdir / f"{name}.maxrss-kib"
-    with open(out, "wb") as stdout, open(err, "wb") as stderr:
-        started = time.monotonic()
-        popen = subprocess.Popen([TIME, "-f", "%M", "-o", str(rss), *argv],
-                                 stdin=subprocess.DEVNULL, stdout=stdout,
-                                 stderr=stderr, start_new_session=True)
+
+    POLL_SECONDS = 0.01
+
+    def __init__(self, argv: Sequence[str], workdir: Path, name: str) -> None:
+        self._out, self._err = workdir / f"{name}.out", workdir / f"{name}.err"
+        self._rss = workdir / f"{name}.maxrss-kib"
+        self.records: list[tuple[float, dict]] = []
+        self._read = 0
+        with open(self._out, "wb") as stdout, open(self._err, "wb") as stderr:
+            self.started = time.monotonic()
+            self._popen = subprocess.Popen([TIME, "-f", "%M", "-o", str(self._rss), *argv],
+                                           stdin=subprocess.DEVNULL, stdout=stdout,
+                                           stderr=stderr, start_new_session=True)
+
+    def command_pid(self) -> int | None:
+        """The pid of the command itself (the child of /usr/bin/time; nsenter
+        execs it), while it runs."""
+        try:
+            children = Path(f"/proc/{self._popen.pid}/task/{self._popen.pid}/children")
+            pids = children.read_text().split()
+        except OSError:
+            return None
+        return int(pids[0]) if pids else None
+
+    def poll(self) -> None:
+        """Take the log lines written since the last poll."""
+        now = time.monotonic()
+        with open(self._err, "rb") as err:
+            err.seek(self._read)
+            data = err.read()
+        complete = data[:data.rfind(b"\n") + 1]
+        self._read += len(complete)
+        for line in complete.splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                self.records.append((now, record))
+
+    def wait_for(self, wanted: Callable[[dict], bool], timeout: float, skip: int = 0
+                 ) -> tuple[float, dict] | None:
+        """The (time seen, record) of the first log record after the first
+        `skip` that is `wanted`; None if the process exits or `timeout` s
+        pass first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            exited = self._popen.poll() is not None
+            self.poll()
+            found = [(seen, r) for seen, r in self.records if wanted(r)][skip:]
+            if found:
+                return found[0]
+            if exited or time.monotonic() > deadline:
+                return None
+            time.sleep(self.POLL_SECONDS)
+
+    def finish(self, timeout: float) -> Finished:
+        """Wait for the exit, killing it once `timeout` s have passed since its
+        start."""
         timed_out = False
-        while popen.poll() is None:
-            if time.monotonic() - started > timeout:
+        while self._popen.poll() is None:
+            if time.monotonic() - self.started > timeout:
                 timed_out = True
-                os.killpg(popen.pid, signal.SIGKILL)
-                popen.wait()
+                self.kill()
                 break
-            time.sleep(0.02)
-    peak_kib = rss.read_text().split()[-1] if rss.exists() and rss.read_text().strip() else "0"
-    return Finished(popen.returncode, out.read_text(errors="replace"),
-                    err.read_text(errors="replace"), time.monotonic() - started,
-                    int(peak_kib) / 1024 if peak_kib.isdigit() else 0.0, timed_out)
+            time.sleep(self.POLL_SECONDS)
+        self.poll()
+        text = self._rss.read_text() if self._rss.exists() else ""
+        peak_kib = text.split()[-1] if text.strip() else "0"
+        return Finished(self._popen.returncode, self._out.read_text(errors="replace"),
+                        self._err.read_text(errors="replace"), time.monotonic() - self.started,
+                        int(peak_kib) / 1024 if peak_kib.isdigit() else 0.0, timed_out)
+
+    def kill(self) -> None:
+        """Kill its process group (its own session), if still running."""
+        if self._popen.poll() is None:
+            os.killpg(self._popen.pid, signal.SIGKILL)
+        self._popen.wait()

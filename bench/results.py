@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 DIRECT = "direct"  # the datapath baseline: the pod's own address, nothing translated
+# kube-proxy's mode that the end-to-end figures are set against (issue 14).
+E2E_REFERENCE = "iptables-legacy"
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,27 @@ METRICS = {m.key: m for m in (
     Metric("e2e_wall", "Backend start to first change set applied (brain + watch client)",
            "s", False),
     Metric("e2e_peak_rss", "Peak RSS of `kpng-py local` (brain + watch client)", "MiB", False),
+    Metric("e2e_start_applied", "`kpng-py local` start to its first sync applied (brain + "
+           "watch client; iptables-legacy: iptables-restore of the same state)", "s", False),
+    Metric("e2e_receive", "First sync, stage: receiving the change set (first message to "
+           "Sync)", "s", False),
+    Metric("e2e_state", "First sync, stage: decoding and state model", "s", False),
+    Metric("e2e_backend", "First sync, stage: the backend's apply", "s", False),
+    Metric("e2e_plan", "First sync, stage: eBPF planning (within the backend's apply)", "s",
+           False),
+    Metric("e2e_write", "First sync, stage: eBPF map writes (within the backend's apply)", "s",
+           False),
+    Metric("e2e_restart", "Restart over the pinned datapath: start to adopted (first sync "
+           "applied)", "s", False),
+    Metric("e2e_restart_compiled", "Restart over the pinned datapath: BCC compiled (1) or not "
+           "(0)", "compiled", False),
+    Metric("e2e_restart_peak_rss", "Peak RSS of the restarted `kpng-py local`", "MiB", False),
+    Metric("e2e_edit", "One-endpoint edit of the state file (saved atomically) to `sync "
+           "applied`", "s", False),
+    Metric("e2e_brain_first_message", "Brain start to a client's first message (state file of "
+           "N services)", "s", False),
+    Metric("e2e_brain_serving", "Brain start to a client's first Sync (state file of N "
+           "services)", "s", False),
     Metric("dp_conn_rate", "New connections per second (wrk, Connection: close)", "conn/s", True),
     Metric("dp_connect_latency", "TCP connect latency, median (curl time_connect)", "ms", False),
     Metric("dp_conn_rate_ratio", "New connections per second through the ClusterIP over direct, "

@@ -199,15 +199,14 @@ def _cleanup(names: RunNames) -> list[str]:
 
 def _run_parts(args: argparse.Namespace, names: RunNames, logs: Path, results: Results) -> None:
     contenders = _contenders(args.contenders, results)
-    ours = [c for c in contenders if c.ours]
     if "cp" in args.parts:
         run_control_plane(names, logs, results, contenders, ControlPlanePlan(
             args.n, args.endpoints, args.reps, args.changes, args.ruleset_changes, args.timeout))
         results.problems += _cleanup(names)
     if "e2e" in args.parts:
         for n in args.e2e_n:
-            run_e2e(names, logs, results, ours, Scenario(n, args.endpoints), args.e2e_reps,
-                    args.timeout)
+            run_e2e(names, logs, results, contenders, Scenario(n, args.endpoints),
+                    args.e2e_reps, args.timeout)
         results.problems += _cleanup(names)
     if "dp" in args.parts:
         run_datapath(names, logs, results, contenders, DatapathPlan(

@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
-from typing import Iterable, Protocol
+from dataclasses import dataclass, replace
+from typing import Iterable, Mapping, Protocol
 
 from kpng_py.api import localv1
 from kpng_py.client import Backoff
@@ -53,6 +53,47 @@ class Backend(Protocol):
     def close(self) -> None:
         """Release resources. Dataplanes that must survive a restart stay."""
 
+    def apply_stages(self) -> Mapping[str, float]:
+        """The backend's own stages of its last successful `apply`, in
+        milliseconds by name ending in `_ms` (e.g. the eBPF backend's plan_ms,
+        write_ms); empty if it has none. Logged with `sync applied`."""
+
+
+def backend_stages(backend: Backend) -> dict[str, float]:
+    """`backend.apply_stages()`, rounded; {} for a backend that predates the
+    method (one of another package's, through the registry)."""
+    stages = getattr(backend, "apply_stages", None)
+    if stages is None:
+        return {}
+    return {str(name): round(ms, 2) for name, ms in stages().items()
+            if isinstance(ms, (int, float))}
+
+
+@dataclass(frozen=True)
+class SyncTimes:
+    """Where the seconds of one applied change set went: receiving its
+    messages (before `apply_ops`; 0 without a transport), decoding them into
+    the state model and computing the change set, the backend's apply, and
+    the whole of `apply_ops` (state and backend)."""
+
+    receive: float
+    state: float
+    backend: float
+    total: float
+
+    def log_fields(self) -> dict[str, float]:
+        return {"duration_ms": _ms(self.total), "receive_ms": _ms(self.receive),
+                "state_ms": _ms(self.state), "backend_ms": _ms(self.backend)}
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)
+
+
+def _with_stages(own: dict[str, float], stages: dict[str, float]) -> dict[str, float]:
+    """`own`, then the backend's stages; a stage never replaces one of `own`."""
+    return {**own, **{name: ms for name, ms in stages.items() if name not in own}}
+
 
 class ApplyListener(Protocol):
     """Told what became of each apply (`SyncHealth` is one)."""
@@ -78,6 +119,12 @@ class _Unobserved:
         pass
 
 
+@dataclass(frozen=True)
+class _Programmed:
+    total: float    # seconds since the change set's start
+    backend: float  # of them, the backend's apply
+
+
 class ChangeSetApplier:
     """Applies the brain's change sets to the node state and the backend, and
     reconciles the whole dataplane after a failed apply. `close` it before
@@ -98,8 +145,10 @@ class ChangeSetApplier:
         self._needs_full = False
         self.syncs = 0
 
-    def apply_ops(self, ops: Iterable[localv1.OpItem]) -> ServicePortChanges | None:
-        """Apply one change set (ops up to and including its Sync)."""
+    def apply_ops(self, ops: Iterable[localv1.OpItem], receive_seconds: float = 0.0
+                  ) -> ServicePortChanges | None:
+        """Apply one change set (ops up to and including its Sync), whose
+        messages took `receive_seconds` to arrive (logged)."""
         ops = list(ops)
         with self._lock:
             started = time.monotonic()
@@ -112,13 +161,15 @@ class ChangeSetApplier:
                     changes = replace(self.state.full_changeset(),
                                       service_changes=changes.service_changes,
                                       endpoint_changes=changes.endpoint_changes)
+                state_seconds = time.monotonic() - started
                 seconds = self._program(changes, "a change set", started)
             if changes.full:
                 freeze_survivors()
             self.syncs += 1
             self._observe(ops, changes)
             if seconds is not None:
-                self._log_sync(changes, seconds)
+                self._log_sync(changes, SyncTimes(receive_seconds, state_seconds,
+                                                  seconds.backend, seconds.total))
                 self._listener.changeset_applied()
             else:
                 self._listener.changeset_failed()
@@ -140,12 +191,15 @@ class ChangeSetApplier:
             freeze_survivors()
             if seconds is not None:
                 log.info("dataplane reconciled after a failed apply", extra=fields(
-                    service_ports=len(changes.added), duration_ms=round(seconds * 1000, 2)))
+                    service_ports=len(changes.added), duration_ms=_ms(seconds.total)))
                 self._listener.reconciled()
 
-    def _program(self, changes: ServicePortChanges, what: str, started: float) -> float | None:
+    def _program(self, changes: ServicePortChanges, what: str, started: float
+                 ) -> _Programmed | None:
         """Give the backend `changes`: the seconds since `started` (time.monotonic())
-        once it has them, or None when it failed (logged, counted, a retry armed)."""
+        once it has them, and those of its apply; None when it failed (logged,
+        counted, a retry armed)."""
+        backend_started = time.monotonic()
         try:
             self.backend.apply(changes)
         except Exception:  # a dataplane failure must not take the node's proxy down
@@ -157,12 +211,12 @@ class ChangeSetApplier:
                           "%.3g s, or with the next change set", what, delay,
                           extra=fields(retry_in_s=round(delay, 2)))
             return None
+        done = time.monotonic()
         self._needs_full = False
         self._backoff.reset()
-        seconds = time.monotonic() - started
-        self._metrics.sync_duration.observe(seconds)
+        self._metrics.sync_duration.observe(done - started)
         self._metrics.sync_last_timestamp.set_to_current_time()
-        return seconds
+        return _Programmed(done - started, done - backend_started)
 
     def _observe(self, ops: list[localv1.OpItem], changes: ServicePortChanges) -> None:
         m = self._metrics
@@ -171,7 +225,7 @@ class ChangeSetApplier:
         m.changeset_ops.observe(sum(1 for op in ops if op.WhichOneof("Op") in ("Set", "Delete")))
         m.changeset_service_ports.observe(len(changes))
 
-    def _log_sync(self, changes: ServicePortChanges, seconds: float) -> None:
+    def _log_sync(self, changes: ServicePortChanges, times: SyncTimes) -> None:
         if log.isEnabledFor(logging.DEBUG):
             updated = tuple(new for _, new in changes.updated)
             for kind, ports in (("added", changes.added), ("updated", updated),
@@ -184,4 +238,4 @@ class ChangeSetApplier:
             sync=self.syncs, full=changes.full, added=len(changes.added),
             updated=len(changes.updated), removed=len(changes.removed),
             service_changes=changes.service_changes, endpoint_changes=changes.endpoint_changes,
-            duration_ms=round(seconds * 1000, 2)))
+            **_with_stages(times.log_fields(), backend_stages(self.backend))))

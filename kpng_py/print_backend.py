@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import IO
+from typing import IO, Mapping
 
 from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePortChanges, ServicePort, ServicePortName
@@ -58,6 +58,9 @@ class PrintBackend:
 
     def close(self) -> None:
         self._out.flush()
+
+    def apply_stages(self) -> Mapping[str, float]:
+        return {}  # nothing worth timing apart
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Iterator
 
@@ -46,20 +47,26 @@ class StopAfter:
 
 
 class ApplierSink:
-    """Feeds complete change sets to the applier; partial ones are dropped (the
+    """Feeds complete change sets to the applier, with the time their messages
+    took to arrive (from the first to the Sync); partial ones are dropped (the
     next stream's Reset and full state supersede them)."""
 
     def __init__(self, applier: ChangeSetApplier) -> None:
         self._applier = applier
+        self._receiving_since: float | None = None
 
     def on_changeset_started(self) -> None:
-        pass  # nothing to apply before the Sync
+        if self._receiving_since is None:  # told again for a message that adds no op
+            self._receiving_since = time.monotonic()
 
     def on_changeset(self, ops: list[localv1.OpItem]) -> None:
-        self._applier.apply_ops(ops)
+        since, self._receiving_since = self._receiving_since, None
+        received = 0.0 if since is None else time.monotonic() - since  # None: no transport
+        self._applier.apply_ops(ops, received)
 
     def on_stream_error(self, reason: str, partial: list[localv1.OpItem]) -> None:
         del reason, partial  # the client logged it; the dataplane stays as it is
+        self._receiving_since = None
 
 
 def _watch_client(config: ClientConfig, sink: OpsSink, metrics: Metrics,

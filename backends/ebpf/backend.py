@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Mapping
 
 from backends.ebpf import maps
 from backends.ebpf.loader import Datapath, DatapathConfig
@@ -73,6 +74,9 @@ class EbpfBackend:
             self._attached = True
         if writes.removed_udp:
             self._terminate_stale_udp(terminator, writes.removed_udp)
+
+    def apply_stages(self) -> Mapping[str, float]:
+        return self._programmer.last_stages if self._programmer is not None else {}
 
     def _loaded(self) -> tuple[Datapath, ServiceProgrammer, StaleUdpTerminator]:
         """What setup() made; a real check, not an assert (python -O strips those)."""

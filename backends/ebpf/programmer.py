@@ -21,8 +21,9 @@ change costs what it touches.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from backends.ebpf import maps
 from backends.ebpf.contents import FrontendKeys, HostPort, Programmed, read_contents
@@ -181,6 +182,8 @@ class ServiceProgrammer:
         self._backends_map = backends
         self._capacity = capacity
         self._skips = skips
+        # The last successful apply's planning and map writes (milliseconds).
+        self.last_stages: Mapping[str, float] = {}
         self._recover()
 
     # -- state -----------------------------------------------------------------
@@ -230,6 +233,7 @@ class ServiceProgrammer:
         id, backend) pairs UDP frontends lost). On a failed write the mirror is
         re-read from the maps (so the entry counts are what the maps hold) and
         the error raised; the next full change set repairs the maps."""
+        started = time.monotonic()
         writes = MapWrites()
         ports = (changes.added if changes.full
                  else self._plan_incremental(changes, writes))
@@ -243,11 +247,15 @@ class ServiceProgrammer:
             for earlier in sorted(waiting.values(), key=lambda w: w.port.name.sort_key()):
                 self._program_port(earlier.port, frontends_of(earlier.port), writes,
                                    earlier.reported)
+        planned_at = time.monotonic()
         try:
             self._write(writes)
         except OSError:
             self._recover_after_failed_write()
             raise
+        written_at = time.monotonic()
+        self.last_stages = {"plan_ms": (planned_at - started) * 1000,
+                            "write_ms": (written_at - planned_at) * 1000}
         self._service_ids.settle()
         self._backend_id_pool.settle()
         self.service_entries -= len(writes.stale_slots)

@@ -21,7 +21,7 @@ import logging
 import resource
 import threading
 from collections import Counter
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Iterable, Mapping, TypeVar
 
 from backends.userspace.addresses import ClusterIPAddresses
 from backends.userspace.context import (
@@ -261,6 +261,9 @@ class UserspaceBackend:
             self._incomplete.pop(port.name, None)
         else:
             self._incomplete[port.name] = port
+
+    def apply_stages(self) -> Mapping[str, float]:
+        return {}  # no stages timed apart
 
     def close(self) -> None:
         """Close listeners and connections; the ClusterIPs stay (see addresses)."""

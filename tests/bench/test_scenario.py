@@ -73,7 +73,8 @@ def _results(ebpf_rate: float, sync: float, iptables_sync: float | None) -> Resu
 
 def test_targets_pass_miss_and_not_measured():
     passing = {o.target: o.status for o in evaluate_targets(_results(99.0, 0.5, 6.0))}
-    assert list(passing.values()) == ["PASS", "PASS", "PASS", "PASS", "N/A", "N/A"]
+    # the first six; issue 14's follow (tests/bench/test_targets.py)
+    assert list(passing.values())[:6] == ["PASS", "PASS", "PASS", "PASS", "N/A", "N/A"]
     missing = [o.status for o in evaluate_targets(_results(90.0, 2.5, 6.0))]
     assert missing[:3] == ["MISS", "MISS", "MISS"]
 

@@ -1,0 +1,95 @@
+"""When a starting brain serves: a client, kpng-py's own watch client, that
+waits for the brain's socket and stops at its first Sync.
+
+    python -m bench.brain_probe --socket PATH --node-name NODE --timeout S
+
+prints one JSON line: `first_message` and `first_sync`, the time.monotonic()
+at which the stream's first message and its first Sync arrived (the host's
+CLOCK_MONOTONIC: the bench compares them with the brain's start), and `ops`,
+the change set's size. Exits 1 (with the reason on stderr) if the brain did
+not serve within the timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from kpng_py.api import localv1
+from kpng_py.client import ClientConfig, WatchClient
+from kpng_py.metrics import Metrics
+
+# A socket that exists may not accept yet: retry soon, not after the client's 1 s.
+RETRY_SECONDS = 0.02
+
+
+class FirstSync:
+    """An OpsSink that notes when the first change set began and ended, then
+    stops the client."""
+
+    def __init__(self) -> None:
+        self.first_message: float | None = None
+        self.first_sync: float | None = None
+        self.ops = 0
+        self.client: WatchClient | None = None
+
+    def on_changeset_started(self) -> None:
+        if self.first_message is None:
+            self.first_message = time.monotonic()
+
+    def on_changeset(self, ops: list[localv1.OpItem]) -> None:
+        self.first_sync = time.monotonic()
+        self.ops = len(ops)
+        if self.client is not None:
+            self.client.stop()
+
+    def on_stream_error(self, reason: str, partial: list[localv1.OpItem]) -> None:
+        del reason, partial  # the client retries; a partial change set is not a Sync
+        self.first_message = None
+
+
+def probe(socket: Path, node_name: str, timeout: float) -> FirstSync:
+    deadline = time.monotonic() + timeout
+    while not socket.is_socket():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no socket at {socket} after {timeout} s")
+        time.sleep(0.005)
+    sink = FirstSync()
+    config = ClientConfig(target=f"unix://{socket}", node_name=node_name,
+                          error_delay=RETRY_SECONDS, max_error_delay=RETRY_SECONDS)
+    client = WatchClient(config, sink, Metrics())
+    sink.client = client
+    stopper = threading.Timer(max(0.0, deadline - time.monotonic()), client.stop)
+    stopper.start()
+    try:
+        client.run()
+    finally:
+        stopper.cancel()
+    if sink.first_sync is None:
+        raise TimeoutError(f"no Sync from {socket} within {timeout} s")
+    return sink
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.brain_probe")
+    parser.add_argument("--socket", type=Path, required=True)
+    parser.add_argument("--node-name", required=True)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    try:
+        sink = probe(args.socket, args.node_name, args.timeout)
+    except TimeoutError as err:
+        print(f"brain_probe: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps({"first_message": sink.first_message, "first_sync": sink.first_sync,
+                      "ops": sink.ops}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

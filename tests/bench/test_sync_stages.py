@@ -1,0 +1,133 @@
+"""The stage timings of the `sync applied` line (the bench's stage breakdown):
+present, non-negative, and nested as measured (the state model and the backend
+within the whole apply; the eBPF backend's planning and map writes within its
+apply). Durations are never compared with a threshold: only with each other,
+and with a sleep that happened in between (a lower bound)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from contextlib import ExitStack
+from typing import Iterator
+
+import pytest
+
+from backends.ebpf.backend import EbpfBackend
+from backends.ebpf.loader import DatapathConfig, cleanup
+from kpng_py.api import localv1 as L
+from kpng_py.backend import Backend, ChangeSetApplier
+from kpng_py.metrics import Metrics
+from kpng_py.print_backend import PrintBackend
+from kpng_py.runner import ApplierSink
+from kpng_py.skips import Skips
+from kpng_py.state import NodeState
+from lab.cgroups import cgroup
+from lab.socket_lab import unique_bpffs_dir
+from tests.streams.build import endpoint, port, reset, service, set_endpoint, set_service, sync
+from tests.support.kernel import require_root_bpf
+
+# Rounding: each field is rounded to 0.01 ms on its own.
+ROUNDING_MS = 0.02
+STAGES = ("duration_ms", "receive_ms", "state_ms", "backend_ms")
+SMALL_MAPS = {"services": 1024, "backends": 1024, "reverse_nat": 1024, "affinity": 256}
+
+
+def full_state(services: int = 20) -> list[L.OpItem]:
+    ops = [reset()]
+    for i in range(services):
+        ops.append(set_service(service(f"web-{i}", v4=[f"10.96.1.{i + 1}"],
+                                       ports=[port("http", 80, target=8080)])))
+        ops.append(set_endpoint("default", f"web-{i}", "a", endpoint([f"10.244.1.{i + 1}"])))
+    return ops + [sync()]
+
+
+def one_endpoint_added() -> list[L.OpItem]:
+    return [set_endpoint("default", "web-3", "b", endpoint(["10.244.2.1"])), sync()]
+
+
+def sync_lines(caplog: pytest.LogCaptureFixture) -> list[dict]:
+    return [r.kpng_fields for r in caplog.records if r.getMessage() == "sync applied"]
+
+
+def check_nesting(line: dict) -> None:
+    for stage in STAGES:
+        assert line[stage] >= 0, line
+    assert line["state_ms"] + line["backend_ms"] <= line["duration_ms"] + ROUNDING_MS, line
+
+
+@pytest.fixture
+def new_sink() -> Iterator:
+    with ExitStack() as stack:
+        def make(backend: Backend) -> ApplierSink:
+            metrics = Metrics()
+            applier = ChangeSetApplier(backend, NodeState(Skips(metrics)), metrics)
+            stack.callback(applier.close)
+            return ApplierSink(applier)
+        yield make
+
+
+def test_the_sync_line_times_receiving_the_state_model_and_the_backend(
+        new_sink, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kpng_py.backend")
+    sink = new_sink(PrintBackend(io.StringIO()))
+    sink.on_changeset_started()
+    pause = 0.05
+    time.sleep(pause)
+    sink.on_changeset_started()  # a message that added no op: still the same change set
+    sink.on_changeset(full_state())
+    sink.on_changeset(one_endpoint_added())  # told no start: nothing was received
+
+    first, second = sync_lines(caplog)
+    for line in (first, second):
+        check_nesting(line)
+        assert "plan_ms" not in line and "write_ms" not in line  # the print backend has none
+    assert first["receive_ms"] >= pause * 1000, first
+    assert second["receive_ms"] == 0, second
+
+
+def test_a_stream_error_ends_the_change_set_being_received(
+        new_sink, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kpng_py.backend")
+    sink = new_sink(PrintBackend(io.StringIO()))
+    sink.on_changeset_started()
+    sink.on_stream_error("cut", [reset()])
+    sink.on_changeset(full_state())  # a replayed stream told no start
+    assert sync_lines(caplog)[0]["receive_ms"] == 0
+
+
+@pytest.fixture
+def ebpf_backend() -> Iterator[EbpfBackend]:
+    require_root_bpf()
+    with cgroup() as group:
+        bpffs_dir = unique_bpffs_dir()
+        try:
+            backend = EbpfBackend(DatapathConfig(bpffs_dir, group.path, SMALL_MAPS), Metrics(),
+                                  Skips(Metrics()))
+            backend.setup()
+            try:
+                yield backend
+            finally:
+                backend.close()
+        finally:
+            cleanup(bpffs_dir, group.path)
+
+
+def test_the_ebpf_backend_adds_its_planning_and_map_writes_within_its_apply(
+        new_sink, ebpf_backend: EbpfBackend, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kpng_py.backend")
+    assert ebpf_backend.apply_stages() == {}  # nothing applied yet
+    sink = new_sink(ebpf_backend)
+    sink.on_changeset_started()
+    sink.on_changeset(full_state())
+    sink.on_changeset_started()
+    sink.on_changeset(one_endpoint_added())
+
+    lines = sync_lines(caplog)
+    assert [line["full"] for line in lines] == [True, False]
+    for line in lines:
+        check_nesting(line)
+        assert line["plan_ms"] >= 0 and line["write_ms"] >= 0, line
+        assert line["plan_ms"] + line["write_ms"] <= line["backend_ms"] + ROUNDING_MS, line
+    assert set(ebpf_backend.apply_stages()) == {"plan_ms", "write_ms"}
