@@ -10,20 +10,33 @@ namespace and service name come from its service; an endpoint without
 Anything that cannot be served is an error naming the file, the line, the place
 and the problem, and the whole file is rejected: unknown keys, wrong types, IPs
 of the wrong family, ports out of range, unknown protocols, duplicates.
+
+Two readers, one reading: a file in the plain block style that generators
+write is read fast (`blockyaml` into plain values, read through
+`PlainValue`); any other file, and any file the fast path has a doubt about,
+is read by the strict reader (`reader.Value`), which names the line of each
+problem. Both go through the same functions below, so they accept the same
+files and build the same state.
 """
 
 from __future__ import annotations
 
 import hashlib
 import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 from kpng_py.api import localv1
-from kpng_py.brain.reader import FieldChecks, StateFileError, Value, read_document
+from kpng_py.brain.blockyaml import NotBlockStyle, load_block
+from kpng_py.brain.plainvalue import PlainValue, Unchecked
+from kpng_py.brain.reader import Blame, FieldChecks, StateFileError, Value, read_document
+from kpng_py.collector import collector_paused
 from kpng_py.model import MAX_AFFINITY_TIMEOUT_SECONDS, MAX_PORT
 
 T = TypeVar("T")
+# A document as either reader gives it (the same accessors).
+Doc = Value | PlainValue
 DEFAULT_NAMESPACE = "default"
 _PROTOCOLS = {localv1.TCP: "TCP", localv1.UDP: "UDP", localv1.SCTP: "SCTP"}
 # Computed per node by the brain: a file may carry them (KPNG's own dumps do),
@@ -73,21 +86,42 @@ class ClusterState:
 
 
 def parse_state(data: bytes, file: str) -> ClusterState:
+    """The file's state; StateFileError naming the line and the problem."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise StateFileError(f"{file}: not UTF-8 text (byte {err.start})") from err
-    top = read_document(text, file).mapping(("nodes", "services"))
+    with collector_paused():  # a million new objects, none of them garbage
+        state = read_fast(text)
+        return state if state is not None else read_strict(text, file)
+
+
+def read_fast(text: str) -> ClusterState | None:
+    """The state of a file in the plain block style; None when the fast path
+    does not vouch for it (another style, or a problem to name)."""
+    try:
+        return _cluster_state(PlainValue(load_block(text)))
+    except (NotBlockStyle, Unchecked):
+        return None
+
+
+def read_strict(text: str, file: str) -> ClusterState:
+    """The state of any file, or the error naming the file, line and place."""
+    return _cluster_state(read_document(text, file))
+
+
+def _cluster_state(document: Doc) -> ClusterState:
+    top = document.mapping(("nodes", "services"))
     return ClusterState(
         nodes=_unique(top["nodes"].sequence(), _node, lambda n: n.name, "node"),
         services=_unique(top["services"].sequence(), _service_entry, lambda s: s.path,
                          "service"))
 
 
-def _unique(values: list[Value], read: Callable[[Value], T], key: Callable[[T], str],
+def _unique(values: list[Doc], read: Callable[[Doc], T], key: Callable[[T], str],
             what: str) -> tuple[T, ...]:
     """Read each value; two with the same key are an error naming both."""
-    first_by_key: dict[str, Value] = {}
+    first_by_key: dict[str, Doc] = {}
     items: list[T] = []
     for value in values:
         item = read(value)
@@ -99,7 +133,7 @@ def _unique(values: list[Value], read: Callable[[Value], T], key: Callable[[T], 
     return tuple(items)
 
 
-def _node(value: Value) -> Node:
+def _node(value: Doc) -> Node:
     members = value.mapping(("name", "labels", "annotations", "topology"))
     name = members["name"].string()
     if not name:
@@ -112,7 +146,7 @@ def _node(value: Value) -> Node:
 # -- services --------------------------------------------------------------------
 
 
-def _service_entry(value: Value) -> ServiceEntry:
+def _service_entry(value: Doc) -> ServiceEntry:
     members = value.mapping(("service", "endpoints"))
     if members["service"].is_null:
         value.fail("each entry of services needs a `service`")
@@ -133,7 +167,7 @@ _ENDPOINT_INFO_KEYS = ("hash", "namespace", "sourcename", "servicename", "podnam
                        "endpoint", "conditions", "topology", "hints")
 
 
-def _endpoint_info(value: Value) -> EndpointInfo:
+def _endpoint_info(value: Doc) -> EndpointInfo:
     members = value.mapping(_ENDPOINT_INFO_KEYS)
     # Checked for type only: upstream overwrites these from the service.
     members["hash"].integer(0, (1 << 64) - 1)
@@ -169,8 +203,16 @@ def endpoint_hash(endpoint: bytes) -> str:
 # -- field checks ----------------------------------------------------------------
 
 
-def _ip_of(version: int) -> Callable[[Value, str], None]:
-    def check(value: Value, text: str) -> None:
+# Dotted quads that ipaddress reads as IPv4 (no leading zeros, each <= 255):
+# most addresses of a big file, checked without building an address.
+_IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
+                   r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])")
+
+
+def _ip_of(version: int) -> Callable[[Blame, str], None]:
+    def check(value: Blame, text: str) -> None:
+        if version == 4 and _IPV4.fullmatch(text):
+            return
         try:
             ip = ipaddress.ip_address(text)
         except ValueError:
@@ -181,27 +223,27 @@ def _ip_of(version: int) -> Callable[[Value, str], None]:
     return check
 
 
-def _cidr(value: Value, text: str) -> None:
+def _cidr(value: Blame, text: str) -> None:
     try:
         ipaddress.ip_network(text, strict=False)
     except ValueError:
         value.fail(f"{text!r} is not a CIDR (e.g. 10.0.0.0/8 or fd00::/64)")
 
 
-def _in_range(low: int, high: int, what: str) -> Callable[[Value, int], None]:
-    def check(value: Value, number: int) -> None:
+def _in_range(low: int, high: int, what: str) -> Callable[[Blame, int], None]:
+    def check(value: Blame, number: int) -> None:
         if not low <= number <= high:
             value.fail(f"{what} {number} is outside {low}..{high}")
     return check
 
 
-def _require_port(value: Value, port: int) -> None:
+def _require_port(value: Blame, port: int) -> None:
     if not 1 <= port <= MAX_PORT:
         given = f"port {port}" if port else "no port"
         value.fail(f"{given}; set port to a number in 1..{MAX_PORT}")
 
 
-def _port_mapping(value: Value, mapping: localv1.PortMapping) -> None:
+def _port_mapping(value: Blame, mapping: localv1.PortMapping) -> None:
     """Every service port needs a protocol (unlike upstream, which would serve
     UnknownProtocol, a port no backend can program) and a port number."""
     if mapping.Protocol not in _PROTOCOLS:
@@ -211,7 +253,7 @@ def _port_mapping(value: Value, mapping: localv1.PortMapping) -> None:
     _require_port(value, mapping.Port)
 
 
-def _port_override(value: Value, override: localv1.PortName) -> None:
+def _port_override(value: Blame, override: localv1.PortName) -> None:
     _require_port(value, override.Port)
 
 
