@@ -34,6 +34,9 @@ class NotBlockStyle(Exception):
     """The document uses YAML beyond the plain block style read here."""
 
 
+# Control characters, tabs and carriage returns included: the fast path reads
+# printable ASCII and newlines only.
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")
 _KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*")
 # One-line plain scalars of a safe alphabet: no indicator first, no `: `,
 # no ` #`, no trailing `:` (which would make a mapping key).
@@ -51,8 +54,8 @@ def load_block(text: str) -> Plain:
     indents. A `key:` or `-` without a value on its line leaves a pending
     value: the next line opens a collection under it (deeper, or a sequence
     at the key's own indent), or it is null."""
-    if "\t" in text or "\r" in text or text.startswith("\ufeff"):
-        raise NotBlockStyle("tabs, carriage returns or a byte-order mark")
+    if not text.isascii() or _CONTROL.search(text):
+        raise NotBlockStyle("text beyond printable ASCII (tabs, other line breaks...)")
     root: Plain = None
     stack: list[tuple[int, dict | list]] = []
     pending: tuple[dict | list, str | int, int] | None = None  # (parent, key, its indent)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, TypeVar
 
 from kpng_py.api import localv1
@@ -37,6 +37,8 @@ from kpng_py.model import MAX_AFFINITY_TIMEOUT_SECONDS, MAX_PORT
 T = TypeVar("T")
 # A document as either reader gives it (the same accessors).
 Doc = Value | PlainValue
+# A line that starts at column 0 and is not a comment.
+_TOP_LINE = re.compile(r"^[^\s#]", re.MULTILINE)
 DEFAULT_NAMESPACE = "default"
 _PROTOCOLS = {localv1.TCP: "TCP", localv1.UDP: "UDP", localv1.SCTP: "SCTP"}
 # Computed per node by the brain: a file may carry them (KPNG's own dumps do),
@@ -87,22 +89,73 @@ class ClusterState:
 
 def parse_state(data: bytes, file: str) -> ClusterState:
     """The file's state; StateFileError naming the line and the problem."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise StateFileError(f"{file}: not UTF-8 text (byte {err.start})") from err
-    with collector_paused():  # a million new objects, none of them garbage
-        state = read_fast(text)
-        return state if state is not None else read_strict(text, file)
+    return StateReader(file).read(data)
 
 
-def read_fast(text: str) -> ClusterState | None:
-    """The state of a file in the plain block style; None when the fast path
-    does not vouch for it (another style, or a problem to name)."""
-    try:
-        return _cluster_state(PlainValue(load_block(text)))
-    except (NotBlockStyle, Unchecked):
-        return None
+class StateReader:
+    """Reads the versions of one state file. The services of a block-style
+    file are read item by item, and an item whose text is the same as in the
+    last version read is not read again: a one-endpoint edit of a big file
+    reads one service."""
+
+    def __init__(self, file: str) -> None:
+        self._file = file
+        self._services: dict[str, ServiceEntry] = {}  # by item text, of the last version
+
+    def read(self, data: bytes) -> ClusterState:
+        """The state; StateFileError naming the line and the problem."""
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise StateFileError(f"{self._file}: not UTF-8 text (byte {err.start})") from err
+        with collector_paused():  # a million new objects, none of them garbage
+            state = self.read_fast(text)
+            return state if state is not None else read_strict(text, self._file)
+
+    def read_fast(self, text: str) -> ClusterState | None:
+        """The state of a file in the plain block style; None when the fast
+        path does not vouch for it (another style, or a problem to name)."""
+        skeleton, items = _split_services(text)
+        try:
+            state = _cluster_state(PlainValue(load_block(skeleton)))
+            services = {item: self._services.get(item) or _service_item(item)
+                        for item in items}
+        except (NotBlockStyle, Unchecked):
+            return None
+        if items:
+            if state.services:
+                return None  # services both in place and as column-0 items: not YAML
+            entries = tuple(services[item] for item in items)
+            if len({entry.path for entry in entries}) < len(entries):
+                return None  # two services with one name: the strict reader says where
+            state = replace(state, services=entries)
+        self._services = services
+        return state
+
+
+def _split_services(text: str) -> tuple[str, list[str]]:
+    """The document without the items of a top-level `services:` written one
+    per column-0 `- `, and those items' texts. Each item is a document of its
+    own (a list of one entry), read the same alone as in place."""
+    starts = [match.start() for match in _TOP_LINE.finditer(text)] + [len(text)]
+    skeleton = [text[:starts[0]]]
+    items: list[str] = []
+    in_services = False
+    for start, end in zip(starts, starts[1:]):
+        chunk = text[start:end]
+        if in_services and chunk.startswith("- "):
+            items.append(chunk)
+            continue
+        in_services = chunk.partition("\n")[0] == "services:"
+        skeleton.append(chunk)
+    return "".join(skeleton), items
+
+
+def _service_item(item: str) -> ServiceEntry:
+    entries = PlainValue(load_block(item)).sequence()
+    if len(entries) != 1:
+        raise NotBlockStyle("a services item that is not one entry")
+    return _service_entry(entries[0])
 
 
 def read_strict(text: str, file: str) -> ClusterState:
