@@ -58,6 +58,7 @@ class EndpointInfo:
 
     key: str  # the pod name, or a hex hash of `endpoint`
     endpoint: bytes  # a serialized localv1.Endpoint, without Local and Scopes
+    local_at: int  # where in `endpoint` Local is written (before PortOverrides)
     ready: bool
     node: str  # topology.node: where the endpoint runs
     hint_zones: tuple[str, ...]  # empty: no zone hints
@@ -233,6 +234,10 @@ def _endpoint_info(value: Doc) -> EndpointInfo:
     for name in _PER_NODE_ENDPOINT_FIELDS:
         endpoint.ClearField(name)
     wire = endpoint.SerializeToString(deterministic=True)
+    # Fields are written in number order: Local (3) belongs where
+    # PortOverrides (4) starts, after the fields before it.
+    endpoint.ClearField("PortOverrides")
+    local_at = endpoint.ByteSize()
     # As upstream: no `conditions` means ready; `conditions` without `ready`
     # means not ready.
     conditions = members["conditions"]
@@ -240,6 +245,7 @@ def _endpoint_info(value: Doc) -> EndpointInfo:
     return EndpointInfo(
         key=members["podname"].string() or endpoint_hash(wire),
         endpoint=wire,
+        local_at=local_at,
         ready=ready,
         node=members["topology"].mapping(("node", "zone"))["node"].string(),
         hint_zones=tuple(z.string() for z in
