@@ -47,20 +47,21 @@ _WORDS: dict[str, bool | None] = {"true": True, "false": False, "null": None,
 _RESOLVERS = yaml.resolver.Resolver.yaml_implicit_resolvers
 
 
-def load_block(text: str) -> Plain:
+def load_block(text: str, scalars: Scalars | None = None) -> Plain:
     """The document's plain value; NotBlockStyle if it is not plain block style.
 
     One pass over the lines with a stack of the open collections and their
     indents. A `key:` or `-` without a value on its line leaves a pending
     value: the next line opens a collection under it (deeper, or a sequence
-    at the key's own indent), or it is null."""
+    at the key's own indent), or it is null. `scalars` may carry the scalars
+    resolved from one document to the next (the parts of one file)."""
     if not text.isascii() or _CONTROL.search(text):
         raise NotBlockStyle("text beyond printable ASCII (tabs, other line breaks...)")
     root: Plain = None
     stack: list[tuple[int, dict | list]] = []
     pending: tuple[dict | list, str | int, int] | None = None  # (parent, key, its indent)
-    scalars = _Scalars()
-    keys: set[str] = set()
+    scalars = scalars or Scalars()
+    keys = scalars.keys
     for line in text.split("\n"):
         content = line.lstrip(" ")
         if not content or content[0] == "#":
@@ -134,11 +135,12 @@ def load_block(text: str) -> Plain:
     return root
 
 
-class _Scalars:
-    """Each distinct scalar text is resolved once per document."""
+class Scalars:
+    """Each distinct scalar text is resolved once, each key checked once."""
 
     def __init__(self) -> None:
         self._known: dict[str, str | int | bool | None] = {}
+        self.keys: set[str] = set()
 
     def read(self, text: str) -> Plain:
         if text == "[]":

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, TypeVar
 
 from kpng_py.api import localv1
-from kpng_py.brain.blockyaml import NotBlockStyle, load_block
+from kpng_py.brain.blockyaml import NotBlockStyle, Scalars, load_block
 from kpng_py.brain.plainvalue import PlainValue, Unchecked
 from kpng_py.brain.reader import Blame, FieldChecks, StateFileError, Value, read_document
 from kpng_py.collector import collector_paused
@@ -117,9 +117,10 @@ class StateReader:
         """The state of a file in the plain block style; None when the fast
         path does not vouch for it (another style, or a problem to name)."""
         skeleton, items = _split_services(text)
+        scalars = Scalars()
         try:
-            state = _cluster_state(PlainValue(load_block(skeleton)))
-            services = {item: self._services.get(item) or _service_item(item)
+            state = _cluster_state(PlainValue(load_block(skeleton, scalars)))
+            services = {item: self._services.get(item) or _service_item(item, scalars)
                         for item in items}
         except (NotBlockStyle, Unchecked):
             return None
@@ -152,8 +153,8 @@ def _split_services(text: str) -> tuple[str, list[str]]:
     return "".join(skeleton), items
 
 
-def _service_item(item: str) -> ServiceEntry:
-    entries = PlainValue(load_block(item)).sequence()
+def _service_item(item: str, scalars: Scalars) -> ServiceEntry:
+    entries = PlainValue(load_block(item, scalars)).sequence()
     if len(entries) != 1:
         raise NotBlockStyle("a services item that is not one entry")
     return _service_entry(entries[0])
