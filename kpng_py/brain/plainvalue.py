@@ -159,7 +159,7 @@ def _string_map(value: Plain) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class _Field:
-    descriptor: FieldDescriptor
+    full_name: str  # what its checks are found by
     name: str
     is_map: bool
     is_repeated: bool
@@ -180,7 +180,7 @@ class _Plan:
 def _plan(descriptor: Descriptor) -> _Plan:
     def field(f: FieldDescriptor) -> _Field:
         is_map = f.message_type is not None and f.message_type.GetOptions().map_entry
-        return _Field(f, f.name, is_map, f.is_repeated, f.message_type, f.type)
+        return _Field(f.full_name, f.name, is_map, f.is_repeated, f.message_type, f.type)
 
     return _Plan(
         descriptor.full_name,
@@ -247,7 +247,7 @@ def _scalar(field: _Field, value: Plain, checks: FieldChecks) -> object:
         result = _boolean(value)
     else:
         result = _integer(value, *INT_RANGES[kind])
-    check = checks.get(field.descriptor.full_name)
+    check = checks.get(field.full_name)
     if check is not None:
         check(_BLAME, result)
     return result
