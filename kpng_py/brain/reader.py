@@ -43,7 +43,6 @@ INT_RANGES = {
 }
 
 
-
 class Blame(Protocol):
     """What a check blames: a Value (its place), or the fast path's stand-in."""
 
