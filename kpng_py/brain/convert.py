@@ -84,7 +84,8 @@ def convert(text: str) -> Conversion:
 
 
 def dump(conversion: Conversion) -> str:
-    return yaml.safe_dump(conversion.state, sort_keys=False, default_flow_style=None)
+    # The block style: the brain reads it on its fast path (docs/brain.md).
+    return yaml.safe_dump(conversion.state, sort_keys=False)
 
 
 def _objects(text: str) -> Iterator[dict[str, Any]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, NoReturn
+from typing import Any, Callable, Iterable, Iterator, NoReturn, Protocol
 
 import yaml
 from google.protobuf.descriptor import FieldDescriptor
@@ -34,7 +34,7 @@ ALIAS_EXPANSION_FLOOR = 100_000
 # Where an alias may start (after a space, a flow indicator, at a line's
 # start); a `*` inside a scalar makes only for a needless check.
 _MAYBE_ALIAS = re.compile(r"(?:^|[\s\[{,])\*", re.MULTILINE)
-_INT_RANGES = {
+INT_RANGES = {
     FieldDescriptor.TYPE_INT32: (-(1 << 31), (1 << 31) - 1),
     FieldDescriptor.TYPE_ENUM: (-(1 << 31), (1 << 31) - 1),
     FieldDescriptor.TYPE_INT64: (-(1 << 63), (1 << 63) - 1),
@@ -42,10 +42,17 @@ _INT_RANGES = {
     FieldDescriptor.TYPE_UINT64: (0, (1 << 64) - 1),
 }
 
+
+class Blame(Protocol):
+    """What a check blames: a Value (its place), or the fast path's stand-in."""
+
+    def fail(self, problem: str) -> NoReturn: ...
+
+
 # Extra checks by full name: a scalar field's (`localv1.IPSet.V4`) gets each value
 # read (each element of a repeated field); a message's (`localv1.PortMapping`)
 # gets the message once it is read. Both get the place to blame.
-FieldChecks = dict[str, Callable[["Value", Any], None]]
+FieldChecks = dict[str, Callable[[Blame, Any], None]]
 
 
 class StateFileError(ValueError):
@@ -228,8 +235,8 @@ class Value:
             value: object = self.string()
         elif field.type == FieldDescriptor.TYPE_BOOL:
             value = self.boolean()
-        elif field.type in _INT_RANGES:
-            value = self.integer(*_INT_RANGES[field.type])
+        elif field.type in INT_RANGES:
+            value = self.integer(*INT_RANGES[field.type])
         else:  # pragma: no cover - localv1 has no other scalar types
             raise TypeError(f"{field.full_name}: unsupported field type {field.type}")
         check = checks.get(field.full_name)

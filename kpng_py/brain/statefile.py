@@ -10,20 +10,35 @@ namespace and service name come from its service; an endpoint without
 Anything that cannot be served is an error naming the file, the line, the place
 and the problem, and the whole file is rejected: unknown keys, wrong types, IPs
 of the wrong family, ports out of range, unknown protocols, duplicates.
+
+Two readers, one reading: a file in the plain block style that generators
+write is read fast (`blockyaml` into plain values, read through
+`PlainValue`); any other file, and any file the fast path has a doubt about,
+is read by the strict reader (`reader.Value`), which names the line of each
+problem. Both go through the same functions below, so they accept the same
+files and build the same state.
 """
 
 from __future__ import annotations
 
 import hashlib
 import ipaddress
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Callable, TypeVar
 
 from kpng_py.api import localv1
-from kpng_py.brain.reader import FieldChecks, StateFileError, Value, read_document
+from kpng_py.brain.blockyaml import NotBlockStyle, Scalars, load_block
+from kpng_py.brain.plainvalue import PlainValue, Unchecked
+from kpng_py.brain.reader import Blame, FieldChecks, StateFileError, Value, read_document
+from kpng_py.collector import collector_paused
 from kpng_py.model import MAX_AFFINITY_TIMEOUT_SECONDS, MAX_PORT
 
 T = TypeVar("T")
+# A document as either reader gives it (the same accessors).
+Doc = Value | PlainValue
+# A line that starts at column 0 and is not a comment.
+_TOP_LINE = re.compile(r"^[^\s#]", re.MULTILINE)
 DEFAULT_NAMESPACE = "default"
 _PROTOCOLS = {localv1.TCP: "TCP", localv1.UDP: "UDP", localv1.SCTP: "SCTP"}
 # Computed per node by the brain: a file may carry them (KPNG's own dumps do),
@@ -43,6 +58,7 @@ class EndpointInfo:
 
     key: str  # the pod name, or a hex hash of `endpoint`
     endpoint: bytes  # a serialized localv1.Endpoint, without Local and Scopes
+    local_at: int  # where in `endpoint` Local is written (before PortOverrides)
     ready: bool
     node: str  # topology.node: where the endpoint runs
     hint_zones: tuple[str, ...]  # empty: no zone hints
@@ -73,21 +89,94 @@ class ClusterState:
 
 
 def parse_state(data: bytes, file: str) -> ClusterState:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise StateFileError(f"{file}: not UTF-8 text (byte {err.start})") from err
-    top = read_document(text, file).mapping(("nodes", "services"))
+    """The file's state; StateFileError naming the line and the problem."""
+    return StateReader(file).read(data)
+
+
+class StateReader:
+    """Reads the versions of one state file. The services of a block-style
+    file are read item by item, and an item whose text is the same as in the
+    last version read is not read again: a one-endpoint edit of a big file
+    reads one service."""
+
+    def __init__(self, file: str) -> None:
+        self._file = file
+        self._services: dict[str, ServiceEntry] = {}  # by item text, of the last version
+
+    def read(self, data: bytes) -> ClusterState:
+        """The state; StateFileError naming the line and the problem."""
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise StateFileError(f"{self._file}: not UTF-8 text (byte {err.start})") from err
+        with collector_paused():  # a million new objects, none of them garbage
+            state = self.read_fast(text)
+            return state if state is not None else read_strict(text, self._file)
+
+    def read_fast(self, text: str) -> ClusterState | None:
+        """The state of a file in the plain block style; None when the fast
+        path does not vouch for it (another style, or a problem to name)."""
+        skeleton, items = _split_services(text)
+        scalars = Scalars()
+        try:
+            state = _cluster_state(PlainValue(load_block(skeleton, scalars)))
+            services = {item: self._services.get(item) or _service_item(item, scalars)
+                        for item in items}
+        except (NotBlockStyle, Unchecked):
+            return None
+        if items:
+            if state.services:
+                return None  # services both in place and as column-0 items: not YAML
+            entries = tuple(services[item] for item in items)
+            if len({entry.path for entry in entries}) < len(entries):
+                return None  # two services with one name: the strict reader says where
+            state = replace(state, services=entries)
+        self._services = services
+        return state
+
+
+def _split_services(text: str) -> tuple[str, list[str]]:
+    """The document without the items of a top-level `services:` written one
+    per column-0 `- `, and those items' texts. Each item is a document of its
+    own (a list of one entry), read the same alone as in place."""
+    starts = [match.start() for match in _TOP_LINE.finditer(text)] + [len(text)]
+    skeleton = [text[:starts[0]]]
+    items: list[str] = []
+    in_services = False
+    for start, end in zip(starts, starts[1:]):
+        chunk = text[start:end]
+        if in_services and chunk.startswith("- "):
+            items.append(chunk)
+            continue
+        in_services = chunk.partition("\n")[0] == "services:"
+        skeleton.append(chunk)
+    return "".join(skeleton), items
+
+
+def _service_item(item: str, scalars: Scalars) -> ServiceEntry:
+    entries = PlainValue(load_block(item, scalars)).sequence()
+    if len(entries) != 1:
+        raise NotBlockStyle("a services item that is not one entry")
+    return _service_entry(entries[0])
+
+
+def read_strict(text: str, file: str) -> ClusterState:
+    """The state of any file, or the error naming the file, line and place."""
+    return _cluster_state(read_document(text, file))
+
+
+def _cluster_state(document: Doc) -> ClusterState:
+    top = document.mapping(("nodes", "services"))
     return ClusterState(
         nodes=_unique(top["nodes"].sequence(), _node, lambda n: n.name, "node"),
         services=_unique(top["services"].sequence(), _service_entry, lambda s: s.path,
                          "service"))
 
 
-def _unique(values: list[Value], read: Callable[[Value], T], key: Callable[[T], str],
+def _unique(values: list[Doc], read: Callable[[Doc], T], key: Callable[[T], str],
             what: str) -> tuple[T, ...]:
     """Read each value; two with the same key are an error naming both."""
-    first_by_key: dict[str, Value] = {}
+    first_by_key: dict[str, Doc] = {}
     items: list[T] = []
     for value in values:
         item = read(value)
@@ -99,7 +188,7 @@ def _unique(values: list[Value], read: Callable[[Value], T], key: Callable[[T], 
     return tuple(items)
 
 
-def _node(value: Value) -> Node:
+def _node(value: Doc) -> Node:
     members = value.mapping(("name", "labels", "annotations", "topology"))
     name = members["name"].string()
     if not name:
@@ -112,7 +201,7 @@ def _node(value: Value) -> Node:
 # -- services --------------------------------------------------------------------
 
 
-def _service_entry(value: Value) -> ServiceEntry:
+def _service_entry(value: Doc) -> ServiceEntry:
     members = value.mapping(("service", "endpoints"))
     if members["service"].is_null:
         value.fail("each entry of services needs a `service`")
@@ -133,7 +222,7 @@ _ENDPOINT_INFO_KEYS = ("hash", "namespace", "sourcename", "servicename", "podnam
                        "endpoint", "conditions", "topology", "hints")
 
 
-def _endpoint_info(value: Value) -> EndpointInfo:
+def _endpoint_info(value: Doc) -> EndpointInfo:
     members = value.mapping(_ENDPOINT_INFO_KEYS)
     # Checked for type only: upstream overwrites these from the service.
     members["hash"].integer(0, (1 << 64) - 1)
@@ -146,6 +235,10 @@ def _endpoint_info(value: Value) -> EndpointInfo:
     for name in _PER_NODE_ENDPOINT_FIELDS:
         endpoint.ClearField(name)
     wire = endpoint.SerializeToString(deterministic=True)
+    # Fields are written in number order: Local (3) belongs where
+    # PortOverrides (4) starts, after the fields before it.
+    endpoint.ClearField("PortOverrides")
+    local_at = endpoint.ByteSize()
     # As upstream: no `conditions` means ready; `conditions` without `ready`
     # means not ready.
     conditions = members["conditions"]
@@ -153,6 +246,7 @@ def _endpoint_info(value: Value) -> EndpointInfo:
     return EndpointInfo(
         key=members["podname"].string() or endpoint_hash(wire),
         endpoint=wire,
+        local_at=local_at,
         ready=ready,
         node=members["topology"].mapping(("node", "zone"))["node"].string(),
         hint_zones=tuple(z.string() for z in
@@ -169,8 +263,16 @@ def endpoint_hash(endpoint: bytes) -> str:
 # -- field checks ----------------------------------------------------------------
 
 
-def _ip_of(version: int) -> Callable[[Value, str], None]:
-    def check(value: Value, text: str) -> None:
+# Dotted quads that ipaddress reads as IPv4 (no leading zeros, each <= 255):
+# most addresses of a big file, checked without building an address.
+_IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
+                   r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])")
+
+
+def _ip_of(version: int) -> Callable[[Blame, str], None]:
+    def check(value: Blame, text: str) -> None:
+        if version == 4 and _IPV4.fullmatch(text):
+            return
         try:
             ip = ipaddress.ip_address(text)
         except ValueError:
@@ -181,27 +283,27 @@ def _ip_of(version: int) -> Callable[[Value, str], None]:
     return check
 
 
-def _cidr(value: Value, text: str) -> None:
+def _cidr(value: Blame, text: str) -> None:
     try:
         ipaddress.ip_network(text, strict=False)
     except ValueError:
         value.fail(f"{text!r} is not a CIDR (e.g. 10.0.0.0/8 or fd00::/64)")
 
 
-def _in_range(low: int, high: int, what: str) -> Callable[[Value, int], None]:
-    def check(value: Value, number: int) -> None:
+def _in_range(low: int, high: int, what: str) -> Callable[[Blame, int], None]:
+    def check(value: Blame, number: int) -> None:
         if not low <= number <= high:
             value.fail(f"{what} {number} is outside {low}..{high}")
     return check
 
 
-def _require_port(value: Value, port: int) -> None:
+def _require_port(value: Blame, port: int) -> None:
     if not 1 <= port <= MAX_PORT:
         given = f"port {port}" if port else "no port"
         value.fail(f"{given}; set port to a number in 1..{MAX_PORT}")
 
 
-def _port_mapping(value: Value, mapping: localv1.PortMapping) -> None:
+def _port_mapping(value: Blame, mapping: localv1.PortMapping) -> None:
     """Every service port needs a protocol (unlike upstream, which would serve
     UnknownProtocol, a port no backend can program) and a port number."""
     if mapping.Protocol not in _PROTOCOLS:
@@ -211,7 +313,7 @@ def _port_mapping(value: Value, mapping: localv1.PortMapping) -> None:
     _require_port(value, mapping.Port)
 
 
-def _port_override(value: Value, override: localv1.PortName) -> None:
+def _port_override(value: Blame, override: localv1.PortName) -> None:
     _require_port(value, override.Port)
 
 

@@ -25,17 +25,20 @@ def node_view(state: ClusterState, node_name: str) -> NodeView:
     zone = state.zone_of(node_name)
     view: NodeView = {}
     for service in state.services:
-        view[(localv1.ServicesSet, service.path)] = service.service
+        path = service.path
+        view[(localv1.ServicesSet, path)] = service.service
         for info in service.endpoints:
             endpoint = endpoint_for_node(service, info, node_name, zone)
             if endpoint is not None:
-                view[(localv1.EndpointsSet, f"{service.path}/{info.key}")] = endpoint
+                view[(localv1.EndpointsSet, f"{path}/{info.key}")] = endpoint
     return view
 
 
 def endpoint_for_node(service: ServiceEntry, info: EndpointInfo, node_name: str,
                       zone: str) -> bytes | None:
-    """The serialized Endpoint node `node_name` gets, or None if it gets none."""
+    """The serialized Endpoint node `node_name` gets, or None if it gets none:
+    the endpoint's bytes with Local and Scopes spliced in where a
+    deterministic serialization writes them (fields in number order)."""
     if not info.ready or (info.hint_zones and zone not in info.hint_zones):
         return None
     local = info.node == node_name
@@ -43,8 +46,17 @@ def endpoint_for_node(service: ServiceEntry, info: EndpointInfo, node_name: str,
     external = local or not service.external_traffic_local
     if not (internal or external):
         return None
-    endpoint = localv1.Endpoint.FromString(info.endpoint)
-    endpoint.Local = local
-    endpoint.Scopes.Internal = internal
-    endpoint.Scopes.External = external
-    return endpoint.SerializeToString(deterministic=True)
+    at = info.local_at
+    return (info.endpoint[:at] + _LOCAL[local] + info.endpoint[at:]
+            + _SCOPES[(internal, external)])
+
+
+def _scopes(internal: bool, external: bool) -> bytes:
+    return localv1.Endpoint(Scopes=localv1.EndpointScopes(
+        Internal=internal, External=external)).SerializeToString(deterministic=True)
+
+
+# Local (field 3) and Scopes (field 5, the last) as protobuf writes them.
+_LOCAL = {local: localv1.Endpoint(Local=local).SerializeToString() for local in (False, True)}
+_SCOPES = {(internal, external): _scopes(internal, external)
+           for internal in (False, True) for external in (False, True)}

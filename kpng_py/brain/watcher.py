@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from kpng_py.brain.source import StateSnapshots
-from kpng_py.brain.statefile import ClusterState, StateFileError, parse_state
+from kpng_py.brain.statefile import ClusterState, StateFileError, StateReader
 from kpng_py.logs import fields
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,8 @@ class StateFileWatcher:
         self._applied_file: tuple[int, int] = (0, 0)
         self._seen_signature, self._applied = self._first_content()
         self._applied_file = self._seen_signature[:2]
-        state = parse_state(self._applied, str(path))
+        self._reader = StateReader(str(path))  # re-reads only the services edited
+        state = self._reader.read(self._applied)
         self.snapshots = StateSnapshots(state)
         self._candidate: _Candidate | None = None
         # The problem last logged, and the content it was about (None: unreadable).
@@ -180,7 +181,7 @@ class StateFileWatcher:
 
     def _use(self, data: bytes, signature: _Signature) -> None:
         try:
-            state = parse_state(data, str(self.path))
+            state = self._reader.read(data)
         except StateFileError as err:
             problem = str(err)
             if self._looks_cut(data, signature):

@@ -4,12 +4,13 @@ KPNG's op order; no op for unchanged objects and no answer for no change."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 import yaml
 
 from kpng_py.brain.source import BrainSource, StateSnapshots, changeset
-from kpng_py.brain.statefile import ClusterState, parse_state
+from kpng_py.brain.statefile import ClusterState, StateReader, parse_state
 from kpng_py.brain.view import node_view
 from kpng_py.server import Reply
 from tests.brain.helpers import endpoint, op_kinds, port, service, state
@@ -152,3 +153,35 @@ def test_streams_of_one_node_share_its_view() -> None:
     assert snapshots.current_view("n1") == (version, view)
     assert snapshots.current_view("n1")[1] is view
     assert asyncio.run(snapshots.wait_view("n1", None))[1] is view
+
+
+def test_a_one_endpoint_edit_of_a_big_file_is_one_op_and_sync() -> None:
+    """1000 services of 3 endpoints, as a generator writes them; one endpoint
+    moves to a new address, then one goes: each edit is published as one op
+    and Sync, and the reload reads the edited service only."""
+    services = [service(f"svc-{i}", (f"10.96.{i // 250}.{i % 250 + 1}",), [port("http")],
+                        [endpoint(f"10.{j + 1}.{i // 250}.{i % 250 + 1}", pod=f"p{j}")
+                         for j in range(3)])
+                for i in range(1000)]
+    text = yaml.dump(state(*services), Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper))
+    reader = StateReader("state.yaml")
+    loaded = reader.read(text.encode())
+    snapshots = StateSnapshots(loaded)
+    stream = _Session(snapshots)
+    first = _kinds(stream.next("n1"))
+    assert (first[0], first[-1], len(first)) == ("Reset", "Sync", 1 + 1000 * 4 + 1)
+
+    moved = text.replace("- 10.2.2.1\n", "- 10.9.9.9\n")
+    assert moved.count("10.9.9.9") == 1
+    edited = reader.read(moved.encode())
+    assert [a is b for a, b in zip(loaded.services, edited.services)].count(False) == 1
+    assert edited == parse_state(moved.encode(), "state.yaml")
+    assert snapshots.publish(edited)
+    assert _kinds(stream.next("n1")) == ["Set endpoints/default/svc-500/p1", "Sync"]
+
+    gone, removed = re.subn(r"  - endpoint:\n      ips:\n        v4:\n        - 10\.9\.9\.9\n"
+                            r"(?:    .*\n)+?    podname: p1\n    topology:\n      node: ''\n",
+                            "", moved)
+    assert removed == 1
+    assert snapshots.publish(reader.read(gone.encode()))
+    assert _kinds(stream.next("n1")) == ["Delete endpoints/default/svc-500/p1", "Sync"]

@@ -7,7 +7,7 @@ import yaml
 
 from kpng_py.api import localv1
 from kpng_py.brain.statefile import ClusterState, parse_state
-from kpng_py.brain.view import node_view
+from kpng_py.brain.view import endpoint_for_node, node_view
 from tests.brain.helpers import endpoint, port, service, state
 
 
@@ -105,3 +105,36 @@ def test_the_endpoint_keeps_everything_else_the_file_says() -> None:
         IPs=localv1.IPSet(V4=["10.1.0.1"], V6=["fd00:1::1"]), Local=True,
         PortOverrides=[localv1.PortName(Name="http", Port=8080)],
         Scopes=localv1.EndpointScopes(Internal=True, External=True))
+
+
+def _named(info: dict, hostname: str) -> dict:
+    info["endpoint"]["hostname"] = hostname
+    return info
+
+
+def test_the_spliced_bytes_are_protobufs_serialization() -> None:
+    """Local and Scopes are spliced into the endpoint's bytes; the result is
+    what setting them and serializing deterministically writes."""
+    cluster = _state(state(
+        service("a", ("10.96.0.1",), [port("http"), port("dns", number=53)], [
+            _named(endpoint("10.1.0.1", "fd00:1::1", node="n1", pod="a-1",
+                            overrides={"http": 8080, "dns": 5353}), "a-1.example"),
+            endpoint("10.1.0.2", node="n2", pod="a-2"),
+            endpoint("fd00:1::3", pod="a-3", overrides={"http": 8081})],
+            internaltraffictolocal=True),
+        service("b", ("10.96.0.2",), [port()], [
+            _named(endpoint(node="n1", pod="b-1"), "only-a-name"),
+            endpoint("10.1.0.4", node="n2", pod="b-2")], externaltraffictolocal=True)))
+    for node in ("n1", "n2"):
+        for service_entry in cluster.services:
+            for info in service_entry.endpoints:
+                spliced = endpoint_for_node(service_entry, info, node, "")
+                if spliced is None:
+                    continue
+                expected = localv1.Endpoint.FromString(info.endpoint)
+                expected.Local = info.node == node
+                expected.Scopes.Internal = expected.Local or not \
+                    service_entry.internal_traffic_local
+                expected.Scopes.External = expected.Local or not \
+                    service_entry.external_traffic_local
+                assert spliced == expected.SerializeToString(deterministic=True)

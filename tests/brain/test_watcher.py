@@ -14,7 +14,6 @@ import pytest
 import yaml
 
 from kpng_py.api import localv1
-from kpng_py.brain import watcher as watcher_module
 from kpng_py.brain.statefile import StateFileError
 from kpng_py.brain.view import NodeView
 from kpng_py.brain.watcher import Settle, StateFileWatcher
@@ -401,14 +400,14 @@ def test_stop_does_not_wait_for_a_parse_in_progress(
     watcher = _watcher(state_file, poll_seconds=0.05, settle=Settle(0.1, 0.1),
                        clock=time.monotonic)
     parsing, release = threading.Event(), threading.Event()
-    real_parse = watcher_module.parse_state
+    real_read = watcher._reader.read
 
-    def slow_parse(data: bytes, file: str):
+    def slow_read(data: bytes):
         parsing.set()
         release.wait()
-        return real_parse(data, file)
+        return real_read(data)
 
-    monkeypatch.setattr(watcher_module, "parse_state", slow_parse)
+    monkeypatch.setattr(watcher._reader, "read", slow_read)
     watcher.start()
     try:
         state_file.write(WEB_TWO)
