@@ -1,18 +1,26 @@
-"""A scripted localv1 server and a recording watch client, for tests of the
-watch client and of what it does with hostile or broken streams."""
+"""A scripted localv1 server on grpcio and a recording watch client, for
+tests of the watch client and of what it does with hostile or broken streams.
+
+The server is grpcio's, whatever kpng-py's own brain serves with: it is the
+compatibility reference, what the watch client must keep working against
+(as KPNG's brain is a grpc-go server, another gRPC implementation)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import AsyncIterator
 
-from kpng_py.api import localv1 as L
+import grpc
+
+from kpng_py.api import WATCH_METHOD, localv1 as L
 from kpng_py.client import ClientConfig, WatchClient
 from kpng_py.metrics import Metrics
-from kpng_py.server import LocalApiServer, Reply, wait_until_cancelled
-from kpng_py.transport import ListenAddress, TLSFiles
+from kpng_py.server import ChangeSetSource, Reply, wait_until_cancelled
+from kpng_py.transport import TLSFiles
 from tests.streams.build import port, reset, service, set_service, sync
 
 
@@ -73,12 +81,72 @@ def changeset(name: str) -> Reply:
     return Reply((reset(), set_service(svc), sync()))
 
 
+class GrpcioBrain:
+    """Serves Watch streams from a ChangeSetSource with grpcio's asyncio
+    server, on a loop of its own thread: one reply per WatchReq (the
+    client's credit), a reply's close_reason failing the stream with
+    UNAVAILABLE."""
+
+    def __init__(self, source: ChangeSetSource, address: str,
+                 tls: TLSFiles | None = None) -> None:
+        """`address`: grpcio's, `unix:/path` or `127.0.0.1:0`."""
+        self._source, self._address, self._tls = source, address, tls or TLSFiles()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="grpcio-brain",
+                                        daemon=True)
+        self._server: grpc.aio.Server | None = None
+
+    def start(self) -> int:
+        """Serve; returns the port bound (0 on a unix socket)."""
+        self._thread.start()
+        return self._on_loop(self._start())
+
+    def stop(self, grace: float = 0.0) -> None:
+        if self._server is not None:
+            self._on_loop(self._server.stop(grace))
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def _on_loop(self, work):
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result(timeout=30)
+
+    async def _start(self) -> int:
+        self._server = grpc.aio.server()
+        handler = grpc.stream_stream_rpc_method_handler(
+            self._watch, request_deserializer=L.WatchReq.FromString,
+            response_serializer=L.OpItem.SerializeToString)
+        service_name, method = WATCH_METHOD.lstrip("/").split("/")
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service_name, {method: handler}),))
+        if self._tls.enabled:
+            bound = self._server.add_secure_port(self._address, self._tls.server_credentials())
+        else:
+            bound = self._server.add_insecure_port(self._address)
+        await self._server.start()
+        return bound
+
+    async def _watch(self, requests: AsyncIterator[L.WatchReq],
+                     context: grpc.aio.ServicerContext) -> AsyncIterator[L.OpItem]:
+        session = self._source.open_stream()
+        try:
+            async for request in requests:
+                reply = await session.next_reply(request.NodeName)
+                for op in reply.ops:
+                    yield op
+                if reply.close_reason is not None:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, reply.close_reason)
+        finally:
+            session.close()
+
+
 def start(source, tmp_path: Path, tls: TLSFiles | None = None, tcp: bool = False):
-    listen = ListenAddress.parse("tcp://127.0.0.1:0" if tcp else f"unix://{tmp_path / 'b.sock'}")
-    server = LocalApiServer(source, listen, tls)
-    server.start()
-    target = f"127.0.0.1:{server.port}" if tcp else f"unix://{tmp_path / 'b.sock'}"
-    return server, target
+    """A GrpcioBrain for `source` on a unix socket in `tmp_path` (or TCP on
+    loopback) and the watch client's target for it."""
+    sock = tmp_path / "b.sock"
+    server = GrpcioBrain(source, "127.0.0.1:0" if tcp else f"unix:{sock}", tls)
+    bound = server.start()
+    return server, f"127.0.0.1:{bound}" if tcp else f"unix://{sock}"
 
 
 def run_client(config: ClientConfig, sink: RecordingSink, seconds: float,
