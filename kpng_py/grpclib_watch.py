@@ -88,8 +88,10 @@ class WatchCall:
         self._call: Stream[localv1.WatchReq, bytes] = channel.request(
             WATCH_METHOD, Cardinality.STREAM_STREAM, localv1.WatchReq, bytes)
         self._target, self._max_msg_size = target, max_msg_size
-        self._failures = _CallFailures(target)
+        self._failures = _CallFailures(target, self._call)
         self._answered = False
+        self._size: int | None = None  # of the message whose prefix was read
+        self._draining = False  # the brain's status is in: read what came before it
 
     async def __aenter__(self) -> WatchCall:
         await self._call.__aenter__()
@@ -112,9 +114,26 @@ class WatchCall:
     async def next_message(self) -> bytes | None:
         """The next message's bytes; None once the brain ended the stream
         with status OK."""
-        with self._failures, self._call._wrapper:
-            stream = self._call._stream
+        with self._failures:
+            if self._draining:
+                return await self._read()
             try:
+                with self._call._wrapper:
+                    return await self._read()
+            except StreamTerminatedError:
+                # Reset after its status (grpc servers do): what came before
+                # the status is still to be read, and no more can come.
+                if self._call._stream.trailers is None:
+                    raise
+                self._draining = True
+                return await self._read()
+
+    async def _read(self) -> bytes | None:
+        """A message from the HTTP/2 stream's buffer; if cut off while
+        waiting, the next call goes on where this one stopped."""
+        stream = self._call._stream
+        try:
+            if self._size is None:
                 head = await stream.recv_data(_PREFIX.size)
                 if not head:
                     return _end_status(stream.trailers)
@@ -126,10 +145,13 @@ class WatchCall:
                     raise CallFailed(
                         "RESOURCE_EXHAUSTED", f"a message of {size} bytes is over "
                         f"--max-msg-size ({self._max_msg_size} bytes)", oversized=True)
-                return await stream.recv_data(size)
-            except AssertionError as err:  # grpclib's Buffer: the data ended mid-message
-                raise CallFailed("INTERNAL", "the brain ended the stream in the middle "
-                                 "of a message") from err
+                self._size = size
+            message = await stream.recv_data(self._size)
+        except AssertionError as err:  # grpclib's Buffer: the data ended mid-message
+            raise CallFailed("INTERNAL", "the brain ended the stream in the middle "
+                             "of a message") from err
+        self._size = None
+        return message
 
 
 def _end_status(trailers: list[tuple[str, str]] | None) -> None:
@@ -150,10 +172,12 @@ def _end_status(trailers: list[tuple[str, str]] | None) -> None:
 
 
 class _CallFailures:
-    """Turns what grpclib, h2 and the socket raise into CallFailed."""
+    """Turns what grpclib, h2 and the socket raise into CallFailed. A stream
+    reset after the brain's status (as grpc servers do when the client has
+    not ended its side) fails with that status."""
 
-    def __init__(self, target: str) -> None:
-        self._target = target
+    def __init__(self, target: str, call: Stream[localv1.WatchReq, bytes]) -> None:
+        self._target, self._call = target, call
 
     def __enter__(self) -> None:
         return None
@@ -164,6 +188,12 @@ class _CallFailures:
             return
         if isinstance(exc, GRPCError):
             raise CallFailed(exc.status.name, exc.message or "", local=False) from exc
+        stream = getattr(self._call, "_stream", None)  # once the request is sent
+        if stream is not None and stream.trailers is not None and isinstance(
+                exc, (StreamTerminatedError, h2.exceptions.StreamClosedError)):
+            _end_status(stream.trailers)
+            raise CallFailed("UNAVAILABLE", f"the brain closed the stream and reset it ({exc})",
+                             local=False) from exc
         if isinstance(exc, StreamTerminatedError):
             raise CallFailed("UNAVAILABLE", f"the stream to {self._target} ended: {exc} "
                              "(the brain went away, or did not answer a keepalive ping)") from exc
