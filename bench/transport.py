@@ -1,0 +1,127 @@
+"""The watch stream's transport alone: CPU and wall seconds a watch client
+takes to receive the first Sync of N services x E endpoints (one op per
+message: 1 + N + N*E + 1 messages), from the grpcio reference server of
+tests/support/watch.py in a process of its own.
+
+    .venv/bin/python -m bench.transport [--services 10000] [--endpoints 10]
+        [--runs 3] [--client kpng_py/client.py] [--client OTHER/client.py ...]
+
+Each `--client` is a file defining `WatchClient` and `ClientConfig` (e.g. an
+older kpng_py/client.py, from `git show`); the clients take turns, run by
+run, in one invocation, so they are compared side by side on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+
+from kpng_py.metrics import Metrics
+
+
+def _full_state(services: int, endpoints: int):
+    from tests.streams.build import endpoint, port, reset, service, set_endpoint, set_service, sync
+    yield reset()
+    for i in range(services):
+        yield set_service(service(f"svc-{i:05d}", v4=[f"10.{96 + i // 62500}.{i // 250 % 250}."
+                                                      f"{i % 250 + 1}"],
+                                  ports=[port("http", 80, target=8080)]))
+    for i in range(services):
+        for j in range(endpoints):
+            n = i * endpoints + j
+            yield set_endpoint("default", f"svc-{i:05d}", f"pod-{n}", endpoint(
+                [f"10.{128 + n // 62500}.{n // 250 % 250}.{n % 250 + 1}"],
+                overrides=[("http", 8080)]))
+    yield sync()
+
+
+def _serve(socket: Path, services: int, endpoints: int) -> None:
+    """The server process: one reply, the full state, then quiet."""
+    from kpng_py.server import Reply
+    from tests.support.watch import ScriptedSource, start
+    ops = tuple(_full_state(services, endpoints))
+    server, _ = start(ScriptedSource([Reply(ops)] * 1000), socket.parent)
+    print(len(ops), flush=True)
+    sys.stdin.read()  # until the driver closes it
+    server.stop(0)
+
+
+def _load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"client_{abs(hash(path))}", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _receive(client_file: Path, target: str) -> None:
+    """The client process: one full sync received; prints its figures."""
+    module = _load(client_file)
+    started_wall, started_cpu = time.monotonic(), time.process_time()
+    figures: dict[str, float] = {}
+
+    class Sink:
+        client = None
+
+        def on_changeset_started(self) -> None:
+            pass
+
+        def on_changeset(self, ops) -> None:
+            figures.update(wall_s=time.monotonic() - started_wall,
+                           cpu_s=time.process_time() - started_cpu, ops=len(ops))
+            self.client.stop()
+
+        def on_stream_error(self, reason, partial) -> None:
+            figures["error"] = reason
+
+    sink = Sink()
+    sink.client = module.WatchClient(module.ClientConfig(target, "node-a"), sink, Metrics())
+    sink.client.run()
+    print(json.dumps(figures), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--services", type=int, default=10000)
+    parser.add_argument("--endpoints", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--client", type=Path, action="append")
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--receive", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        return _serve(args.serve, args.services, args.endpoints)
+    if args.receive:
+        return _receive(Path(args.receive[0]), args.receive[1])
+    clients = args.client or [Path("kpng_py/client.py")]
+    with tempfile.TemporaryDirectory(prefix="kpng-transport-") as directory:
+        socket = Path(directory) / "b.sock"
+        server = subprocess.Popen(
+            [sys.executable, "-m", "bench.transport", "--services", str(args.services),
+             "--endpoints", str(args.endpoints), "--serve", str(socket)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            messages = int(server.stdout.readline())
+            print(f"{messages} messages; the server is grpcio's (tests/support/watch.py)")
+            for run in range(args.runs):
+                for client in clients:
+                    out = subprocess.run(
+                        [sys.executable, "-m", "bench.transport", "--receive", str(client),
+                         f"unix://{socket}"], check=True, capture_output=True, text=True,
+                        timeout=600).stdout
+                    print(f"run {run + 1} {client}: {out.strip()}", flush=True)
+        finally:
+            server.stdin.close()
+            server.wait(30)
+
+
+if __name__ == "__main__":
+    main()
