@@ -1,10 +1,15 @@
 """The watch stream's transport alone: CPU and wall seconds a watch client
 takes to receive the first Sync of N services x E endpoints (one op per
-message: 1 + N + N*E + 1 messages), from the grpcio reference server of
-tests/support/watch.py in a process of its own.
+message: 1 + N + N*E + 1 messages), from a server in a process of its own:
+
+* `grpcio`: the reference server of tests/support/watch.py (grpcio's asyncio
+  server, one HTTP/2 DATA frame per message, as gRPC servers send them);
+* `h2`: a server that writes the whole answer at once, prepared bytes packed
+  into full DATA frames as flow control allows, so the client is the limit.
 
     .venv/bin/python -m bench.transport [--services 10000] [--endpoints 10]
-        [--runs 3] [--client kpng_py/client.py] [--client OTHER/client.py ...]
+        [--runs 3] [--server grpcio --server h2]
+        [--client kpng_py/client.py] [--client OTHER/client.py ...]
 
 Each `--client` is a file defining `WatchClient` and `ClientConfig` (e.g. an
 older kpng_py/client.py, from `git show`); the clients take turns, run by
@@ -14,14 +19,21 @@ run, in one invocation, so they are compared side by side on one machine.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import json
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
+
+import h2.config
+import h2.connection
+import h2.events
 
 from kpng_py.metrics import Metrics
 
@@ -42,15 +54,52 @@ def _full_state(services: int, endpoints: int):
     yield sync()
 
 
-def _serve(socket: Path, services: int, endpoints: int) -> None:
-    """The server process: one reply, the full state, then quiet."""
-    from kpng_py.server import Reply
-    from tests.support.watch import ScriptedSource, start
+def _serve(kind: str, socket: Path, services: int, endpoints: int) -> None:
+    """The server process: answers each stream's first WatchReq with the
+    full state, then stays quiet."""
     ops = tuple(_full_state(services, endpoints))
-    server, _ = start(ScriptedSource([Reply(ops)] * 1000), socket.parent)
+    if kind == "h2":
+        payload = b"".join(struct.pack(">?I", False, op.ByteSize()) + op.SerializeToString()
+                           for op in ops)
+        threading.Thread(target=asyncio.run, args=(_serve_h2(socket, payload),),
+                         daemon=True).start()
+    else:
+        from kpng_py.server import Reply
+        from tests.support.watch import ScriptedSource, start
+        server, _ = start(ScriptedSource([Reply(ops)] * 1000), socket.parent)
+    while not socket.exists():
+        time.sleep(0.01)
     print(len(ops), flush=True)
     sys.stdin.read()  # until the driver closes it
-    server.stop(0)
+
+
+async def _serve_h2(socket: Path, payload: bytes) -> None:
+    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        stream_id, sent = None, 0
+        while data := await reader.read(1 << 16):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.RequestReceived) and stream_id is None:
+                    stream_id = event.stream_id
+                    conn.send_headers(stream_id, [(":status", "200"),
+                                                  ("content-type", "application/grpc")])
+                elif isinstance(event, h2.events.DataReceived):
+                    conn.acknowledge_received_data(event.flow_controlled_length,
+                                                   event.stream_id)
+            while stream_id is not None and sent < len(payload):
+                room = min(conn.local_flow_control_window(stream_id),
+                           conn.max_outbound_frame_size, len(payload) - sent)
+                if room <= 0:
+                    break
+                conn.send_data(stream_id, payload[sent:sent + room])
+                sent += room
+            writer.write(conn.data_to_send())
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_unix_server(stream, path=str(socket))
+    await server.serve_forever()
 
 
 def _load(path: Path) -> ModuleType:
@@ -94,34 +143,38 @@ def main() -> None:
     parser.add_argument("--endpoints", type=int, default=10)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--client", type=Path, action="append")
-    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--server", choices=("grpcio", "h2"), action="append")
+    parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--receive", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        return _serve(args.serve, args.services, args.endpoints)
+        return _serve(args.serve[0], Path(args.serve[1]), args.services, args.endpoints)
     if args.receive:
         return _receive(Path(args.receive[0]), args.receive[1])
-    clients = args.client or [Path("kpng_py/client.py")]
+    for kind in args.server or ["grpcio", "h2"]:
+        _compare(kind, args.client or [Path("kpng_py/client.py")], args)
+
+
+def _compare(kind: str, clients: list[Path], args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="kpng-transport-") as directory:
         socket = Path(directory) / "b.sock"
         server = subprocess.Popen(
             [sys.executable, "-m", "bench.transport", "--services", str(args.services),
-             "--endpoints", str(args.endpoints), "--serve", str(socket)],
+             "--endpoints", str(args.endpoints), "--serve", kind, str(socket)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             messages = int(server.stdout.readline())
-            print(f"{messages} messages; the server is grpcio's (tests/support/watch.py)")
+            print(f"server {kind}: {messages} messages", flush=True)
             for run in range(args.runs):
                 for client in clients:
                     out = subprocess.run(
                         [sys.executable, "-m", "bench.transport", "--receive", str(client),
                          f"unix://{socket}"], check=True, capture_output=True, text=True,
                         timeout=600).stdout
-                    print(f"run {run + 1} {client}: {out.strip()}", flush=True)
+                    print(f"  run {run + 1} {client}: {out.strip()}", flush=True)
         finally:
             server.stdin.close()
             server.wait(30)
-
 
 if __name__ == "__main__":
     main()

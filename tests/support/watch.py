@@ -112,7 +112,11 @@ class GrpcioBrain:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result(timeout=30)
 
     async def _start(self) -> int:
-        self._server = grpc.aio.server()
+        # Keepalive pings as often as every second are fine, also while no
+        # data flows (a client waiting for its next change set, or applying).
+        self._server = grpc.aio.server(options=(
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
+            ("grpc.http2.max_ping_strikes", 0)))
         handler = grpc.stream_stream_rpc_method_handler(
             self._watch, request_deserializer=L.WatchReq.FromString,
             response_serializer=L.OpItem.SerializeToString)
