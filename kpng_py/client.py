@@ -18,7 +18,7 @@ sent very slowly cannot be told from a quiet brain: a change set starts when
 its first message is complete.
 
 The transport is grpclib, asyncio on h2 (kpng_py/grpclib_watch.py; grpcio's
-client spent about 55 us of CPU per one-op message, docs/bench.md
+client took 2.6 to 3.9 times its CPU per one-op message, docs/bench.md
 "Transport"). `run` runs the stream's event loop in the calling thread, and
 the sink on one worker thread of its own, always the same, while the loop
 awaits it. So an apply that takes seconds never stops the loop: h2 PINGs are
@@ -215,8 +215,7 @@ class WatchClient:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-                return stopped
-        return task.result()
+        return stopped if task.cancelled() else task.result()
 
     async def _watch_once(self, sink: _SinkThread) -> bool:
         """One stream. True if it applied at least one change set."""
