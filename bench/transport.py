@@ -4,8 +4,9 @@ message: 1 + N + N*E + 1 messages), from a server in a process of its own:
 
 * `grpcio`: the reference server of tests/support/watch.py (grpcio's asyncio
   server, one HTTP/2 DATA frame per message, as gRPC servers send them);
-* `h2`: a server that writes the whole answer at once, prepared bytes packed
-  into full DATA frames as flow control allows, so the client is the limit.
+* `h2`: tests/support/h2brain.py, which writes the whole answer at once,
+  prepared bytes packed into full DATA frames as flow control allows, so the
+  client is the limit.
 
     .venv/bin/python -m bench.transport [--services 10000] [--endpoints 10]
         [--runs 3] [--server grpcio --server h2]
@@ -19,21 +20,14 @@ run, in one invocation, so they are compared side by side on one machine.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import json
-import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from types import ModuleType
-
-import h2.config
-import h2.connection
-import h2.events
 
 from kpng_py.metrics import Metrics
 
@@ -59,10 +53,8 @@ def _serve(kind: str, socket: Path, services: int, endpoints: int) -> None:
     full state, then stays quiet."""
     ops = tuple(_full_state(services, endpoints))
     if kind == "h2":
-        payload = b"".join(struct.pack(">?I", False, op.ByteSize()) + op.SerializeToString()
-                           for op in ops)
-        threading.Thread(target=asyncio.run, args=(_serve_h2(socket, payload),),
-                         daemon=True).start()
+        from tests.support.h2brain import H2Brain, framed
+        H2Brain(framed(*ops)).start(socket)
     else:
         from kpng_py.server import Reply
         from tests.support.watch import ScriptedSource, start
@@ -71,35 +63,6 @@ def _serve(kind: str, socket: Path, services: int, endpoints: int) -> None:
         time.sleep(0.01)
     print(len(ops), flush=True)
     sys.stdin.read()  # until the driver closes it
-
-
-async def _serve_h2(socket: Path, payload: bytes) -> None:
-    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
-        conn.initiate_connection()
-        stream_id, sent = None, 0
-        while data := await reader.read(1 << 16):
-            for event in conn.receive_data(data):
-                if isinstance(event, h2.events.RequestReceived) and stream_id is None:
-                    stream_id = event.stream_id
-                    conn.send_headers(stream_id, [(":status", "200"),
-                                                  ("content-type", "application/grpc")])
-                elif isinstance(event, h2.events.DataReceived):
-                    conn.acknowledge_received_data(event.flow_controlled_length,
-                                                   event.stream_id)
-            while stream_id is not None and sent < len(payload):
-                room = min(conn.local_flow_control_window(stream_id),
-                           conn.max_outbound_frame_size, len(payload) - sent)
-                if room <= 0:
-                    break
-                conn.send_data(stream_id, payload[sent:sent + room])
-                sent += room
-            writer.write(conn.data_to_send())
-            await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_unix_server(stream, path=str(socket))
-    await server.serve_forever()
 
 
 def _load(path: Path) -> ModuleType:

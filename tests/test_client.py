@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import struct
 import subprocess
 import threading
 import time
@@ -15,8 +16,11 @@ from pathlib import Path
 import pytest
 
 from kpng_py.client import Backoff, ClientConfig
+from kpng_py.metrics import Metrics
 from kpng_py.server import Reply
 from kpng_py.transport import AddressError, DialTarget, TLSFiles, dial_target
+from tests.streams.build import reset, service, set_service, sync
+from tests.support.h2brain import H2Brain, framed
 from tests.support.watch import RecordingSink, ScriptedSource, changeset, run_client, start
 
 
@@ -215,6 +219,51 @@ def test_stop_during_an_apply_returns_once_the_apply_is_done(tmp_path: Path) -> 
         server.stop(0)
     assert not client_thread.is_alive()
     assert len(sink.applied_at) == 1 and sink.applied_at[0] <= returned
+
+
+def test_messages_split_anywhere_or_packed_into_one_frame_all_arrive(tmp_path: Path) -> None:
+    """How a brain frames its messages is its business (grpc-go packs them,
+    a slow link splits them): 7-byte DATA frames cut every prefix and body."""
+    names = [f"svc-{i}" for i in range(20)]
+    ops = [set_service(service(name, v4=[f"10.96.0.{i + 1}"])) for i, name in enumerate(names)]
+    payload = framed(reset(), *ops[:10], sync(), *ops[10:], sync())
+    for frame_size in (7, len(payload)):
+        brain = H2Brain(payload, frame_size)
+        target = brain.start(tmp_path / f"h2-{frame_size}.sock")
+        sink = RecordingSink()
+        sink.stop_after = 2
+        try:
+            run_client(ClientConfig(target, "n"), sink, 20)
+        finally:
+            brain.stop()
+        paths = [[op.Set.Ref.Path for op in ops if op.HasField("Set")] for ops in sink.changesets]
+        assert paths == [[f"default/{n}" for n in names[:10]], [f"default/{n}" for n in names[10:]]]
+        assert sink.errors == [] and brain.streams == 1
+
+
+def test_a_length_prefix_over_the_limit_is_refused_before_its_bytes_come(
+        tmp_path: Path) -> None:
+    """A brain that claims a 1 GiB message and sends 10 bytes of it: the
+    client refuses it from the prefix (one oversized-message count) instead
+    of waiting for, or buffering, a gigabyte."""
+    brain = H2Brain(framed(reset()) + struct.pack(">?I", False, 1 << 30) + b"x" * 10)
+    target = brain.start(tmp_path / "h2.sock")
+
+    class StopAtTheError(RecordingSink):
+        def on_stream_error(self, reason, partial):
+            super().on_stream_error(reason, partial)
+            self.client.stop()
+
+    sink, metrics = StopAtTheError(), Metrics()
+    try:
+        run_client(ClientConfig(target, "n", max_msg_size=4096, changeset_stall_timeout=600,
+                                error_delay=600), sink, 20, metrics)
+    finally:
+        brain.stop()
+    assert len(sink.errors) == 1 and "a message of 1073741824 bytes" in sink.errors[0]
+    assert "raise --max-msg-size" in sink.errors[0]
+    assert metrics.registry.get_sample_value(
+        "kpng_py_skipped_total", {"reason": "oversized-message"}) == 1
 
 
 @pytest.mark.parametrize("target, expected", [
