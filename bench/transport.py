@@ -2,9 +2,9 @@
 takes to receive the first Sync of N services x E endpoints (one op per
 message: 1 + N + N*E + 1 messages), from a server in a process of its own:
 
-* `grpcio`: the reference server of tests/support/watch.py (grpcio's asyncio
-  server, one HTTP/2 DATA frame per message, as gRPC servers send them);
-* `h2`: tests/support/h2brain.py, which writes the whole answer at once,
+* `grpcio`: the tests' reference server, lab/localv1_servers.py (grpcio's
+  asyncio server, one HTTP/2 DATA frame per message, as gRPC servers send them);
+* `h2`: lab/localv1_servers.py's H2Brain, which writes the whole answer at once,
   prepared bytes packed into full DATA frames as flow control allows, so the
   client is the limit.
 
@@ -28,24 +28,58 @@ import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
+from kpng_py.api import localv1
 from kpng_py.metrics import Metrics
+from kpng_py.server import Reply, wait_until_cancelled
+from lab.localv1_servers import GrpcioBrain, H2Brain, framed
 
 
-def _full_state(services: int, endpoints: int):
-    from tests.streams.build import endpoint, port, reset, service, set_endpoint, set_service, sync
-    yield reset()
+def _full_state(services: int, endpoints: int) -> Iterator[localv1.OpItem]:
+    """Reset, the services, their endpoints (each its own op), Sync."""
+    def value(kind: int, path: str, message) -> localv1.OpItem:
+        return localv1.OpItem(Set=localv1.Value(Ref=localv1.Ref(Set=kind, Path=path),
+                                                Bytes=message.SerializeToString()))
+
+    def ip(base: int, n: int) -> str:
+        return f"10.{base + n // 62500}.{n // 250 % 250}.{n % 250 + 1}"
+
+    yield localv1.OpItem(Reset=localv1.EmptyOp())
     for i in range(services):
-        yield set_service(service(f"svc-{i:05d}", v4=[f"10.{96 + i // 62500}.{i // 250 % 250}."
-                                                      f"{i % 250 + 1}"],
-                                  ports=[port("http", 80, target=8080)]))
-    for i in range(services):
-        for j in range(endpoints):
-            n = i * endpoints + j
-            yield set_endpoint("default", f"svc-{i:05d}", f"pod-{n}", endpoint(
-                [f"10.{128 + n // 62500}.{n // 250 % 250}.{n % 250 + 1}"],
-                overrides=[("http", 8080)]))
-    yield sync()
+        yield value(localv1.ServicesSet, f"default/svc-{i}", localv1.Service(
+            Namespace="default", Name=f"svc-{i}", Type="ClusterIP",
+            IPs=localv1.ServiceIPs(ClusterIPs=localv1.IPSet(V4=[ip(96, i)])),
+            Ports=[localv1.PortMapping(Name="http", Protocol=localv1.TCP, Port=80,
+                                       TargetPort=8080)]))
+    for n in range(services * endpoints):
+        yield value(localv1.EndpointsSet, f"default/svc-{n // endpoints}/pod-{n}",
+                    localv1.Endpoint(IPs=localv1.IPSet(V4=[ip(128, n)]),
+                                     PortOverrides=[localv1.PortName(Name="http", Port=8080)]))
+    yield localv1.OpItem(Sync=localv1.EmptyOp())
+
+
+class _FullState:
+    """A ChangeSetSource: each stream's first WatchReq gets `ops`, then quiet."""
+
+    def __init__(self, ops: tuple[localv1.OpItem, ...]) -> None:
+        self._ops = ops
+
+    def open_stream(self) -> _FullState.Session:
+        return _FullState.Session(self._ops)
+
+    class Session:
+        def __init__(self, ops: tuple[localv1.OpItem, ...]) -> None:
+            self._ops: tuple[localv1.OpItem, ...] | None = ops
+
+        async def next_reply(self, node_name: str) -> Reply:
+            ops, self._ops = self._ops, None
+            if ops is None:
+                await wait_until_cancelled()
+            return Reply(ops)
+
+        def close(self) -> None:
+            pass
 
 
 def _serve(kind: str, socket: Path, services: int, endpoints: int) -> None:
@@ -53,12 +87,9 @@ def _serve(kind: str, socket: Path, services: int, endpoints: int) -> None:
     full state, then stays quiet."""
     ops = tuple(_full_state(services, endpoints))
     if kind == "h2":
-        from tests.support.h2brain import H2Brain, framed
         H2Brain(framed(*ops)).start(socket)
     else:
-        from kpng_py.server import Reply
-        from tests.support.watch import ScriptedSource, start
-        server, _ = start(ScriptedSource([Reply(ops)] * 1000), socket.parent)
+        GrpcioBrain(_FullState(ops), f"unix:{socket}").start()
     while not socket.exists():
         time.sleep(0.01)
     print(len(ops), flush=True)

@@ -19,8 +19,8 @@ from kpng_py.client import Backoff, ClientConfig
 from kpng_py.metrics import Metrics
 from kpng_py.server import Reply
 from kpng_py.transport import AddressError, DialTarget, TLSFiles, dial_target
+from lab.localv1_servers import H2Brain, framed
 from tests.streams.build import reset, service, set_service, sync
-from tests.support.h2brain import H2Brain, framed
 from tests.support.watch import RecordingSink, ScriptedSource, changeset, run_client, start
 
 

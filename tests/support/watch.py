@@ -1,26 +1,25 @@
-"""A scripted localv1 server on grpcio and a recording watch client, for
-tests of the watch client and of what it does with hostile or broken streams.
+"""A scripted localv1 source served by grpcio and a recording watch client,
+for tests of the watch client and of what it does with hostile or broken
+streams.
 
-The server is grpcio's, whatever kpng-py's own brain serves with: it is the
-compatibility reference, what the watch client must keep working against
-(as KPNG's brain is a grpc-go server, another gRPC implementation)."""
+The server is grpcio's (lab/localv1_servers.py), whatever kpng-py's own brain
+serves with: it is the compatibility reference, what the watch client must
+keep working against (as KPNG's brain is a grpc-go server, another gRPC
+implementation)."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator
 
-import grpc
-
-from kpng_py.api import WATCH_METHOD, localv1 as L
+from kpng_py.api import localv1 as L
 from kpng_py.client import ClientConfig, WatchClient
 from kpng_py.metrics import Metrics
-from kpng_py.server import ChangeSetSource, Reply, wait_until_cancelled
+from kpng_py.server import Reply, wait_until_cancelled
 from kpng_py.transport import TLSFiles
+from lab.localv1_servers import GrpcioBrain
 from tests.streams.build import port, reset, service, set_service, sync
 
 
@@ -79,69 +78,6 @@ class RecordingSink:
 def changeset(name: str) -> Reply:
     svc = service(name, v4=["10.96.0.10"], ports=[port("http", 80, target=8080)])
     return Reply((reset(), set_service(svc), sync()))
-
-
-class GrpcioBrain:
-    """Serves Watch streams from a ChangeSetSource with grpcio's asyncio
-    server, on a loop of its own thread: one reply per WatchReq (the
-    client's credit), a reply's close_reason failing the stream with
-    UNAVAILABLE."""
-
-    def __init__(self, source: ChangeSetSource, address: str,
-                 tls: TLSFiles | None = None) -> None:
-        """`address`: grpcio's, `unix:/path` or `127.0.0.1:0`."""
-        self._source, self._address, self._tls = source, address, tls or TLSFiles()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="grpcio-brain",
-                                        daemon=True)
-        self._server: grpc.aio.Server | None = None
-
-    def start(self) -> int:
-        """Serve; returns the port bound (0 on a unix socket)."""
-        self._thread.start()
-        return self._on_loop(self._start())
-
-    def stop(self, grace: float = 0.0) -> None:
-        if self._server is not None:
-            self._on_loop(self._server.stop(grace))
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-
-    def _on_loop(self, work):
-        return asyncio.run_coroutine_threadsafe(work, self._loop).result(timeout=30)
-
-    async def _start(self) -> int:
-        # Keepalive pings as often as every second are fine, also while no
-        # data flows (a client waiting for its next change set, or applying).
-        self._server = grpc.aio.server(options=(
-            ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
-            ("grpc.http2.max_ping_strikes", 0)))
-        handler = grpc.stream_stream_rpc_method_handler(
-            self._watch, request_deserializer=L.WatchReq.FromString,
-            response_serializer=L.OpItem.SerializeToString)
-        service_name, method = WATCH_METHOD.lstrip("/").split("/")
-        self._server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(service_name, {method: handler}),))
-        if self._tls.enabled:
-            bound = self._server.add_secure_port(self._address, self._tls.server_credentials())
-        else:
-            bound = self._server.add_insecure_port(self._address)
-        await self._server.start()
-        return bound
-
-    async def _watch(self, requests: AsyncIterator[L.WatchReq],
-                     context: grpc.aio.ServicerContext) -> AsyncIterator[L.OpItem]:
-        session = self._source.open_stream()
-        try:
-            async for request in requests:
-                reply = await session.next_reply(request.NodeName)
-                for op in reply.ops:
-                    yield op
-                if reply.close_reason is not None:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, reply.close_reason)
-        finally:
-            session.close()
 
 
 def start(source, tmp_path: Path, tls: TLSFiles | None = None, tcp: bool = False):
