@@ -12,36 +12,46 @@ each message is decoded on its own (an undecodable one is one `bad-op` skip,
 the stream goes on); a change set must keep making progress once it started
 (`changeset_stall_timeout` between two of its messages) and stay within
 `max_changeset_size` bytes, or the stream is dropped and retried with backoff;
-gRPC keepalive notices a brain that stopped answering at all (a SIGSTOPped
-process, a dead peer behind a live connection). A first message sent very
-slowly cannot be told from a quiet brain: grpcio hands over whole messages
-only, so a change set starts when its first message is complete.
+HTTP/2 keepalive pings notice a brain that stopped answering at all (a
+SIGSTOPped process, a dead peer behind a live connection). A first message
+sent very slowly cannot be told from a quiet brain: a change set starts when
+its first message is complete.
+
+The transport is grpclib, asyncio on h2 (kpng_py/grpclib_watch.py; grpcio's
+client took 2.6 to 3.9 times its CPU per one-op message, docs/bench.md
+"Transport"). `run` runs the stream's event loop in the calling thread, and
+the sink on one worker thread of its own, always the same, while the loop
+awaits it. So an apply that takes seconds never stops the loop: h2 PINGs are
+answered, keepalive pings sent and their answers timed, a lost connection and
+`stop()` noticed; and the sink runs where no event loop is running (pyroute2
+runs one of its own in every call). Credit is unchanged: the next WatchReq is
+sent only once the sink returned.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-import queue
 import random
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Protocol
+from typing import Any, Callable, Coroutine, Protocol, TypeVar
 
-import grpc
 from google.protobuf.message import DecodeError
 
-from kpng_py.api import WATCH_METHOD, localv1
+from kpng_py.aio import ThreadsafeEvent, new_event_loop
+from kpng_py.api import localv1
+from kpng_py.grpclib_watch import CallFailed, WatchCall, open_channel
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
 from kpng_py.skips import SkipReason, Skips
-from kpng_py.transport import TLSFiles
+from kpng_py.transport import AddressError, TLSFiles
 
 log = logging.getLogger(__name__)
 
-# What grpcio's status details say when a message is over the local
-# max_receive_message_length (a brain's own RESOURCE_EXHAUSTED says something else).
-_LOCAL_SIZE_LIMIT = "Received message larger than max"
+_T = TypeVar("_T")
 # Retry delays are stretched by a random factor in [1, 1 + JITTER): upward
 # only, so --error-delay stays the shortest delay.
 JITTER = 0.25
@@ -108,40 +118,37 @@ class _StreamCut(Exception):
 
 
 class _StallGuard:
-    """Cancels a stream whose change set stopped making progress: once a
-    change set's first message arrived, each next one must come within
-    `timeout`. Between change sets (waiting for the brain's next one, or while
-    the sink applies) there is no deadline."""
+    """Closes the connection of a stream whose change set stopped making
+    progress: once a change set's first message arrived, each next one must
+    come within `timeout`. Between change sets (waiting for the brain's next
+    one, or while the sink applies) there is no deadline. Checked on the
+    stream's event loop, so a Sync just in time is never cut off."""
 
-    def __init__(self, call: grpc.Future, timeout: float,
+    def __init__(self, close: Callable[[], None], timeout: float,
                  clock: Callable[[], float]) -> None:
-        self._call, self._timeout, self._clock = call, timeout, clock
-        self._lock = threading.Lock()
+        self._close, self._timeout, self._clock = close, timeout, clock
+        self._period = min(max(timeout / 4, 0.01), 1.0)  # precise enough, never a busy loop
+        self._loop = asyncio.get_running_loop()
         self._deadline: float | None = None
-        self._closed = threading.Event()
+        self._timer = self._loop.call_later(self._period, self._check)
         self.tripped = False
-        threading.Thread(target=self._run, name="stall-guard", daemon=True).start()
 
     def progress(self) -> None:
         """A message of a change set arrived (a plain store: once per op)."""
         self._deadline = self._clock() + self._timeout
 
     def changeset_done(self) -> None:
-        with self._lock:  # so that a Sync just in time is never cancelled
-            self._deadline = None
+        self._deadline = None
 
     def close(self) -> None:
-        self._closed.set()
+        self._timer.cancel()
 
-    def _run(self) -> None:
-        period = min(max(self._timeout / 4, 0.01), 1.0)  # precise enough, never a busy loop
-        while not self._closed.wait(period):
-            with self._lock:
-                deadline = self._deadline
-                if deadline is not None and self._clock() > deadline:
-                    self.tripped = True
-                    self._call.cancel()
-                    return
+    def _check(self) -> None:
+        if self._deadline is not None and self._clock() > self._deadline:
+            self.tripped = True
+            self._close()
+            return
+        self._timer = self._loop.call_later(self._period, self._check)
 
 
 class WatchClient:
@@ -154,17 +161,13 @@ class WatchClient:
         self._skips = Skips(metrics)
         self._clock = clock
         self._random_unit = random_unit
-        self._stopping = threading.Event()
-        self._lock = threading.Lock()
-        self._call: grpc.Future | None = None
+        self._stopping = ThreadsafeEvent()
 
     def stop(self) -> None:
-        """Stop from any thread; `run` returns soon after. Not from a signal
-        handler (it takes a lock): see kpng_py/termination.py."""
+        """Stop from any thread; `run` returns soon after (once a change set
+        being applied is). Not from a signal handler (it takes a lock): see
+        kpng_py/termination.py."""
         self._stopping.set()
-        with self._lock:
-            if self._call is not None:
-                self._call.cancel()
 
     def run(self) -> None:
         """Watch until `stop()`; never raises for stream or brain errors (only
@@ -175,6 +178,11 @@ class WatchClient:
         stream that keeps failing soon after its full state (an oversized or
         undecodable message later on, a brain in a crash loop) is then retried
         at most once per `max_error_delay`, each retry being a full resync."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="watch-sink") as sink_thread:
+            with asyncio.Runner(loop_factory=new_event_loop) as runner:
+                runner.run(self._run(_SinkThread(sink_thread)))
+
+    async def _run(self, sink: _SinkThread) -> None:
         config = self._config
         backoff = Backoff(config.error_delay, config.max_error_delay, self._random_unit)
         streams = 0
@@ -183,7 +191,7 @@ class WatchClient:
                 self._metrics.brain_reconnects.inc()
             streams += 1
             opened = self._clock()
-            applied = self._watch_once()
+            applied = await self._until_stopped(self._watch_once(sink), False)
             self._metrics.brain_connected.set(0)
             if self._stopping.is_set():
                 break
@@ -192,78 +200,68 @@ class WatchClient:
             wait = backoff.next()
             log.info("reconnecting to the brain", extra=fields(
                 target=config.target, retry_in_s=round(wait, 3)))
-            self._stopping.wait(wait)
+            await self._until_stopped(asyncio.sleep(wait), None)
 
-    def _channel(self) -> grpc.Channel:
-        config = self._config
-        options = [
-            ("grpc.max_receive_message_length", config.max_msg_size),
-            ("grpc.max_send_message_length", config.max_msg_size),
-            ("grpc.keepalive_time_ms", _milliseconds(config.keepalive_time)),
-            ("grpc.keepalive_timeout_ms", _milliseconds(config.keepalive_timeout)),
-            # grpcio 1.85 waits for a ping's answer this long (60 s by default),
-            # whatever keepalive_timeout_ms says.
-            ("grpc.http2.ping_timeout_ms", _milliseconds(config.keepalive_timeout)),
-            # A watch stream is idle for hours between change sets: keep pinging.
-            ("grpc.http2.max_pings_without_data", 0),
-        ]
-        if config.tls.enabled:
-            return grpc.secure_channel(config.target, config.tls.channel_credentials(), options)
-        return grpc.insecure_channel(config.target, options)
+    async def _until_stopped(self, work: Coroutine[Any, Any, _T], stopped: _T) -> _T:
+        """What `work` returns, or `stopped` if stop() came first (`work` is
+        then cancelled)."""
+        task = asyncio.ensure_future(work)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait((task, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        return stopped if task.cancelled() else task.result()
 
-    def _watch_once(self) -> bool:
+    async def _watch_once(self, sink: _SinkThread) -> bool:
         """One stream. True if it applied at least one change set."""
-        requests: queue.SimpleQueue[localv1.WatchReq | None] = queue.SimpleQueue()
-        request = localv1.WatchReq(NodeName=self._config.node_name)
-        changeset = _ChangeSet(self._config.max_changeset_size)
+        config = self._config
+        request = localv1.WatchReq(NodeName=config.node_name)
+        changeset = _ChangeSet(config.max_changeset_size)
         applied = False
         guard: _StallGuard | None = None
-        with self._channel() as channel:
-            # No deserializer: an undecodable message must not fail the call.
-            watch = channel.stream_stream(
-                WATCH_METHOD, request_serializer=localv1.WatchReq.SerializeToString)
-            try:
-                with self._lock:
-                    if self._stopping.is_set():
-                        return applied
-                    responses = watch(_until_none(requests))
-                    self._call = responses
-                guard = _StallGuard(responses, self._config.changeset_stall_timeout, self._clock)
-                requests.put(request)
-                for message in responses:
-                    if not applied and changeset.empty:  # the stream's first message: it is up
-                        self._metrics.brain_connected.set(1)
+        try:
+            channel = open_channel(config.target, config.tls, config.keepalive_time,
+                                   config.keepalive_timeout)
+        except AddressError as err:  # TLS files that cannot be loaded (any more)
+            await self._stream_failed(sink, f"UNAVAILABLE: {err}", [])
+            return applied
+        try:
+            guard = _StallGuard(channel.close, config.changeset_stall_timeout, self._clock)
+            async with WatchCall(channel, config.target, config.max_msg_size) as call:
+                await call.send(request)
+                while (message := await call.next_message()) is not None:
                     if changeset.empty:
-                        self._sink.on_changeset_started()
+                        if not applied:  # the stream's first message: it is up
+                            self._metrics.brain_connected.set(1)
+                        await sink.call(self._sink.on_changeset_started)
                     guard.progress()
                     if not self._add(changeset, message):
                         continue
                     guard.changeset_done()
-                    ops, changeset = changeset.ops, _ChangeSet(self._config.max_changeset_size)
-                    self._sink.on_changeset(ops)  # returns once the dataplane has it
+                    ops, changeset = changeset.ops, _ChangeSet(config.max_changeset_size)
+                    await sink.call(self._sink.on_changeset, ops)  # the dataplane has it
                     applied = True
-                    if self._stopping.is_set():
-                        break
-                    requests.put(request)
-                else:
-                    self._stream_failed("the brain closed the stream", changeset.ops)
-            except SinkFailed:
-                raise
-            except _StreamCut as cut:
-                self._stream_failed(cut.reason, changeset.ops, cut.skip)
-            except grpc.RpcError as err:
-                if not self._stopping.is_set():
-                    reason, skip = self._rpc_failure(err, guard)
-                    self._stream_failed(reason, changeset.ops, skip)
-            except Exception:  # a bug downstream must not stop the watch: resync instead
-                log.exception("applying a change set failed; re-opening the stream to resync")
-                self._metrics.dataplane_errors.labels("changeset").inc()
-            finally:
-                if guard is not None:
-                    guard.close()
-                requests.put(None)
-                with self._lock:
-                    self._call = None
+                    await call.send(request)
+                raise _StreamCut("the brain closed the stream", None)
+        except SinkFailed:
+            raise
+        except _StreamCut as cut:
+            await self._stream_failed(sink, cut.reason, changeset.ops, cut.skip)
+        except CallFailed as err:
+            reason, skip = self._call_failure(err, guard)
+            await self._stream_failed(sink, reason, changeset.ops, skip)
+        except Exception:  # a bug downstream must not stop the watch: resync instead
+            log.exception("applying a change set failed; re-opening the stream to resync")
+            self._metrics.dataplane_errors.labels("changeset").inc()
+        finally:
+            if guard is not None:
+                guard.close()
+            channel.close()
         return applied
 
     def _add(self, changeset: _ChangeSet, message: bytes) -> bool:
@@ -284,24 +282,23 @@ class WatchClient:
         changeset.ops.append(op)
         return op.WhichOneof("Op") == "Sync"
 
-    def _rpc_failure(self, err: grpc.RpcError,
-                     guard: _StallGuard | None) -> tuple[str, SkipReason | None]:
+    def _call_failure(self, err: CallFailed,
+                      guard: _StallGuard | None) -> tuple[str, SkipReason | None]:
         """What a failed call is reported as, and counted as (beyond a cut-short
         change set)."""
         if guard is not None and guard.tripped:
             return (f"no message for {self._config.changeset_stall_timeout:g} s in the middle "
                     "of a change set (--changeset-stall-timeout)", None)
-        reason = f"{err.code().name}: {err.details()}"
-        if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and _LOCAL_SIZE_LIMIT in (
-                err.details() or ""):
-            return (reason + " (raise --max-msg-size above the brain's largest message)",
+        if err.oversized:
+            return (f"{err} (raise --max-msg-size above the brain's largest message)",
                     SkipReason.OVERSIZED_MESSAGE)
-        if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            return "the brain answered " + reason, None
-        return reason, None
+        if err.status == "RESOURCE_EXHAUSTED" and not err.local:
+            return f"the brain answered {err}", None
+        return str(err), None
 
-    def _stream_failed(self, reason: str, partial: list[localv1.OpItem],
-                       skip: SkipReason | None = None) -> None:
+    async def _stream_failed(self, sink: _SinkThread, reason: str,
+                             partial: list[localv1.OpItem],
+                             skip: SkipReason | None = None) -> None:
         """One log line. A message over the size limit, a change set over its
         size limit, or else a change set cut short (ops without their Sync),
         is also counted as skipped: it is never applied, the next stream's
@@ -312,7 +309,17 @@ class WatchClient:
             discarded_ops=len(partial), reason=skip.value if skip else None))
         if skip is not None:
             self._metrics.skipped.labels(skip.value).inc()
-        self._sink.on_stream_error(reason, partial)
+        await sink.call(self._sink.on_stream_error, reason, partial)
+
+
+class _SinkThread:
+    """Calls into the sink on its one worker thread, awaited by the loop."""
+
+    def __init__(self, thread: ThreadPoolExecutor) -> None:
+        self._thread = thread
+
+    async def call(self, method: Callable[..., None], *args: Any) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, method, *args)
 
 
 class _ChangeSet:
@@ -332,12 +339,3 @@ class _ChangeSet:
         self.messages += 1
         self._size += size
         return self._size <= self._max_size
-
-
-def _milliseconds(seconds: float) -> int:
-    return max(1, round(seconds * 1000))  # 0 would mean something else to grpc
-
-
-def _until_none(requests: queue.SimpleQueue) -> Iterator[localv1.WatchReq]:
-    while (item := requests.get()) is not None:
-        yield item

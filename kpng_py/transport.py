@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +86,7 @@ class ListenAddress:
 
 
 def dial_target(api: str) -> str:
-    """A gRPC target for `--api`."""
+    """A gRPC target for `--api`, checked by `DialTarget.parse`."""
     if not api:
         raise AddressError("--api is empty: give unix:///path or host:port")
     if not api.isprintable() or any(c.isspace() for c in api):
@@ -94,10 +95,53 @@ def dial_target(api: str) -> str:
         host, port = _host_port(api[len("tcp://"):])
         if not host or port is None:
             raise AddressError(f"--api {api!r}: use tcp://host:port with a port in 1..{MAX_PORT}")
-        return f"{host}:{port}"
+        api = f"{host}:{port}"
     if api.startswith("unix://") and not api.startswith("unix:///"):
         raise AddressError(f"--api {api!r}: use unix:///absolute/path")
+    DialTarget.parse(api)
     return api
+
+
+_DEFAULT_PORT = 443
+
+
+@dataclass(frozen=True)
+class DialTarget:
+    """Where the watch client connects: a unix socket path, or host and port.
+    Parsed from the gRPC target forms KPNG's client takes: `unix:///path`,
+    `unix:path`, `dns:///host:port`, `host:port`, `[v6]:port`."""
+
+    unix_path: str | None = None
+    host: str | None = None
+    port: int = _DEFAULT_PORT
+
+    @classmethod
+    def parse(cls, target: str) -> DialTarget:
+        if target.startswith("unix:"):
+            path = target[len("unix:"):]
+            if path.startswith("//"):
+                path = path[len("//"):]
+            if not path:
+                raise AddressError(f"--api {target!r}: use unix:///absolute/path")
+            return cls(unix_path=path)
+        authority = target.removeprefix("dns:")
+        if authority.startswith("//"):  # dns://[dns-server]/host:port
+            authority = authority[len("//"):].partition("/")[2]
+        port: int | None = _DEFAULT_PORT  # when none is given, as grpc's resolver
+        host = authority
+        if ":" in authority and not authority.endswith("]"):
+            host, port = _host_port(authority)
+        host = host.removeprefix("[").removesuffix("]")
+        if not host or not port:
+            raise AddressError(f"--api {target!r}: use unix:///path or host:port with a port "
+                               f"in 1..{MAX_PORT}")
+        return cls(host=host, port=port)
+
+    @property
+    def tls_server_name(self) -> str:
+        """The name a TLS server's certificate is checked against (for a
+        unix socket, `localhost`, as grpc's)."""
+        return self.host or "localhost"
 
 
 def _host_port(text: str) -> tuple[str, int | None]:
@@ -143,10 +187,25 @@ class TLSFiles:
 
         return read(self.key, "--tls-key"), read(self.cert, "--tls-crt"), read(self.ca, "--tls-ca")
 
-    def channel_credentials(self) -> grpc.ChannelCredentials:
-        key, cert, ca = self._read()
-        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key,
-                                            certificate_chain=cert)
+    def client_context(self) -> ssl.SSLContext:
+        """The watch client's TLS: the server's certificate checked against
+        --tls-ca (or the system's CAs), and --tls-crt/--tls-key presented
+        when given; HTTP/2 negotiated with ALPN, as gRPC requires."""
+        _, _, ca = self._read()
+        try:
+            context = ssl.create_default_context(
+                ssl.Purpose.SERVER_AUTH, cadata=ca.decode("ascii", "replace") if ca else None)
+        except ssl.SSLError as err:
+            raise AddressError(f"--tls-ca {self.ca}: not a CA certificate ({err})") from err
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.set_alpn_protocols(["h2"])
+        if self.cert is not None and self.key is not None:
+            try:
+                context.load_cert_chain(self.cert, self.key)
+            except (OSError, ssl.SSLError) as err:
+                raise AddressError(f"--tls-crt {self.cert} / --tls-key {self.key}: not a "
+                                   f"certificate and its key ({err})") from err
+        return context
 
     def server_credentials(self) -> grpc.ServerCredentials:
         key, cert, ca = self._read()

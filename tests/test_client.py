@@ -1,10 +1,13 @@
-"""The watch client against a real gRPC server: credit, reconnects with
-backoff, stop, node name, and TLS."""
+"""The watch client against a real gRPC server (grpcio's, the
+compatibility reference): credit, reconnects with backoff, stop, node name,
+keepalive while the sink applies, and TLS."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
+import struct
 import subprocess
 import threading
 import time
@@ -13,8 +16,11 @@ from pathlib import Path
 import pytest
 
 from kpng_py.client import Backoff, ClientConfig
+from kpng_py.metrics import Metrics
 from kpng_py.server import Reply
-from kpng_py.transport import TLSFiles
+from kpng_py.transport import AddressError, DialTarget, TLSFiles, dial_target
+from lab.localv1_servers import H2Brain, framed
+from tests.streams.build import reset, service, set_service, sync
 from tests.support.watch import RecordingSink, ScriptedSource, changeset, run_client, start
 
 
@@ -146,6 +152,139 @@ def test_stop_while_waiting_for_a_change_set(tmp_path: Path) -> None:
     assert len(sink.changesets) == 1 and time.monotonic() - started < 5
 
 
+class ThreadCheckingSink(RecordingSink):
+    """Notes the thread each change set is applied on, whether an event loop
+    runs there, and when each apply ended."""
+
+    def __init__(self, source: ScriptedSource, apply_seconds: float = 0.0) -> None:
+        super().__init__(source, apply_seconds)
+        self.threads: set[int] = set()
+        self.loop_running: list[bool] = []
+        self.applied_at: list[float] = []
+
+    def on_changeset(self, ops):
+        self.threads.add(threading.get_ident())
+        try:
+            asyncio.get_running_loop()
+            self.loop_running.append(True)
+        except RuntimeError:
+            self.loop_running.append(False)
+        super().on_changeset(ops)
+        self.applied_at.append(time.monotonic())
+
+
+def test_the_sink_runs_on_one_thread_without_an_event_loop(tmp_path: Path) -> None:
+    """pyroute2 runs an event loop of its own in every call: a backend's
+    apply must not run where one is running."""
+    source = ScriptedSource([changeset("a"), changeset("b"), changeset("c")])
+    server, target = start(source, tmp_path)
+    sink = ThreadCheckingSink(source)
+    sink.stop_after = 3
+    try:
+        run_client(ClientConfig(target, "n"), sink, 20)
+    finally:
+        server.stop(0)
+    assert len(sink.threads) == 1 and sink.loop_running == [False] * 3
+
+
+def test_keepalive_goes_on_while_the_sink_applies(tmp_path: Path) -> None:
+    """An apply much longer than keepalive time + timeout: the client's
+    pings are still answered and their answers read, so the stream stays up
+    and the next change set comes on it."""
+    source = ScriptedSource([changeset("a"), changeset("b")])
+    server, target = start(source, tmp_path)
+    sink = RecordingSink(source, apply_seconds=4.0)
+    sink.stop_after = 2
+    try:
+        run_client(ClientConfig(target, "n", keepalive_time=1.0, keepalive_timeout=1.0),
+                   sink, 30)
+    finally:
+        server.stop(0)
+    assert len(sink.changesets) == 2 and sink.errors == [] and len(source.streams) == 1
+
+
+def test_stop_during_an_apply_returns_once_the_apply_is_done(tmp_path: Path) -> None:
+    """What runs after `run` (the applier's and backend's close) never
+    overlaps a change set still being applied."""
+    source = ScriptedSource([changeset("a")])
+    server, target = start(source, tmp_path)
+    sink = ThreadCheckingSink(source, apply_seconds=1.0)
+    try:
+        client_thread = threading.Thread(target=run_client,
+                                         args=(ClientConfig(target, "n"), sink, 0.5))
+        client_thread.start()  # run_client stops the client after 0.5 s, mid-apply
+        client_thread.join(30)
+        returned = time.monotonic()
+    finally:
+        server.stop(0)
+    assert not client_thread.is_alive()
+    assert len(sink.applied_at) == 1 and sink.applied_at[0] <= returned
+
+
+def test_messages_split_anywhere_or_packed_into_one_frame_all_arrive(tmp_path: Path) -> None:
+    """How a brain frames its messages is its business (grpc-go packs them,
+    a slow link splits them): 7-byte DATA frames cut every prefix and body."""
+    names = [f"svc-{i}" for i in range(20)]
+    ops = [set_service(service(name, v4=[f"10.96.0.{i + 1}"])) for i, name in enumerate(names)]
+    payload = framed(reset(), *ops[:10], sync(), *ops[10:], sync())
+    for frame_size in (7, len(payload)):
+        brain = H2Brain(payload, frame_size)
+        target = brain.start(tmp_path / f"h2-{frame_size}.sock")
+        sink = RecordingSink()
+        sink.stop_after = 2
+        try:
+            run_client(ClientConfig(target, "n"), sink, 20)
+        finally:
+            brain.stop()
+        paths = [[op.Set.Ref.Path for op in ops if op.HasField("Set")] for ops in sink.changesets]
+        assert paths == [[f"default/{n}" for n in names[:10]], [f"default/{n}" for n in names[10:]]]
+        assert sink.errors == [] and brain.streams == 1
+
+
+def test_a_length_prefix_over_the_limit_is_refused_before_its_bytes_come(
+        tmp_path: Path) -> None:
+    """A brain that claims a 1 GiB message and sends 10 bytes of it: the
+    client refuses it from the prefix (one oversized-message count) instead
+    of waiting for, or buffering, a gigabyte."""
+    brain = H2Brain(framed(reset()) + struct.pack(">?I", False, 1 << 30) + b"x" * 10)
+    target = brain.start(tmp_path / "h2.sock")
+
+    class StopAtTheError(RecordingSink):
+        def on_stream_error(self, reason, partial):
+            super().on_stream_error(reason, partial)
+            self.client.stop()
+
+    sink, metrics = StopAtTheError(), Metrics()
+    try:
+        run_client(ClientConfig(target, "n", max_msg_size=4096, changeset_stall_timeout=600,
+                                error_delay=600), sink, 20, metrics)
+    finally:
+        brain.stop()
+    assert len(sink.errors) == 1 and "a message of 1073741824 bytes" in sink.errors[0]
+    assert "raise --max-msg-size" in sink.errors[0]
+    assert metrics.registry.get_sample_value(
+        "kpng_py_skipped_total", {"reason": "oversized-message"}) == 1
+
+
+@pytest.mark.parametrize("target, expected", [
+    ("unix:///run/kpng.sock", DialTarget(unix_path="/run/kpng.sock")),
+    ("unix:relative.sock", DialTarget(unix_path="relative.sock")),
+    ("127.0.0.1:12090", DialTarget(host="127.0.0.1", port=12090)),
+    ("[::1]:12090", DialTarget(host="::1", port=12090)),
+    ("dns:///brain.kube-system:12090", DialTarget(host="brain.kube-system", port=12090)),
+    ("dns://10.0.0.10/brain:1", DialTarget(host="brain", port=1)),
+    ("brain", DialTarget(host="brain", port=443)),
+])
+def test_dial_targets_as_grpc_reads_them(target: str, expected: DialTarget) -> None:
+    assert DialTarget.parse(target) == expected
+
+
+@pytest.mark.parametrize("api", ["x:0", "x:65536", ":12090", "unix:", "dns:///:1"])
+def test_dial_targets_that_cannot_be_dialled_are_refused_early(api: str) -> None:
+    with pytest.raises(AddressError, match=f"--api '{api}'"):
+        dial_target(api)
+
+
 def openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True)
 
@@ -179,9 +318,11 @@ def pki(tmp_path: Path) -> dict[str, TLSFiles]:
     }
 
 
-def test_tls_with_kpng_style_flags(tmp_path: Path, pki: dict[str, TLSFiles]) -> None:
+@pytest.mark.parametrize("tcp", [True, False], ids=["tcp", "unix"])
+def test_tls_with_kpng_style_flags(tmp_path: Path, pki: dict[str, TLSFiles], tcp: bool) -> None:
+    """Over a unix socket the server's certificate is checked for localhost."""
     source = ScriptedSource([changeset("a")])
-    server, target = start(source, tmp_path, tls=pki["server"], tcp=True)
+    server, target = start(source, tmp_path, tls=pki["server"], tcp=tcp)
     sink = RecordingSink(source)
     sink.stop_after = 1
     try:

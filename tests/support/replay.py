@@ -1,5 +1,7 @@
-"""Run `to-print` against `replay` of a recording, in-process over a real
-unix socket (the same gRPC path as the CLI)."""
+"""Run `to-print` against a replay of a recording, in-process over a real
+unix socket: the watch client against the grpcio reference server
+(tests/support/watch.py) serving `replay`'s source. `kpng-py replay` itself
+(kpng-py's own server) is run in tests/test_streams.py."""
 
 from __future__ import annotations
 
@@ -14,10 +16,9 @@ from kpng_py.print_backend import PrintBackend
 from kpng_py.recording import read_segments
 from kpng_py.replay import ReplaySource
 from kpng_py.runner import ApplierSink, StopAfter
-from kpng_py.server import LocalApiServer
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState
-from kpng_py.transport import ListenAddress
+from tests.support.watch import start
 
 
 def replay_to_print(recording: Path, socket_dir: Path,
@@ -25,15 +26,13 @@ def replay_to_print(recording: Path, socket_dir: Path,
     """The lines `to-print` writes for the whole recording."""
     segments = read_segments(recording)
     syncs = sum(1 for s in segments if s.disconnect is None)
-    listen = ListenAddress.parse(f"unix://{socket_dir / 'replay.sock'}")
-    server = LocalApiServer(ReplaySource(segments), listen)
-    server.start()
+    server, target = start(ReplaySource(segments), socket_dir)
     out = io.StringIO()
     metrics = metrics or Metrics()
     applier = ChangeSetApplier(PrintBackend(out), NodeState(Skips(metrics)), metrics)
     sink = StopAfter(ApplierSink(applier), syncs)
-    client = WatchClient(ClientConfig(target=listen.grpc_address().replace("unix:", "unix://"),
-                                      node_name="node-a", error_delay=0.05), sink, metrics)
+    client = WatchClient(ClientConfig(target=target, node_name="node-a", error_delay=0.05),
+                         sink, metrics)
     sink.client = client
     worker = threading.Thread(target=client.run, daemon=True)
     worker.start()

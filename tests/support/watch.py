@@ -1,5 +1,11 @@
-"""A scripted localv1 server and a recording watch client, for tests of the
-watch client and of what it does with hostile or broken streams."""
+"""A scripted localv1 source served by grpcio and a recording watch client,
+for tests of the watch client and of what it does with hostile or broken
+streams.
+
+The server is grpcio's (lab/localv1_servers.py), whatever kpng-py's own brain
+serves with: it is the compatibility reference, what the watch client must
+keep working against (as KPNG's brain is a grpc-go server, another gRPC
+implementation)."""
 
 from __future__ import annotations
 
@@ -11,8 +17,9 @@ from pathlib import Path
 from kpng_py.api import localv1 as L
 from kpng_py.client import ClientConfig, WatchClient
 from kpng_py.metrics import Metrics
-from kpng_py.server import LocalApiServer, Reply, wait_until_cancelled
-from kpng_py.transport import ListenAddress, TLSFiles
+from kpng_py.server import Reply, wait_until_cancelled
+from kpng_py.transport import TLSFiles
+from lab.localv1_servers import GrpcioBrain
 from tests.streams.build import port, reset, service, set_service, sync
 
 
@@ -74,11 +81,12 @@ def changeset(name: str) -> Reply:
 
 
 def start(source, tmp_path: Path, tls: TLSFiles | None = None, tcp: bool = False):
-    listen = ListenAddress.parse("tcp://127.0.0.1:0" if tcp else f"unix://{tmp_path / 'b.sock'}")
-    server = LocalApiServer(source, listen, tls)
-    server.start()
-    target = f"127.0.0.1:{server.port}" if tcp else f"unix://{tmp_path / 'b.sock'}"
-    return server, target
+    """A GrpcioBrain for `source` on a unix socket in `tmp_path` (or TCP on
+    loopback) and the watch client's target for it."""
+    sock = tmp_path / "b.sock"
+    server = GrpcioBrain(source, "127.0.0.1:0" if tcp else f"unix:{sock}", tls)
+    bound = server.start()
+    return server, f"127.0.0.1:{bound}" if tcp else f"unix://{sock}"
 
 
 def run_client(config: ClientConfig, sink: RecordingSink, seconds: float,
