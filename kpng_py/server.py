@@ -44,6 +44,8 @@ from kpng_py.transport import AddressError, ListenAddress, TLSFiles
 log = logging.getLogger(__name__)
 
 _STOPPING = "the brain is stopping"
+# How long stop() waits for the handlers once their connections are closed.
+_CLOSE_SECONDS = 5.0
 # The prefix of every gRPC message on the stream: not compressed, its length.
 _MESSAGE_PREFIX = struct.Struct(">BI")
 
@@ -173,7 +175,10 @@ class LocalApiServer:
         await asyncio.wait([closed], timeout=self._grace)
         for server in servers:
             server.close_connections()
-        await closed
+        await asyncio.wait([closed], timeout=_CLOSE_SECONDS)
+        if not closed.done():
+            log.warning("watch streams still open after their connections were closed",
+                        extra=fields(streams=len(self._streams.served)))
 
 
 class _Server(grpclib.server.Server):
@@ -205,7 +210,7 @@ class _WatchStreams:
 
     def __init__(self, source: ChangeSetSource) -> None:
         self._source = source
-        self._served: set[asyncio.Task] = set()
+        self.served: set[asyncio.Task] = set()  # the streams' handler tasks
         self._stopping = False
 
     def __mapping__(self) -> dict[str, Handler]:
@@ -215,17 +220,17 @@ class _WatchStreams:
 
     def stop(self) -> None:
         self._stopping = True
-        if self._served:
-            log.info("closing the watch streams", extra=fields(streams=len(self._served)))
+        if self.served:
+            log.info("closing the watch streams", extra=fields(streams=len(self.served)))
 
     async def watch(self, stream: grpclib.server.Stream) -> None:
         task = running_task()
         session = self._source.open_stream()
-        self._served.add(task)
+        self.served.add(task)
         try:
             await self._answer(stream, session)
         finally:
-            self._served.discard(task)
+            self.served.discard(task)
             session.close()
 
     async def _answer(self, stream: grpclib.server.Stream, session: StreamSession) -> None:

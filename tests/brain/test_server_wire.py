@@ -23,7 +23,7 @@ from kpng_py.replay import ReplaySource
 from kpng_py.server import ChangeSetSource, LocalApiServer, Reply
 from kpng_py.transport import ListenAddress, TLSFiles
 from tests.brain.helpers import NODES, endpoint, op_kinds, port, service, state
-from tests.streams.build import reset, set_service, sync
+from tests.streams.build import reset, set_service
 from tests.streams.build import service as service_message
 from tests.support.grpcio_server import GrpcioServer, RawWatch
 from tests.support.watch import ScriptedSource, changeset
