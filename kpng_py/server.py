@@ -25,6 +25,7 @@ import ssl
 import struct
 import threading
 import weakref
+import zlib
 from dataclasses import dataclass
 from functools import cached_property
 from typing import NoReturn, Protocol
@@ -46,8 +47,10 @@ log = logging.getLogger(__name__)
 _STOPPING = "the brain is stopping"
 # How long stop() waits for the handlers once their connections are closed.
 _CLOSE_SECONDS = 5.0
-# The prefix of every gRPC message on the stream: not compressed, its length.
+# The prefix of every gRPC message on the stream: compressed or not, its length.
 _MESSAGE_PREFIX = struct.Struct(">BI")
+# grpcio's default limit for a message received (a WatchReq is a node name).
+_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -264,7 +267,7 @@ class _WatchStreams:
         try:
             await asyncio.shield(writing)
         except asyncio.CancelledError:
-            if not self._stopping or writing.done():
+            if not self._stopping:
                 writing.cancel()
                 raise
             running_task().uncancel()
@@ -277,13 +280,49 @@ class _WatchStreams:
 
 
 async def _next_request(stream: grpclib.server.Stream) -> localv1.WatchReq | None:
+    """The next WatchReq, None at the end of the client's side. Read here, not
+    with grpclib's recv_message, which reads a message of any length the
+    client claims: one above grpcio's limit fails the stream, as it did."""
+    h2_stream = stream._stream  # noqa: SLF001 - grpclib 0.4.8, pinned
     try:
-        return await stream.recv_message()
+        prefix = await h2_stream.recv_data(_MESSAGE_PREFIX.size)
+        if not prefix:
+            return None
+        compressed, length = _MESSAGE_PREFIX.unpack(prefix)
+        if length > _MAX_REQUEST_BYTES:
+            raise _bad_request(stream, Status.RESOURCE_EXHAUSTED, f"a request of {length} bytes, "
+                               f"more than {_MAX_REQUEST_BYTES}")
+        message = await h2_stream.recv_data(length)
+        if compressed:
+            message = _decompressed(stream, message)
+        return localv1.WatchReq.FromString(message)
+    except AssertionError as err:  # grpclib's Buffer: the stream ended inside a message
+        raise _bad_request(stream, Status.INVALID_ARGUMENT, "the stream ends inside a "
+                           "message") from err
     except DecodeError as err:
-        log.info("closing a watch stream: its request is not a WatchReq",
-                 extra=fields(peer=_peer(stream), error=str(err)))
-        raise GRPCError(Status.INVALID_ARGUMENT,
-                        f"the request is not a localv1 WatchReq ({err})") from err
+        raise _bad_request(stream, Status.INVALID_ARGUMENT,
+                           f"the request is not a localv1 WatchReq ({err})") from err
+
+
+def _decompressed(stream: grpclib.server.Stream, message: bytes) -> bytes:
+    """A message compressed with gzip or deflate, the encodings grpcio offers
+    (told apart by their headers: grpclib does not pass on grpc-encoding)."""
+    inflater = zlib.decompressobj(32 + zlib.MAX_WBITS)
+    try:
+        message = inflater.decompress(message, _MAX_REQUEST_BYTES + 1)
+    except zlib.error as err:
+        raise _bad_request(stream, Status.INVALID_ARGUMENT,
+                           f"a compressed request that does not inflate ({err})") from err
+    if len(message) > _MAX_REQUEST_BYTES or not inflater.eof:
+        raise _bad_request(stream, Status.RESOURCE_EXHAUSTED, "a compressed request of more "
+                           f"than {_MAX_REQUEST_BYTES} bytes")
+    return message
+
+
+def _bad_request(stream: grpclib.server.Stream, status: Status, problem: str) -> GRPCError:
+    log.info("closing a watch stream: a bad request",
+             extra=fields(peer=_peer(stream), problem=problem))
+    return GRPCError(status, problem)
 
 
 async def _write_reply(stream: grpclib.server.Stream, wire: bytes, headers: bool) -> None:

@@ -7,6 +7,7 @@ binds, and that a reply is serialized once however many streams get it."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -225,23 +226,54 @@ def test_a_reply_given_to_several_streams_is_serialized_once(
     assert ops.passes == 1
 
 
-def test_a_request_that_is_not_a_watchreq_fails_its_stream_only(socket_dir: Path) -> None:
+@pytest.mark.parametrize("request_bytes, compression, code, details", [
+    (b"\xff\xff\xff", None, grpc.StatusCode.INVALID_ARGUMENT, "not a localv1 WatchReq"),
+    (b"\x0a" + b"\xff" * 5, None, grpc.StatusCode.INVALID_ARGUMENT, "not a localv1 WatchReq"),
+    (localv1.WatchReq(NodeName="n" * 5_000_000).SerializeToString(), None,
+     grpc.StatusCode.RESOURCE_EXHAUSTED, "a request of 5000005 bytes, more than 4194304"),
+    (localv1.WatchReq(NodeName="n" * 5_000_000).SerializeToString(), grpc.Compression.Gzip,
+     grpc.StatusCode.RESOURCE_EXHAUSTED, "a compressed request of more than 4194304 bytes"),
+])
+def test_a_bad_request_fails_its_stream_only(
+        socket_dir: Path, request_bytes: bytes, compression: grpc.Compression | None,
+        code: grpc.StatusCode, details: str, caplog: pytest.LogCaptureFixture) -> None:
     path = socket_dir / "b.sock"
     server = LocalApiServer(ScriptedSource([changeset("web")]), ListenAddress(unix_path=path))
     server.start()
     try:
         with grpc.insecure_channel(f"unix://{path}") as channel:
-            garbage = channel.stream_stream("/localv1.Sets/Watch")  # raw bytes both ways
+            raw = channel.stream_stream("/localv1.Sets/Watch")  # bytes both ways
             with pytest.raises(grpc.RpcError) as failure:
-                list(garbage(iter([b"\xff\xff\xff"]), timeout=10))
-            assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert "not a localv1 WatchReq" in failure.value.details()
+                list(raw(iter([request_bytes]), timeout=10, compression=compression))
+            assert failure.value.code() == code
+            assert details in failure.value.details()
             good = RawWatch(channel)
             good.ask("n1")
             assert len(good.changeset()) == 3
             good.close()
     finally:
         server.stop(grace=0)
+    assert "Traceback" not in caplog.text and not [
+        r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("compression", [grpc.Compression.Gzip, grpc.Compression.Deflate])
+def test_a_compressed_watchreq_is_answered(socket_dir: Path,
+                                           compression: grpc.Compression) -> None:
+    path = socket_dir / "b.sock"
+    source = ScriptedSource([changeset("web")])
+    server = LocalApiServer(source, ListenAddress(unix_path=path))
+    server.start()
+    node = "node-" + "n" * 10_000  # long enough for grpcio to compress it
+    try:
+        with grpc.insecure_channel(f"unix://{path}", compression=compression) as channel:
+            watch = RawWatch(channel)
+            watch.ask(node)
+            assert len(watch.changeset()) == 3
+            watch.close()
+    finally:
+        server.stop(grace=0)
+    assert source.requests == [(node, False)]
 
 
 def test_tls_with_a_ca_requires_a_client_certificate(
