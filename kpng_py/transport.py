@@ -81,7 +81,8 @@ class ListenAddress:
     def tcp_host_port(self) -> tuple[str, int]:
         """The host (an address without brackets, a name, or "" for any) and
         port of a tcp:// address."""
-        assert self.host_port is not None, f"{self} is not a TCP address"
+        if self.host_port is None:
+            raise AddressError(f"--listen {self} is not a TCP address; use tcp://host:port")
         host, _, port = self.host_port.rpartition(":")
         return host.strip("[]"), int(port)
 
