@@ -4,7 +4,8 @@ Each WatchReq gets the next recorded change set; a recorded disconnect fails
 the stream at the same point, and the client's next stream continues with what
 was recorded after it. Progress is kept per node name, so one client replays
 the whole recording once; when it is exhausted the stream stays open and
-quiet, like a brain with nothing new to say.
+quiet, like a brain with nothing new to say. Each recorded change set is one
+Reply, serialized once however many nodes are replayed it.
 """
 
 from __future__ import annotations
@@ -17,20 +18,20 @@ from kpng_py.server import Reply, wait_until_cancelled
 
 class ReplaySource:
     def __init__(self, segments: list[Segment]) -> None:
-        self._segments = segments
+        self._replies = [Reply(segment.ops, segment.disconnect) for segment in segments]
         self._lock = threading.Lock()
         self._cursor: dict[str, int] = {}
 
     def open_stream(self) -> ReplaySession:
         return ReplaySession(self)
 
-    def take(self, node_name: str) -> Segment | None:
+    def take(self, node_name: str) -> Reply | None:
         with self._lock:
             index = self._cursor.get(node_name, 0)
-            if index >= len(self._segments):
+            if index >= len(self._replies):
                 return None
             self._cursor[node_name] = index + 1
-            return self._segments[index]
+            return self._replies[index]
 
 
 class ReplaySession:
@@ -38,10 +39,10 @@ class ReplaySession:
         self._source = source
 
     async def next_reply(self, node_name: str) -> Reply:
-        segment = self._source.take(node_name)
-        if segment is None:
+        reply = self._source.take(node_name)
+        if reply is None:
             await wait_until_cancelled()  # the recording is exhausted
-        return Reply(segment.ops, segment.disconnect)
+        return reply
 
     def close(self) -> None:
         pass

@@ -5,10 +5,14 @@ A `ChangeSetSource` decides what to send; this module runs the gRPC server,
 answers each WatchReq with one change set and never sends anything before the
 next WatchReq (the client's credit).
 
-The server is grpcio's asyncio server on an event loop of its own thread: a
+The server is grpclib's (asyncio on h2) on an event loop of its own thread: a
 stream waiting for the client's next WatchReq, or for something new to send,
 is a suspended task, not a blocked thread, so idle streams cannot starve the
-others however many there are.
+others however many there are. A reply is serialized once, as the gRPC
+messages of all its ops in one buffer (`Reply.wire`), and written in HTTP/2
+frames as large as flow control allows, not a frame and a write per op: a
+source that hands several streams the same Reply (the brain does, per node
+and state version) pays for one serialization.
 """
 
 from __future__ import annotations
@@ -16,36 +20,37 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
-import secrets
 import socket
-import stat
+import ssl
+import struct
 import threading
+import weakref
+import zlib
 from dataclasses import dataclass
-from pathlib import Path
-from typing import AsyncIterator, NoReturn, Protocol
+from functools import cached_property
+from typing import NoReturn, Protocol
 
-import grpc
+import grpclib.server
+from google.protobuf.message import DecodeError
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError
+from grpclib.protocol import H2Protocol
 
 from kpng_py.aio import ThreadsafeEvent, new_event_loop, running_task
 from kpng_py.api import LEGACY_WATCH_METHOD, WATCH_METHOD, localv1
+from kpng_py.listeners import SocketFile, bind_tcp, bind_unix, publish_socket, remove_if_same
 from kpng_py.logs import fields
 from kpng_py.transport import AddressError, ListenAddress, TLSFiles
 
 log = logging.getLogger(__name__)
 
 _STOPPING = "the brain is stopping"
-
-_SERVER_OPTIONS = (
-    ("grpc.so_reuseport", 0),
-    # Clients may check an idle stream with keepalive pings as often as every
-    # second (`kpng-py local --keepalive-time 1`), also while no data flows
-    # and between streams, without being sent away for "too many pings"
-    # (strikes 0: never).
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
-    ("grpc.http2.max_ping_strikes", 0),
-    ("grpc.keepalive_permit_without_calls", 1),
-)
+# How long stop() waits for the handlers once their connections are closed.
+_CLOSE_SECONDS = 5.0
+# The prefix of every gRPC message on the stream: compressed or not, its length.
+_MESSAGE_PREFIX = struct.Struct(">BI")
+# grpcio's default limit for a message received (a WatchReq is a node name).
+_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,16 @@ class Reply:
 
     ops: tuple[localv1.OpItem, ...]
     close_reason: str | None = None
+
+    @cached_property
+    def wire(self) -> bytes:
+        """The ops as the gRPC messages of a stream, serialized once however
+        many streams are sent this Reply."""
+        parts: list[bytes] = []
+        for op in self.ops:
+            message = op.SerializeToString()
+            parts += (_MESSAGE_PREFIX.pack(0, len(message)), message)
+        return b"".join(parts)
 
 
 class StreamSession(Protocol):
@@ -78,15 +93,6 @@ async def wait_until_cancelled() -> NoReturn:
         await asyncio.get_running_loop().create_future()  # nothing resolves it
 
 
-@dataclass(frozen=True)
-class _SocketFile:
-    """The unix socket file a server created: its path and which file it is."""
-
-    path: Path
-    device: int
-    inode: int
-
-
 class LocalApiServer:
     """start() serves on a thread of its own until stop()."""
 
@@ -99,35 +105,32 @@ class LocalApiServer:
         self._streams = _WatchStreams(source)
         self._stop_requested = ThreadsafeEvent()
         self._grace = 0.0
-        self._socket: _SocketFile | None = None
+        self._socket: SocketFile | None = None
 
     def start(self) -> None:
-        address = self._listen.grpc_address()
+        context = self._tls.server_context() if self._tls.enabled else None
         unix_path = self._listen.unix_path
-        staging = None
         if unix_path is not None:
-            _check_unix_path(unix_path)
-            staging = _staging_path(unix_path)
-            address = f"unix:{staging}"
-        started: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._run, args=(address, started),
+            sock, staging = bind_unix(unix_path)
+            sockets = [sock]
+        else:
+            sockets, staging = bind_tcp(self._listen), None
+            self.port = sockets[0].getsockname()[1]
+        started: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, args=(sockets, context, started),
                                         name="localv1-server", daemon=True)
-        old_umask = os.umask(0o177)  # the socket is created owner-only (0600)
+        self._thread.start()
         try:
-            self._thread.start()
-            self.port = started.result()
-        except BaseException:
-            self._thread.join()
-            self._thread = None
-            raise
-        finally:
-            os.umask(old_umask)
-        if unix_path is not None and staging is not None:
-            try:
-                self._socket = _publish_socket(staging, unix_path)
-            except OSError as err:
-                self.stop(grace=0)
+            started.result()
+            if unix_path is not None and staging is not None:
+                self._socket = publish_socket(staging, unix_path)
+        except BaseException as err:
+            self.stop(grace=0)
+            if staging is not None:
+                staging.unlink(missing_ok=True)
+            if isinstance(err, OSError):
                 raise AddressError(f"cannot listen on {self._listen}: {err.strerror}") from err
+            raise
         log.info("serving localv1", extra=fields(listen=str(self._listen), tls=self._tls.enabled))
 
     def stop(self, grace: float = 1.0) -> None:
@@ -141,52 +144,65 @@ class LocalApiServer:
         self._thread.join()
         self._thread = None
         if self._socket is not None:
-            _remove_if_same(self._socket)
+            remove_if_same(self._socket)
             self._socket = None
 
-    def _run(self, address: str, started: concurrent.futures.Future[int]) -> None:
+    def _run(self, sockets: list[socket.socket], context: ssl.SSLContext | None,
+             started: concurrent.futures.Future[None]) -> None:
         with asyncio.Runner(loop_factory=new_event_loop) as runner:
-            runner.run(self._serve(address, started))
+            runner.run(self._serve(sockets, context, started))
 
-    async def _serve(self, address: str,
-                     started: concurrent.futures.Future[int]) -> None:
+    async def _serve(self, sockets: list[socket.socket], context: ssl.SSLContext | None,
+                     started: concurrent.futures.Future[None]) -> None:
+        servers = [_Server([self._streams]) for _ in sockets]
         try:
-            server = self._create_server()
-            port = self._add_port(server, address)
-            await server.start()
+            for server, sock in zip(servers, sockets):
+                await server.start(sock=sock, ssl=context)
         except BaseException as err:
+            for sock in sockets:
+                sock.close()
             started.set_exception(err)
             return
-        started.set_result(port)
+        started.set_result(None)
         await self._stop_requested.wait()
+        await self._shut_down(servers)
+
+    async def _shut_down(self, servers: list[_Server]) -> None:
+        """Stop listening and cancel every stream's handler: a waiting stream
+        ends at once, one sending a reply finishes it within the grace period;
+        then close the connections (what is still being sent is cut)."""
         self._streams.stop()
-        await server.stop(self._grace)
+        for server in servers:
+            server.close()
+        closed = asyncio.gather(*(server.wait_closed() for server in servers))
+        await asyncio.wait([closed], timeout=self._grace)
+        for server in servers:
+            server.close_connections()
+        await asyncio.wait([closed], timeout=_CLOSE_SECONDS)
+        if not closed.done():
+            log.warning("watch streams still open after their connections were closed",
+                        extra=fields(streams=len(self._streams.served)))
 
-    def _create_server(self) -> grpc.aio.Server:
-        server = grpc.aio.server(options=_SERVER_OPTIONS)
-        handler = grpc.stream_stream_rpc_method_handler(
-            self._streams.watch,
-            request_deserializer=localv1.WatchReq.FromString,
-            response_serializer=localv1.OpItem.SerializeToString,
-        )
-        for method in (WATCH_METHOD, LEGACY_WATCH_METHOD):
-            service, name = method.lstrip("/").split("/")
-            server.add_generic_rpc_handlers(
-                (grpc.method_handlers_generic_handler(service, {name: handler}),))
-        return server
 
-    def _add_port(self, server: grpc.aio.Server, address: str) -> int:
-        try:
-            if self._tls.enabled:
-                port = server.add_secure_port(address, self._tls.server_credentials())
-            else:
-                port = server.add_insecure_port(address)
-        except RuntimeError as err:  # grpcio raises it when the bind fails
-            raise AddressError(f"cannot listen on {self._listen}: {err}") from err
-        if port == 0:
-            raise AddressError(f"cannot listen on {self._listen}")
-        return port
+class _Server(grpclib.server.Server):
+    """grpclib's server, which also closes the connections it accepted:
+    grpclib's close() stops listening and cancels the handlers, and leaves
+    the connections open."""
 
+    def __init__(self, handlers: list[_WatchStreams]) -> None:
+        super().__init__(handlers)
+        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        self._protocols.add(protocol)
+        return protocol
+
+    def close_connections(self) -> None:
+        for protocol in list(self._protocols):
+            processor = getattr(protocol, "processor", None)  # None before connection_made
+            if processor is not None:
+                processor.close(_STOPPING)
 
 
 class _WatchStreams:
@@ -197,91 +213,126 @@ class _WatchStreams:
 
     def __init__(self, source: ChangeSetSource) -> None:
         self._source = source
-        self._waiting: set[asyncio.Task] = set()
+        self.served: set[asyncio.Task] = set()  # the streams' handler tasks
         self._stopping = False
+
+    def __mapping__(self) -> dict[str, Handler]:
+        handler = Handler(self.watch, Cardinality.STREAM_STREAM, localv1.WatchReq,
+                          localv1.OpItem)
+        return {WATCH_METHOD: handler, LEGACY_WATCH_METHOD: handler}
 
     def stop(self) -> None:
         self._stopping = True
-        if self._waiting:
-            log.info("closing the watch streams", extra=fields(streams=len(self._waiting)))
-        for task in self._waiting:
-            task.cancel()
+        if self.served:
+            log.info("closing the watch streams", extra=fields(streams=len(self.served)))
 
-    async def watch(self, requests: AsyncIterator[localv1.WatchReq],
-                    context: grpc.aio.ServicerContext) -> AsyncIterator[localv1.OpItem]:
+    async def watch(self, stream: grpclib.server.Stream) -> None:
         task = running_task()
         session = self._source.open_stream()
+        self.served.add(task)
         try:
-            self._waiting.add(task)
-            async for request in requests:
-                reply = await session.next_reply(request.NodeName)
-                self._waiting.discard(task)
-                for op in reply.ops:
-                    yield op
-                if reply.close_reason is not None:
-                    log.info("closing a watch stream", extra=fields(
-                        peer=context.peer(), reason=reply.close_reason))
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, reply.close_reason)
-                if self._stopping:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, _STOPPING)
-                self._waiting.add(task)
-        except asyncio.CancelledError:
-            # By stop() while waiting, by grpcio when the grace period ends
-            # (mid-reply, or between the last op of a reply and the next
-            # wait), or because the client went away. Not let through: grpcio
-            # would log it as an error of the servicer.
-            if self._stopping:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, _STOPPING)
+            await self._answer(stream, session)
         finally:
-            self._waiting.discard(task)
+            self.served.discard(task)
             session.close()
 
+    async def _answer(self, stream: grpclib.server.Stream, session: StreamSession) -> None:
+        headers_sent = False
+        while True:
+            try:
+                request = await _next_request(stream)
+                if request is None:
+                    return  # the client ended its side of the stream
+                reply = await session.next_reply(request.NodeName)
+            except asyncio.CancelledError:
+                # By stop() (the stream was waiting), by the client going
+                # away, or by its deadline: grpclib tells these apart.
+                self._raise_if_stopping()
+                raise
+            if reply.ops:
+                await self._write(stream, reply.wire, headers=not headers_sent)
+                headers_sent = True
+            if reply.close_reason is not None:
+                log.info("closing a watch stream", extra=fields(
+                    peer=_peer(stream), reason=reply.close_reason))
+                raise GRPCError(Status.UNAVAILABLE, reply.close_reason)
+            if self._stopping:
+                raise GRPCError(Status.UNAVAILABLE, _STOPPING)
 
-def _check_unix_path(path: Path) -> None:
-    """Refuse to steal a live socket or to replace a non-socket; a stale
-    socket file is replaced when the new one is published."""
+    async def _write(self, stream: grpclib.server.Stream, wire: bytes, headers: bool) -> None:
+        """Write one reply. Cancelled by stop(), it still finishes (the server
+        closes the connection when the grace period ends); cancelled for any
+        other reason, or a second time, it stops."""
+        writing = asyncio.ensure_future(_write_reply(stream, wire, headers))
+        try:
+            await asyncio.shield(writing)
+        except asyncio.CancelledError:
+            if not self._stopping:
+                writing.cancel()
+                raise
+            running_task().uncancel()
+            await writing  # cancelled with this task when the connection is closed
+
+    def _raise_if_stopping(self) -> None:
+        if self._stopping:
+            running_task().uncancel()
+            raise GRPCError(Status.UNAVAILABLE, _STOPPING)
+
+
+async def _next_request(stream: grpclib.server.Stream) -> localv1.WatchReq | None:
+    """The next WatchReq, None at the end of the client's side. Read here, not
+    with grpclib's recv_message, which reads a message of any length the
+    client claims: one above grpcio's limit fails the stream, as it did."""
+    h2_stream = stream._stream  # noqa: SLF001 - grpclib 0.4.8, pinned
     try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return
-    if not stat.S_ISSOCK(mode):
-        raise AddressError(f"{path} exists and is not a socket; remove it or pick another path")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        prefix = await h2_stream.recv_data(_MESSAGE_PREFIX.size)
+        if not prefix:
+            return None
+        compressed, length = _MESSAGE_PREFIX.unpack(prefix)
+        if length > _MAX_REQUEST_BYTES:
+            raise _bad_request(stream, Status.RESOURCE_EXHAUSTED, f"a request of {length} bytes, "
+                               f"more than {_MAX_REQUEST_BYTES}")
+        message = await h2_stream.recv_data(length)
+        if compressed:
+            message = _decompressed(stream, message)
+        return localv1.WatchReq.FromString(message)
+    except AssertionError as err:  # grpclib's Buffer: the stream ended inside a message
+        raise _bad_request(stream, Status.INVALID_ARGUMENT, "the stream ends inside a "
+                           "message") from err
+    except DecodeError as err:
+        raise _bad_request(stream, Status.INVALID_ARGUMENT,
+                           f"the request is not a localv1 WatchReq ({err})") from err
+
+
+def _decompressed(stream: grpclib.server.Stream, message: bytes) -> bytes:
+    """A message compressed with gzip or deflate, the encodings grpcio offers
+    (told apart by their headers: grpclib does not pass on grpc-encoding)."""
+    inflater = zlib.decompressobj(32 + zlib.MAX_WBITS)
     try:
-        probe.connect(str(path))
-    except OSError:
-        log.info("replacing a stale socket", extra=fields(path=str(path)))
-    else:
-        raise AddressError(f"{path} is in use by a running server; stop it or pick another path")
-    finally:
-        probe.close()
+        message = inflater.decompress(message, _MAX_REQUEST_BYTES + 1)
+    except zlib.error as err:
+        raise _bad_request(stream, Status.INVALID_ARGUMENT,
+                           f"a compressed request that does not inflate ({err})") from err
+    if len(message) > _MAX_REQUEST_BYTES or not inflater.eof:
+        raise _bad_request(stream, Status.RESOURCE_EXHAUSTED, "a compressed request of more "
+                           f"than {_MAX_REQUEST_BYTES} bytes")
+    return message
 
 
-def _staging_path(path: Path) -> Path:
-    """Where the socket is bound before it is renamed to `path`: grpcio
-    unlinks the path it bound when the server stops, and that must never be
-    the public path, which a successor may own by then. Short, as socket
-    paths are limited to 107 bytes."""
-    return path.with_name(f".kpng-{os.getpid()}-{secrets.token_hex(3)}.sock")
+def _bad_request(stream: grpclib.server.Stream, status: Status, problem: str) -> GRPCError:
+    log.info("closing a watch stream: a bad request",
+             extra=fields(peer=_peer(stream), problem=problem))
+    return GRPCError(status, problem)
 
 
-def _publish_socket(staging: Path, path: Path) -> _SocketFile:
-    """Move the bound socket to its public path, in one step (a stale file
-    there is replaced atomically), and remember which file it is."""
-    os.chmod(staging, 0o600)
-    created = os.lstat(staging)
-    os.rename(staging, path)
-    return _SocketFile(path, created.st_dev, created.st_ino)
+async def _write_reply(stream: grpclib.server.Stream, wire: bytes, headers: bool) -> None:
+    """The reply's messages, as they are, on grpclib's HTTP/2 stream (its
+    Stream.send_message would encode and frame one message per call)."""
+    if headers:
+        await stream.send_initial_metadata()
+    await stream._stream.send_data(wire)  # noqa: SLF001 - grpclib 0.4.8, pinned
 
 
-def _remove_if_same(socket_file: _SocketFile) -> None:
-    try:
-        current = os.lstat(socket_file.path)
-    except FileNotFoundError:
-        return
-    if (current.st_dev, current.st_ino) != (socket_file.device, socket_file.inode):
-        log.info("leaving the socket to the server that replaced it",
-                 extra=fields(path=str(socket_file.path)))
-        return
-    socket_file.path.unlink(missing_ok=True)
+def _peer(stream: grpclib.server.Stream) -> str:
+    address = stream.peer.addr()
+    return str(address) if address else "unix socket"

@@ -61,9 +61,9 @@ class ListenAddress:
         stolen, a stale one is replaced)."""
         if self.host_port is None:
             return
-        host, _, port = self.host_port.rpartition(":")
+        host, port = self.tcp_host_port()
         try:
-            candidates = socket.getaddrinfo(host.strip("[]") or None, int(port),
+            candidates = socket.getaddrinfo(host or None, port,
                                             type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         except socket.gaierror as err:
             raise AddressError(f"--listen {self}: cannot resolve {host!r} ({err.strerror})") from err
@@ -77,6 +77,14 @@ class ListenAddress:
                 except OSError as err:
                     failure = err.strerror or str(err)
         raise AddressError(f"--listen {self}: {failure}; pick another address or port")
+
+    def tcp_host_port(self) -> tuple[str, int]:
+        """The host (an address without brackets, a name, or "" for any) and
+        port of a tcp:// address."""
+        if self.host_port is None:
+            raise AddressError(f"--listen {self} is not a TCP address; use tcp://host:port")
+        host, _, port = self.host_port.rpartition(":")
+        return host.strip("[]"), int(port)
 
     def grpc_address(self) -> str:
         return f"unix:{self.unix_path}" if self.unix_path else str(self.host_port)
@@ -207,10 +215,24 @@ class TLSFiles:
                                    f"certificate and its key ({err})") from err
         return context
 
-    def server_credentials(self) -> grpc.ServerCredentials:
-        key, cert, ca = self._read()
-        if key is None or cert is None:
+    def server_context(self) -> ssl.SSLContext:
+        """The server's TLS: TLS 1.2 or later, ALPN h2 (gRPC clients insist on
+        it); with a CA, clients must present a certificate signed by it."""
+        _, _, ca = self._read()  # every file checked: regular, PEM, key and cert paired
+        if self.key is None or self.cert is None:
             raise AddressError("a TLS server needs --tls-key and --tls-crt")
-        # With a CA, clients must present a certificate signed by it.
-        return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
-                                           require_client_auth=ca is not None)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.set_alpn_protocols(["h2"])
+        try:
+            context.load_cert_chain(self.cert, self.key)
+        except (ssl.SSLError, OSError) as err:
+            raise AddressError(f"--tls-crt {self.cert} and --tls-key {self.key}: not a "
+                               f"certificate and its key ({err})") from err
+        if ca is not None:
+            try:
+                context.load_verify_locations(cadata=ca.decode("ascii", "replace"))
+            except ssl.SSLError as err:
+                raise AddressError(f"--tls-ca {self.ca}: no CA certificate in it ({err})") from err
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context

@@ -32,6 +32,25 @@ from kpng_py.server import ChangeSetSource
 from kpng_py.transport import TLSFiles
 
 
+def grpcio_server_credentials(tls: TLSFiles) -> grpc.ServerCredentials:
+    """grpcio's form of `tls` for a server; with a CA, clients must present a
+    certificate signed by it (KPNG's tlsflags, and our own server)."""
+    if tls.key is None or tls.cert is None:
+        raise ValueError("a TLS server needs --tls-key and --tls-crt")
+    return grpc.ssl_server_credentials(
+        [(tls.key.read_bytes(), tls.cert.read_bytes())],
+        root_certificates=tls.ca.read_bytes() if tls.ca else None,
+        require_client_auth=tls.ca is not None)
+
+
+def grpcio_channel_credentials(tls: TLSFiles) -> grpc.ChannelCredentials:
+    """grpcio's form of `tls` for a client (a certificate when it has one)."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=tls.ca.read_bytes() if tls.ca else None,
+        private_key=tls.key.read_bytes() if tls.key else None,
+        certificate_chain=tls.cert.read_bytes() if tls.cert else None)
+
+
 class GrpcioBrain:
     """Serves Watch streams from a ChangeSetSource with grpcio's asyncio
     server, on a loop of its own thread: one reply per WatchReq (the
@@ -75,7 +94,8 @@ class GrpcioBrain:
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(service_name, {method: handler}),))
         if self._tls.enabled:
-            bound = self._server.add_secure_port(self._address, self._tls.server_credentials())
+            bound = self._server.add_secure_port(self._address,
+                                                 grpcio_server_credentials(self._tls))
         else:
             bound = self._server.add_insecure_port(self._address)
         await self._server.start()

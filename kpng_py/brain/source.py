@@ -8,17 +8,26 @@ endpoints and deleted after them). The first answer of a stream is Reset and
 the whole view. Unchanged objects produce no op, and a difference with no op
 produces no answer: the stream waits for the next version. Versions published
 while a client is busy applying are merged into its next answer.
+
+Answers are shared: the streams of one node that were last sent the same
+version (or nothing yet) get the same Reply for the current version, built
+and serialized once.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 from kpng_py.aio import ThreadsafeEvent
 from kpng_py.api import localv1
 from kpng_py.brain.statefile import ClusterState
 from kpng_py.brain.view import NodeView, Ref, node_view
 from kpng_py.server import Reply
+
+# What a stream was last sent (the node and version of that view; None:
+# nothing yet), the node it asks for and the current version.
+ReplyKey = tuple[tuple[str, int] | None, str, int]
 
 
 class StateSnapshots:
@@ -33,6 +42,7 @@ class StateSnapshots:
         self._state = state
         self._version = 1
         self._views: dict[str, NodeView] = {}
+        self._replies: dict[ReplyKey, Reply] = {}  # for the current version
         self._superseded = ThreadsafeEvent()  # set when the version changes
 
     @property
@@ -48,6 +58,7 @@ class StateSnapshots:
             self._state = state
             self._version += 1
             self._views.clear()
+            self._replies.clear()
             superseded, self._superseded = self._superseded, ThreadsafeEvent()
         superseded.set()
         return True
@@ -59,6 +70,18 @@ class StateSnapshots:
             if view is None:
                 view = self._views[node_name] = node_view(self._state, node_name)
             return self._version, view
+
+    def shared_reply(self, key: ReplyKey, build: Callable[[], Reply]) -> Reply:
+        """The reply for `key`, built (by `build`) once while its version is
+        current, and the same object for every stream that asks for it."""
+        with self._lock:
+            reply = self._replies.get(key)
+        if reply is None:
+            reply = build()  # outside the lock: a publish need not wait for it
+            with self._lock:
+                if key[2] == self._version:
+                    reply = self._replies.setdefault(key, reply)
+        return reply
 
     async def wait_view(self, node_name: str, seen_version: int | None) -> tuple[int, NodeView]:
         """The node's view once the version differs from `seen_version`."""
@@ -87,6 +110,7 @@ class BrainSession:
     def __init__(self, snapshots: StateSnapshots) -> None:
         self._snapshots = snapshots
         self._sent: NodeView | None = None  # None until the first answer
+        self._sent_as: tuple[str, int] | None = None  # that view's node and version
         self._answered: tuple[str, int] | None = None
 
     async def next_reply(self, node_name: str) -> Reply:
@@ -95,13 +119,17 @@ class BrainSession:
                 else None
             version, view = await self._snapshots.wait_view(node_name, seen)
             self._answered = (node_name, version)
-            ops = changeset(self._sent, view)
-            if ops:
+            sent = self._sent
+            reply = self._snapshots.shared_reply((self._sent_as, node_name, version),
+                                                 lambda: Reply(changeset(sent, view)))
+            if reply.ops:
                 self._sent = view  # views are never modified once computed
-                return Reply(ops)
+                self._sent_as = self._answered
+                return reply
 
     def close(self) -> None:
         self._sent = None
+        self._sent_as = None
 
 
 def changeset(sent: NodeView | None, view: NodeView) -> tuple[localv1.OpItem, ...]:

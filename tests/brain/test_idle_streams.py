@@ -36,8 +36,8 @@ NO_PROBES = ("--healthz-bind-address", "", "--metrics-bind-address", "")
 IDLE_STREAMS = 500
 IDLE_CONNECTIONS = 50
 # What the brain may run however many streams it serves: its main thread,
-# the server's event loop, the file watcher, the signal thread and grpcio's
-# own (a small pool that does not grow with streams).
+# the server's event loop, the file watcher, the signal thread (4 with
+# grpclib's server; 11 with grpcio's, whose small pool did not grow either).
 MAX_BRAIN_THREADS = 32
 
 

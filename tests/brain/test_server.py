@@ -35,6 +35,7 @@ from tests.brain.helpers import (
     web,
 )
 from tests.streams.build import reset, set_raw, sync
+from tests.support.grpcio_server import RawWatch
 from tests.support.watch import ScriptedSource, changeset
 
 START = state(web(W1, W2), DNS, nodes=NODES)
@@ -272,3 +273,33 @@ def test_a_stopping_brain_closes_waiting_streams_with_unavailable(start_brain) -
         assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
         assert failure.value.details() == "the brain is stopping"
         requests.put(None)
+
+
+def test_a_stopping_brain_finishes_the_reply_it_is_sending(socket_dir: Path) -> None:
+    """Stopped while a full state far larger than the flow-control windows
+    is on its way, the server stops listening at once and still sends the
+    client every op of it (within its grace period), then UNAVAILABLE."""
+    path = socket_dir / "brain.sock"
+    reply = _big_reply()
+    server = LocalApiServer(ScriptedSource([reply]), ListenAddress(unix_path=path))
+    server.start()
+    stopping = threading.Thread(target=server.stop, kwargs={"grace": 4 * WAIT_SECONDS})
+    try:
+        with grpc.insecure_channel(f"unix://{path}") as channel:
+            watch = RawWatch(channel)
+            watch.ask("n1")
+            first = watch.next()  # the rest waits for the client to read
+            stopping.start()
+            wait_until(lambda: _refuses_connections(path), "the server to stop listening")
+            rest = watch.changeset()
+            with pytest.raises(grpc.RpcError) as failure:
+                watch.next()
+            watch.close()
+    finally:
+        if stopping.is_alive():
+            stopping.join(WAIT_SECONDS)
+        else:
+            server.stop(grace=0)  # nothing to do once stopped
+    assert [first, *rest] == [op.SerializeToString() for op in reply.ops]
+    assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert failure.value.details() == "the brain is stopping"

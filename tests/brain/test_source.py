@@ -185,3 +185,27 @@ def test_a_one_endpoint_edit_of_a_big_file_is_one_op_and_sync() -> None:
     assert removed == 1
     assert snapshots.publish(reader.read(gone.encode()))
     assert _kinds(stream.next("n1")) == ["Delete endpoints/default/svc-500/p1", "Sync"]
+
+
+def test_streams_of_one_node_get_the_same_answer_serialized_once() -> None:
+    """Per node and state version the answer is built once: the streams that
+    were last sent the same version (or nothing) get the same Reply, and so
+    the same serialized bytes (`Reply.wire` is computed once per Reply)."""
+    snapshots = StateSnapshots(_state(WEB))
+    a, b, c, other_node = (_Session(snapshots) for _ in range(4))
+    first = a.next("n1")
+    assert b.next("n1") is first
+    assert other_node.next("n2") is not first
+    snapshots.publish(_state(WEB, DB))
+    step = a.next("n1")
+    assert b.next("n1") is step
+    assert _kinds(step) == ["Set services/default/db", "Set endpoints/default/db/db-0", "Sync"]
+    late = c.next("n1")  # its first answer: the whole of version 2, not the difference
+    assert late is not step and _kinds(late)[0] == "Reset"
+    assert _Session(snapshots).next("n1") is late
+    snapshots.publish(_state(DB))
+    after_a, after_c = a.next("n1"), c.next("n1")
+    assert after_a is after_c  # both had version 2, one as a difference, one whole
+    assert _kinds(after_a) == [
+        "Delete endpoints/default/web/web-0", "Delete endpoints/default/web/web-1",
+        "Delete services/default/web", "Sync"]
