@@ -245,9 +245,13 @@ class Datapath:
             os.close(cgroup_fd)
         # Every link runs this build now: the others' programs (and the maps
         # only they still held, such as a resized map's old one) can go.
-        for other in _builds(self.config.bpffs_dir):
-            if other.name != self.build:
-                _remove_build(other)
+        try:
+            for other in _builds(self.config.bpffs_dir):
+                if other.name != self.build:
+                    _remove_build(other)
+        except OSError as err:  # the datapath works; `ebpf cleanup` removes them
+            log.warning("could not unpin the programs of earlier builds",
+                        extra=fields(bpffs_dir=self.config.bpffs_dir, error=err))
         log.info("datapath attached", extra=fields(cgroup=self.config.cgroup,
                                                    bpffs_dir=self.config.bpffs_dir,
                                                    build=self.build))
