@@ -198,8 +198,8 @@ class Datapath:
         the maps first."""
         check_privileges()
         config = config.checked()
-        build = build_identity(config)
         try:
+            build = build_identity(config)
             config.bpffs_dir.parent.mkdir(parents=True, exist_ok=True)
             _private_directory(config.bpffs_dir)
             _private_directory(config.bpffs_dir / LINKS_DIR)
