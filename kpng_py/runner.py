@@ -18,6 +18,7 @@ from kpng_py.limits import Limits
 from kpng_py.metrics import Metrics
 from kpng_py.recording import RecordingWriter
 from kpng_py.server import ChangeSetSource, LocalApiServer, StreamSession
+from kpng_py.setup_alongside import SetUpAlongside
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState
 from kpng_py.termination import Termination
@@ -97,16 +98,19 @@ def _backend_pipeline(backend: Backend, metrics: Metrics, observability: Observa
 def run_backend(config: ClientConfig, backend: Backend, metrics: Metrics,
                 observability: Observability, exit_after: int = 0,
                 limits: Limits = Limits()) -> None:
-    """`kpng-py local ... to-<backend>`."""
-    sink, applier = _backend_pipeline(backend, metrics, observability, limits)
+    """`kpng-py local ... to-<backend>`. The backend is set up while the
+    client connects and receives the first change set (setup_alongside.py)."""
+    alongside = SetUpAlongside(backend)
+    sink, applier = _backend_pipeline(alongside, metrics, observability, limits)
     client = _watch_client(config, sink, metrics, exit_after)
     with Termination(client.stop):  # from the start: a backend's setup may take seconds
-        backend.setup()
+        alongside.start(on_failure=client.stop)
         try:
             client.run()
         finally:
             applier.close()
-            backend.close()
+            alongside.close()
+    alongside.raise_failure()
 
 
 def run_in_process(source: ChangeSetSource, node_name: str, backend: Backend,

@@ -2,9 +2,9 @@
 Debian's BCC itself links against): pinned objects, map access by file
 descriptor (batched), and cgroup bpf_links.
 
-BCC compiles and loads the programs; everything that must work on objects BCC
-did not create in this process (maps pinned by an earlier run, links, `ebpf
-dump` and `ebpf cleanup`) goes through here.
+BCC compiles and loads the programs, in a short-lived child (build.py) that
+pins them; everything the long-running process does with them (pinned
+programs and maps, links, `ebpf dump` and `ebpf cleanup`) goes through here.
 """
 
 from __future__ import annotations
@@ -265,6 +265,17 @@ def link_ids() -> Iterator[int]:
 
 def link_fd_by_id(link_id: int) -> int:
     return _check(_lib.bpf_link_get_fd_by_id(link_id), f"open link {link_id}")
+
+
+def prog_map_ids(prog_fd: int, of: str) -> list[int]:
+    """The ids of the maps a program uses (`of` names it in an error)."""
+    count = obj_info(prog_fd, ProgInfo, of).nr_map_ids
+    ids = (_c_u32 * max(count, 1))()
+    info = ProgInfo(nr_map_ids=count, map_ids=ct.addressof(ids))
+    size = _c_u32(ct.sizeof(info))
+    _check(_lib.bpf_obj_get_info_by_fd(prog_fd, ct.byref(info), ct.byref(size)),
+           f"read the map ids of {of}")
+    return list(ids[:min(count, info.nr_map_ids)])
 
 
 def prog_name(prog_id: int) -> str:

@@ -1,11 +1,17 @@
-"""Compile, load, pin and attach the socket load balancer.
+"""Build (in a child), pin, adopt and attach the socket load balancer.
 
 Everything the datapath needs lives under the bpffs directory (default
 /sys/fs/bpf/kpng-py), so it outlives the process and the next start adopts it:
 
     services, backends, reverse_nat, affinity   the maps (BCC's BPF_TABLE_PINNED
                                                 creates them or reuses the pin)
+    programs/BUILD/connect4 ... getpeername6    the programs of one build, BUILD
+                                                a hash of its sources and cflags
     links/connect4 ... links/getpeername6       one cgroup bpf_link per hook
+
+BCC runs only in a short-lived child (build.py): this process never maps
+LLVM. A start whose build is pinned already, over the maps its programs use,
+compiles nothing.
 
 Programs are attached as bpf_links (cgroup links are always multi-attach, as
 with BPF_F_ALLOW_MULTI). A restart swaps the program inside each pinned link
@@ -15,16 +21,20 @@ runs with no program or with two. See docs/ebpf.md.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import platform
 import stat
+import time
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, NoReturn
 
 from backends.ebpf import libbpf
+from backends.ebpf.build import BuildFailed, BuildRequest, HookProgram, build_in_child
 from backends.ebpf.maps import DEFAULT_PIN_DIR, MAP_SPECS, MapSpec
 from backends.ebpf.privileges import check_privileges, privilege_hint
 from kpng_py.backend import BackendSetupError
@@ -34,6 +44,9 @@ log = logging.getLogger(__name__)
 
 BPF_SOURCE_DIR = Path(__file__).resolve().parent / "bpf"
 LINKS_DIR = "links"
+PROGRAMS_DIR = "programs"
+# Part of every build's identity: bump it when what a build pins changes.
+BUILD_FORMAT = "1"
 PROGRAM_PREFIX = "kpng_"
 
 
@@ -168,28 +181,34 @@ class DatapathConfig:
 
 class Datapath:
     """The loaded programs and the pinned maps they share, in this process.
-    `config` is the checked one: its paths are resolved."""
+    `config` is the checked one: its paths are resolved; `build` names the
+    programs' directory under programs/."""
 
-    def __init__(self, config: DatapathConfig, bpf: object,
+    def __init__(self, config: DatapathConfig, build: str,
                  maps: dict[str, libbpf.BpfMap], programs: dict[str, int]) -> None:
         self.config = config
-        self._bpf = bpf
+        self.build = build
         self.maps = maps
-        self._programs = programs  # hook name -> program fd (owned by BCC)
+        self._programs = programs  # hook name -> program fd (owned here)
 
     @classmethod
     def load(cls, config: DatapathConfig) -> Datapath:
-        """Adopt or create the pinned maps, then compile and load the programs.
-        Nothing is attached yet: the caller fills the maps first."""
+        """Adopt or create the pinned maps, and adopt the pinned programs of
+        this build or build them. Nothing is attached yet: the caller fills
+        the maps first."""
         check_privileges()
         config = config.checked()
         try:
+            build = build_identity(config)
             config.bpffs_dir.parent.mkdir(parents=True, exist_ok=True)
             _private_directory(config.bpffs_dir)
             _private_directory(config.bpffs_dir / LINKS_DIR)
+            _private_directory(config.bpffs_dir / PROGRAMS_DIR)
             replaced = {spec.pin: old for spec in MAP_SPECS
                         if (old := _set_aside_incompatible(config, spec)) is not None}
-            bpf, programs = _compile_and_load(config)
+            programs = _adopted_programs(config, build)
+            if programs is None:
+                programs = _built_programs(config, build)
             maps = {spec.pin: libbpf.BpfMap.open_pinned(config.bpffs_dir / spec.pin, spec.key,
                                                         spec.value, spec.pin)
                     for spec in MAP_SPECS}
@@ -203,7 +222,7 @@ class Datapath:
                     f"after loading; run `kpng-py ebpf cleanup --bpffs-dir {config.bpffs_dir}`")
         for pin, old in replaced.items():
             _copy_entries(old, maps[pin])
-        return cls(config, bpf, maps, programs)
+        return cls(config, build, maps, programs)
 
     def attach(self) -> None:
         """Attach every program to the cgroup, replacing the previous ones
@@ -224,15 +243,27 @@ class Datapath:
                                       f"(link pinned at {pin})") from err
         finally:
             os.close(cgroup_fd)
+        # Every link runs this build now: the others' programs (and the maps
+        # only they still held, such as a resized map's old one) can go.
+        try:
+            for other in _builds(self.config.bpffs_dir):
+                if other.name != self.build:
+                    _remove_build(other)
+        except OSError as err:  # the datapath works; `ebpf cleanup` removes them
+            log.warning("could not unpin the programs of earlier builds",
+                        extra=fields(bpffs_dir=self.config.bpffs_dir, error=err))
         log.info("datapath attached", extra=fields(cgroup=self.config.cgroup,
-                                                   bpffs_dir=self.config.bpffs_dir))
+                                                   bpffs_dir=self.config.bpffs_dir,
+                                                   build=self.build))
 
     def close(self) -> None:
-        """Release this process's handles; links and maps stay pinned, so the
-        datapath keeps working (BCC's own exit handler only closes fds)."""
+        """Release this process's handles; links, programs and maps stay
+        pinned, so the datapath keeps working."""
         for bpf_map in self.maps.values():
             bpf_map.close()
-        self._bpf.cleanup()
+        for fd in self._programs.values():
+            os.close(fd)
+        self._programs = {}
 
 
 def _named(err: OSError, what: str) -> OSError:
@@ -304,39 +335,128 @@ def _cflags(config: DatapathConfig, reject_with_eperm: bool) -> list[str]:
     return flags
 
 
-def _compile_and_load(config: DatapathConfig) -> tuple[object, dict[str, int]]:
-    """BCC compile and load. Kernels before 5.18 lack bpf_set_retval: their
-    verifier rejects the program, which is then rebuilt to reject with EPERM."""
-    errors: list[Exception] = []
-    for reject_with_eperm in (True,) if config.reject_with_eperm else (False, True):
-        if errors:
-            log.warning("loading failed; retrying without bpf_set_retval (services without "
-                        "endpoints will fail with EPERM)", extra=fields(error=errors[0]))
+def _variants(config: DatapathConfig) -> tuple[tuple[str, ...], ...]:
+    """The cflags a build tries, in order. Kernels before 5.18 lack
+    bpf_set_retval: their verifier rejects the first variant, and the
+    program is rebuilt to reject with EPERM."""
+    return tuple(tuple(_cflags(config, eperm))
+                 for eperm in ((True,) if config.reject_with_eperm else (False, True)))
+
+
+def _build_request(config: DatapathConfig, pin_dir: Path) -> BuildRequest:
+    return BuildRequest(BPF_SOURCE_DIR / "sock_lb.c", _variants(config),
+                        tuple(HookProgram(h.name, h.function, h.attach_type) for h in HOOKS),
+                        pin_dir)
+
+
+def build_identity(config: DatapathConfig) -> str:
+    """The name of a build's directory under programs/: a hash of the
+    sources, the cflags of every variant (map sizes, pin directory, EPERM
+    choice) and the hooks. Equal names, equal programs."""
+    request = _build_request(config, Path())
+    digest = hashlib.sha256(BUILD_FORMAT.encode())
+    for source in (request.source, BPF_SOURCE_DIR / "lb_maps.h"):
+        digest.update(source.read_bytes())
+    digest.update(json.dumps([request.variants,
+                              [[h.pin, h.function, h.attach_type] for h in request.hooks]]
+                             ).encode())
+    return digest.hexdigest()[:32]
+
+
+def _adopted_programs(config: DatapathConfig, build: str) -> dict[str, int] | None:
+    """The pinned programs of this build, if all are there and use exactly
+    the maps pinned now (a map replaced or removed since means a rebuild)."""
+    pin_dir = config.bpffs_dir / PROGRAMS_DIR / build
+    if not pin_dir.is_dir() or not all((config.bpffs_dir / s.pin).exists() for s in MAP_SPECS):
+        return None
+    pinned_maps = set()
+    for spec in MAP_SPECS:
+        bpf_map = libbpf.BpfMap.open_pinned(config.bpffs_dir / spec.pin, spec.key, spec.value,
+                                            spec.pin)
         try:
-            return _compile_and_load_once(config, reject_with_eperm)
-        except Exception as err:  # BCC raises bare Exceptions
-            errors.append(err)
+            pinned_maps.add(bpf_map.info().id)
+        finally:
+            bpf_map.close()
+    programs: dict[str, int] = {}
+    try:
+        for hook in HOOKS:
+            pin = pin_dir / hook.name
+            programs[hook.name] = libbpf.obj_get(pin)
+            if not set(libbpf.prog_map_ids(programs[hook.name], f"the program pinned at {pin}")
+                       ) <= pinned_maps:
+                log.warning("pinned programs use maps that are no longer pinned; rebuilding",
+                            extra=fields(build=build, hook=hook.name))
+                break
+        else:
+            log.info("adopted the pinned eBPF programs; nothing compiled",
+                     extra=fields(build=build))
+            return dict(programs)
+    except FileNotFoundError as err:
+        log.warning("pinned programs are incomplete; rebuilding",
+                    extra=fields(build=build, error=err))
+    for fd in programs.values():
+        os.close(fd)
+    return None
+
+
+def _built_programs(config: DatapathConfig, build: str) -> dict[str, int]:
+    """Build in a child, pinned under programs/BUILD_next, moved to
+    programs/BUILD once complete; the pins opened."""
+    programs_dir = config.bpffs_dir / PROGRAMS_DIR
+    staging = programs_dir / f"{build}_next"  # bpffs names have no dots
+    _remove_build(staging)
+    _private_directory(staging)
+    started = time.monotonic()
+    request = _build_request(config, staging)
+    try:
+        result = build_in_child(request)
+    except BuildFailed as err:
+        _remove_build(staging)
+        raise BackendSetupError(f"cannot build the eBPF programs of {request.source}: "
+                                f"{err}") from err
+    if result.variant is None:
+        _remove_build(staging)
+        _raise_unloadable(request.source, result.errors[0].as_exception())
+    if result.errors:
+        log.warning("loading failed; rebuilt without bpf_set_retval (services without "
+                    "endpoints will fail with EPERM)",
+                    extra=fields(error=result.errors[0].message))
+    final = programs_dir / build
+    _remove_build(final)
+    staging.rename(final)
+    log.info("eBPF programs built in a child process", extra=fields(
+        build=build, reject_with_eperm=config.reject_with_eperm or result.variant > 0,
+        seconds=round(time.monotonic() - started, 3)))
+    return {hook.name: libbpf.obj_get(final / hook.name) for hook in HOOKS}
+
+
+def _raise_unloadable(source: Path, cause: Exception) -> NoReturn:
     # The capabilities were checked before: the cause is the kernel or its
     # headers (or a permission refused by an LSM), not a missing "root".
-    cause = errors[0]
     hint = privilege_hint(cause) if isinstance(cause, OSError) else ""
     raise BackendSetupError(
-        f"cannot load the eBPF programs of {BPF_SOURCE_DIR / 'sock_lb.c'}: {cause}{hint}; BCC "
+        f"cannot load the eBPF programs of {source}: {cause}{hint}; BCC "
         "compiles them against the running kernel's headers (install "
         f"linux-headers-{platform.release()}), and the kernel needs cgroup sock_addr hooks "
         "with bpf_link (see docs/ebpf.md)") from cause
 
 
-def _compile_and_load_once(config: DatapathConfig,
-                           reject_with_eperm: bool) -> tuple[object, dict[str, int]]:
-    from bcc import BPF  # imported here: the CLI must not need BCC to start
+def _builds(bpffs_dir: Path) -> list[Path]:
+    programs_dir = bpffs_dir / PROGRAMS_DIR
+    return sorted(programs_dir.iterdir()) if programs_dir.is_dir() else []
 
-    bpf = BPF(src_file=str(BPF_SOURCE_DIR / "sock_lb.c").encode(),
-              cflags=_cflags(config, reject_with_eperm))
-    programs = {hook.name: bpf.load_func(hook.function.encode(), BPF.CGROUP_SOCK_ADDR,
-                                         attach_type=hook.attach_type).fd
-                for hook in HOOKS}
-    return bpf, programs
+
+def _remove_build(pin_dir: Path) -> list[str]:
+    """Unpin a build's programs (attached ones stay, held by their links) and
+    remove its directory; returns what was removed."""
+    if not pin_dir.is_dir():
+        return []
+    removed = []
+    for pin in sorted(pin_dir.iterdir()):
+        pin.unlink()
+        removed.append(str(pin))
+    pin_dir.rmdir()
+    return [*removed, str(pin_dir)]
 
 
 def _attach_hook(pin: Path, hook: Hook, prog_fd: int, cgroup_fd: int, target: int) -> None:
@@ -419,7 +539,9 @@ def cleanup(bpffs_dir: Path, cgroup: Path | None = None) -> list[str]:
         if pin.exists():
             pin.unlink()
             removed.append(str(pin))
-    for directory in (links_dir, bpffs_dir):
+    for build in _builds(bpffs_dir):
+        removed += _remove_build(build)
+    for directory in (links_dir, bpffs_dir / PROGRAMS_DIR, bpffs_dir):
         if directory.is_dir() and not any(directory.iterdir()):
             directory.rmdir()
             removed.append(str(directory))

@@ -14,6 +14,7 @@ import pytest
 
 from backends.ebpf import libbpf, loader
 from backends.ebpf.backend import BackendNotReadyError, EbpfBackend
+from backends.ebpf.build import BuildError
 from backends.ebpf.loader import HOOKS, LINKS_DIR, Datapath, DatapathConfig
 from kpng_py.backend import BackendSetupError
 from kpng_py.metrics import Metrics
@@ -44,7 +45,8 @@ def unattached(tmp_path: Path) -> Datapath:
     (tmp_path / "bpffs" / LINKS_DIR).mkdir(parents=True)
     (tmp_path / "cgroup").mkdir()
     config = DatapathConfig(tmp_path / "bpffs", tmp_path / "cgroup")
-    return Datapath(config, bpf=None, maps={}, programs={h.name: NOT_A_PROGRAM for h in HOOKS})
+    return Datapath(config, build="none", maps={},
+                    programs={h.name: NOT_A_PROGRAM for h in HOOKS})
 
 
 def test_a_missing_cgroup_is_named_at_attach(unattached: Datapath) -> None:
@@ -95,17 +97,15 @@ def test_listing_links_without_the_capability_is_an_error_not_an_empty_list() ->
                                   "permitted"), ran.stderr
 
 
-def test_a_failed_load_is_not_blamed_on_root(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_load_is_not_blamed_on_root() -> None:
     """The capabilities are checked before loading; BCC's bare Exception for
-    a compile or verifier failure says nothing about permissions."""
-
-    def fail(config: DatapathConfig, reject_with_eperm: bool) -> None:
-        raise Exception("Failed to compile BPF module b'sock_lb.c'")
-
-    monkeypatch.setattr(loader, "_compile_and_load_once", fail)
+    a compile or verifier failure (as the build child reports it) says
+    nothing about permissions. test_build.py makes BCC fail for real."""
+    source = loader.BPF_SOURCE_DIR / "sock_lb.c"
+    cause = BuildError("Failed to compile BPF module b'sock_lb.c'").as_exception()
     with pytest.raises(BackendSetupError) as refused:
-        loader._compile_and_load(DatapathConfig(Path("/x"), Path("/y")))
+        loader._raise_unloadable(source, cause)
     message = str(refused.value)
     assert "needs root" not in message
-    assert str(loader.BPF_SOURCE_DIR / "sock_lb.c") in message
+    assert f"{source}: Failed to compile BPF module" in message
     assert f"linux-headers-{os.uname().release}" in message

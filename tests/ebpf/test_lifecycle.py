@@ -15,7 +15,7 @@ from typing import Iterator
 import pytest
 
 from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.loader import DatapathConfig, pinned_links
+from backends.ebpf.loader import PROGRAMS_DIR, DatapathConfig, build_identity, pinned_links
 from kpng_py.api import localv1
 from kpng_py.metrics import Metrics
 from kpng_py.recording import RecordingWriter
@@ -29,6 +29,8 @@ pytestmark = pytest.mark.kernel
 
 KPNG_PY = str(Path(sys.executable).parent / "kpng-py")
 VIP = "10.96.20.1"
+BUILT = "eBPF programs built in a child process"
+ADOPTED = "adopted the pinned eBPF programs; nothing compiled"
 
 
 def kpng_py(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -77,7 +79,7 @@ def run_backend(the_lab: Lab, brain: str, node: str, *flags: str) -> str:
 
 def test_restarts_under_a_connect_loop_fail_no_connect(the_lab: Lab, brain: str,
                                                        agent: Agent) -> None:
-    run_backend(the_lab, brain, "first")
+    assert BUILT in run_backend(the_lab, brain, "first")
     links = {link.hook: link for link in pinned_links(the_lab.bpffs_dir)}
     assert agent.call("tcp", host=VIP, port=80, family=4)["ok"]
 
@@ -93,6 +95,14 @@ def test_restarts_under_a_connect_loop_fail_no_connect(the_lab: Lab, brain: str,
         result = agent.call("loop_stop")
     assert "pinned map does not match; replacing it" in resized
     assert "replacing" not in unchanged
+    # New cflags (a map size) are a new build; the same ones compile nothing:
+    # no build child is started.
+    assert BUILT in resized and ADOPTED not in resized
+    assert ADOPTED in unchanged and BUILT not in unchanged
+    # Only the build the links run is left pinned.
+    assert [d.name for d in (the_lab.bpffs_dir / PROGRAMS_DIR).iterdir()] == [
+        build_identity(DatapathConfig(the_lab.bpffs_dir, the_lab.group.path, {
+            "services": 2048, "reverse_nat": 4096, "affinity": 1024}))]
     print(f"restarts: {result['connects']} connects, served {sorted(result['served'])}")
     assert result["errors"] == {} and result["wrong_peer"] == 0, result
     assert set(result["served"]) == {"10.244.0.2:8080", "10.244.0.3:8080", "10.244.0.4:8080"}

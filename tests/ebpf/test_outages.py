@@ -131,10 +131,12 @@ def test_backend_killed_while_serving_and_while_starting_fails_nothing_and_adopt
         pin: before["maps"][pin] for pin in WRITTEN_MAPS}
     assert writes == {maps.SERVICES.pin: 0, maps.BACKENDS.pin: 0}
     assert "frontends=3" in restarted.log_lines("recovered the programmed services")[0]
-    # The same links, now running the restarted process's programs.
+    # The same links, running the same programs: the restarts adopted the
+    # pinned build and compiled nothing.
     assert {h: link.link_id for h, link in relinked.items()} == {
         h: link.link_id for h, link in links.items()}
-    assert all(relinked[h].prog_id != links[h].prog_id for h in links)
+    assert all(relinked[h].prog_id == links[h].prog_id for h in links)
+    assert restarted.log_lines("adopted the pinned eBPF programs; nothing compiled")
 
 
 def extra_service(index: int) -> dict:

@@ -16,6 +16,7 @@ import pytest
 from backends.ebpf import maps
 from backends.ebpf.loader import (
     LINKS_DIR,
+    PROGRAMS_DIR,
     Datapath,
     DatapathConfig,
     checked_bpffs_dir,
@@ -97,8 +98,10 @@ def test_relative_paths_are_taken_from_the_cwd_and_compiled_in_resolved(
             monkeypatch.chdir("/")  # nothing may depend on the cwd any more
             datapath.attach()
             pinned = sorted(p.name for p in (BPFFS / name).iterdir())
-            assert pinned == sorted([LINKS_DIR, *(spec.pin for spec in maps.MAP_SPECS)])
+            assert pinned == sorted([LINKS_DIR, PROGRAMS_DIR,
+                                     *(spec.pin for spec in maps.MAP_SPECS)])
             assert len(list((BPFFS / name / LINKS_DIR).iterdir())) == 8
+            assert len(list((BPFFS / name / PROGRAMS_DIR / datapath.build).iterdir())) == 8
         finally:
             datapath.close()
             cleanup(BPFFS / name, group.path)

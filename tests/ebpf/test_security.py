@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.ebpf.loader import LINKS_DIR, Datapath, DatapathConfig, cleanup
+from backends.ebpf.loader import LINKS_DIR, PROGRAMS_DIR, Datapath, DatapathConfig, cleanup
 from backends.ebpf.maps import MAP_SPECS
 from kpng_py.backend import BackendSetupError
 from lab.cgroups import cgroup
@@ -37,10 +37,11 @@ def test_pins_and_their_directories_are_root_only() -> None:
     with loaded(**TEST_MAP_SIZES) as datapath:
         datapath.attach()
         bpffs_dir = datapath.config.bpffs_dir
-        directories = [bpffs_dir, bpffs_dir / LINKS_DIR]
+        build_dir = bpffs_dir / PROGRAMS_DIR / datapath.build
+        directories = [bpffs_dir, bpffs_dir / LINKS_DIR, bpffs_dir / PROGRAMS_DIR, build_dir]
         pins = [bpffs_dir / spec.pin for spec in MAP_SPECS] + sorted(
-            (bpffs_dir / LINKS_DIR).iterdir())
-        assert len(pins) == len(MAP_SPECS) + 8
+            (bpffs_dir / LINKS_DIR).iterdir()) + sorted(build_dir.iterdir())
+        assert len(pins) == len(MAP_SPECS) + 8 + 8
         assert {str(d): mode_and_owner(d) for d in directories} == {
             str(d): ("0o700", 0) for d in directories}
         assert {str(p): mode_and_owner(p) for p in pins} == {str(p): ("0o600", 0) for p in pins}
