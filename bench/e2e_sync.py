@@ -47,7 +47,6 @@ SYNC_APPLIED = "sync applied"
 STAGES = {"receive_ms": "e2e_receive", "state_ms": "e2e_state", "plan_ms": "e2e_plan",
           "write_ms": "e2e_write", "backend_ms": "e2e_backend"}
 # Mapped in a process that has BCC's compiler loaded.
-COMPILER_LIBRARIES = ("libLLVM", "libclang")
 # The state file's mtime is set this far back, so that the brain serves it at
 # once: a file modified in the last second is waited for (docs/brain.md).
 SETTLED_SECONDS = 10
@@ -127,23 +126,14 @@ def _is_sync(record: dict) -> bool:
     return record.get("msg") == SYNC_APPLIED
 
 
-def _compiler_mapped(pid: int | None) -> bool | None:
-    """Whether BCC's compiler (LLVM, clang) is mapped in process `pid`."""
-    try:
-        maps = Path(f"/proc/{pid}/maps").read_text() if pid else ""
-    except OSError:
-        return None
-    return any(lib in maps for lib in COMPILER_LIBRARIES) if maps else None
-
-
 def _compiled(watched: Watched) -> tuple[bool | None, str]:
-    """Whether the process compiled its programs, and how that is known: a log
-    record's `compiled` field, else its compiler being mapped (what a backend
-    that compiles in its own process shows)."""
+    """Whether the process compiled its programs, as its log says (the eBPF
+    loader's `compiled` field: a build in the child, or pinned programs
+    adopted); None when no record says."""
     for _, record in watched.records:
         if isinstance(record.get("compiled"), bool):
             return record["compiled"], "from the log"
-    return _compiler_mapped(watched.command_pid()), "LLVM mapped in the process"
+    return None, "not in the log"
 
 
 @dataclass(frozen=True)

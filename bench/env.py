@@ -130,16 +130,6 @@ class Watched:
                                            stdin=subprocess.DEVNULL, stdout=stdout,
                                            stderr=stderr, start_new_session=True)
 
-    def command_pid(self) -> int | None:
-        """The pid of the command itself (the child of /usr/bin/time; nsenter
-        execs it), while it runs."""
-        try:
-            children = Path(f"/proc/{self._popen.pid}/task/{self._popen.pid}/children")
-            pids = children.read_text().split()
-        except OSError:
-            return None
-        return int(pids[0]) if pids else None
-
     def poll(self) -> None:
         """Take the log lines written since the last poll."""
         now = time.monotonic()
