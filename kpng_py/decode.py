@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, field
+from typing import Hashable, Iterable, TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -44,9 +44,11 @@ class ServiceRecord:
     external_traffic_local: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EndpointRecord:
-    """A decoded Endpoint of one service."""
+    """A decoded Endpoint of one service: what the node state keeps of it,
+    one per endpoint of a full sync (values equal across endpoints, such as
+    the port overrides and the scopes, are shared objects)."""
 
     key: str
     ips: tuple[IPAddress, ...]
@@ -55,9 +57,42 @@ class EndpointRecord:
     # None when the brain sent no Scopes (older brains, hand-written streams);
     # the state model then derives them as KPNG's brain does.
     scopes: tuple[bool, bool] | None
+    # The bytes it was decoded from, which a new value is compared with
+    # before it is decoded; not part of the value (two encodings may decode
+    # to one record).
+    raw: bytes = field(default=b"", compare=False, repr=False)
 
     def override(self, name: str) -> int | None:
-        return next((port for n, port in self.port_overrides if n == name), None)
+        for n, port in self.port_overrides:
+            if n == name:
+                return port
+        return None
+
+
+# Decoded scopes, one shared pair per value: _SCOPES[internal][external].
+_SCOPES = (((False, False), (False, True)), ((True, False), (True, True)))
+
+T = TypeVar("T", bound=Hashable)
+
+
+class SharedValues:
+    """One object for equal decoded values, so that the many endpoints of a
+    full sync that carry the same port overrides hold them once. At most
+    `limit` distinct values are remembered; past that it starts afresh (older
+    values stay in use, unshared with newer equal ones)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._values: dict[Hashable, Hashable] = {}
+        self._limit = limit
+
+    def get(self, value: T) -> T:
+        shared = self._values.get(value)
+        if shared is not None:
+            return shared  # type: ignore[return-value]
+        if len(self._values) >= self._limit:
+            self._values.clear()
+        self._values[value] = value
+        return value
 
 
 def split_service_path(path: str) -> tuple[str, str] | None:
@@ -310,15 +345,18 @@ def _decode_port(namespace: str, name: str, mapping: localv1.PortMapping, common
     )
 
 
-def decode_endpoint(service_path: str, key: str, data: bytes,
-                    skips: Skips) -> EndpointRecord | None:
+def decode_endpoint(service_path: str, key: str, data: bytes, skips: Skips,
+                    shared: SharedValues | None = None) -> EndpointRecord | None:
+    """`shared`, when given, makes equal port overrides of many endpoints one object."""
     owner = f"endpoint {service_path}/{key}"
     try:
         ep = localv1.Endpoint.FromString(data)
     except DecodeError as err:
         skips.skip(SkipReason.BAD_BYTES, owner, f"cannot decode an Endpoint: {err}")
         return None
-    addresses = len(ep.IPs.V4) + len(ep.IPs.V6)
+    ipset = ep.IPs
+    v4, v6 = ipset.V4, ipset.V6
+    addresses = len(v4) + len(v6)
     if addresses > MAX_ENDPOINT_IPS:
         skips.skip(SkipReason.LIMIT, owner,
                    f"{addresses} addresses; an endpoint has at most {MAX_ENDPOINT_IPS} "
@@ -327,11 +365,19 @@ def decode_endpoint(service_path: str, key: str, data: bytes,
         return None
     overrides: list[tuple[str, int]] = []
     for override in ep.PortOverrides:
-        if not 0 < override.Port <= MAX_PORT:
+        name, port = override.Name, override.Port
+        if not 0 < port <= MAX_PORT:
             skips.skip(SkipReason.BAD_PORT, owner,
-                       f"port override {override.Name!r}={override.Port} is outside 1..{MAX_PORT}")
+                       f"port override {name!r}={port} is outside 1..{MAX_PORT}")
             continue
-        overrides.append((override.Name, override.Port))
-    scopes = (ep.Scopes.Internal, ep.Scopes.External) if ep.HasField("Scopes") else None
-    return EndpointRecord(key, _ipset(ep.IPs, owner, skips), tuple(overrides), ep.Local, scopes)
-
+        overrides.append((name, port))
+    if ep.HasField("Scopes"):
+        scopes = ep.Scopes
+        pair: tuple[bool, bool] | None = _SCOPES[scopes.Internal][scopes.External]
+    else:
+        pair = None
+    ips = tuple(parse_ips(v4, 4, owner, skips) + parse_ips(v6, 6, owner, skips))
+    port_overrides = tuple(overrides)
+    if shared is not None:
+        port_overrides = shared.get(port_overrides)
+    return EndpointRecord(key, ips, port_overrides, ep.Local, pair, data)

@@ -5,6 +5,11 @@ These are the Python counterparts of kube-proxy's ServicePortName and
 BaseServiceInfo (as carried by KPNG's localv1 Service): everything a ClusterIP,
 NodePort, ExternalIP or LoadBalancer dataplane needs is here, so backends that
 grow new service types need no model change. All values are frozen.
+
+A full sync holds one `Endpoint` per endpoint and port and one `ServicePort`
+per port, so the classes have slots (no per-object dict); the state model
+shares what many of them hold (ports, names, scope flags, addresses of one
+decoded value).
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ class Protocol(enum.Enum):
     TCP = "TCP"
     UDP = "UDP"
 
+    # Members are singletons compared by identity: hashing by identity is
+    # the same relation, in C (names and frontends hash their protocol).
+    __hash__ = object.__hash__
+
 
 class IPFamily(enum.IntEnum):
     V4 = 4
@@ -45,7 +54,7 @@ def format_host_port(ip: IPAddress, port: int) -> str:
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServicePortName:
     """kube-proxy's ServicePortName: `namespace/name:port` plus the protocol.
 
@@ -67,7 +76,7 @@ class ServicePortName:
         return (str(self), self.protocol.value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Frontend:
     """What a client dials: an address, a port and a protocol.
 
@@ -85,7 +94,7 @@ class Frontend:
         return f"{format_host_port(self.ip, self.port)}/{self.protocol.value}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Endpoint:
     """One backend address for one service port, with the brain's view flags.
 
@@ -111,7 +120,7 @@ class Endpoint:
         return format_host_port(self.ip, self.port)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServicePort:
     """One service port as a backend programs it (kube-proxy's BaseServiceInfo
     plus the endpoints resolved for this port)."""
@@ -157,7 +166,7 @@ def sorted_endpoints(endpoints: Iterable[Endpoint]) -> tuple[Endpoint, ...]:
     return tuple(sorted(endpoints, key=Endpoint.sort_key))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServicePortChanges:
     """What one applied Sync changed, per ServicePortName.
 

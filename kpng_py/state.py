@@ -27,6 +27,7 @@ from kpng_py.api import localv1
 from kpng_py.decode import (
     EndpointRecord,
     ServiceRecord,
+    SharedValues,
     decode_endpoint,
     decode_service,
     split_endpoint_path,
@@ -51,14 +52,21 @@ _SERVICES = localv1.ServicesSet
 _ENDPOINTS = localv1.EndpointsSet
 
 
-@dataclass
+# A marker of a problem already logged for a service: (reason, port name or
+# limit flag or "", endpoint key or ""), or for a frontend of one of its ports
+# that another port owns: (FRONTEND_CONFLICT, the port's name, the frontend).
+_Report = tuple[SkipReason, str | ServicePortName, str | Frontend]
+
+
+@dataclass(slots=True)
 class _ServiceEntry:
     """Everything known about one service path (`namespace/name`)."""
 
     raw: bytes | None = None
     record: ServiceRecord | None = None
-    # endpoint key -> (raw bytes, decoded record or None when undecodable)
-    endpoints: dict[str, tuple[bytes, EndpointRecord | None]] = field(default_factory=dict)
+    # endpoint key -> its decoded record (which holds the bytes it came
+    # from), or the bytes alone when they could not be decoded
+    endpoints: dict[str, EndpointRecord | bytes] = field(default_factory=dict)
     # The version in force: the service's ports with their endpoints and
     # every frontend they claim, and how many endpoints they hold.
     claiming: dict[ServicePortName, ServicePort] = field(default_factory=dict)
@@ -66,19 +74,30 @@ class _ServiceEntry:
     # What the backend was last given for this service (`claiming` without
     # the frontends other ports own).
     published: dict[ServicePortName, ServicePort] = field(default_factory=dict)
-    # Problems already logged, as (reason, port name or limit flag or "",
-    # endpoint key or ""), so each is reported once until the service or that
-    # endpoint changes.
-    reported: set[tuple[SkipReason, str, str]] = field(default_factory=set)
-    # Frontends of this version of the service already reported as another's.
-    conflicts: set[tuple[ServicePortName, Frontend]] = field(default_factory=set)
+    # Problems already logged, so each is reported once until the service or
+    # that endpoint changes (conflicts: until the service changes); None
+    # while there are none (most services).
+    reported: set[_Report] | None = None
+
+    def first_report(self, marker: _Report) -> bool:
+        """True the first time `marker` is reported (and remember it)."""
+        if self.reported is None:
+            self.reported = set()
+        elif marker in self.reported:
+            return False
+        self.reported.add(marker)
+        return True
+
+    def forget_report(self, marker: _Report) -> None:
+        if self.reported:
+            self.reported.discard(marker)
 
     def forget_reports(self, key: str) -> None:
-        self.reported = {r for r in self.reported if r[2] != key}
+        if self.reported:
+            self.reported = {r for r in self.reported if r[2] != key}
 
     def new_version(self) -> None:
-        self.reported.clear()
-        self.conflicts.clear()
+        self.reported = None
 
     def is_empty(self) -> bool:
         return (self.raw is None and not self.endpoints and not self.claiming
@@ -112,6 +131,8 @@ class NodeState:
         # undecodable), so a resync that re-sends it is not reported again.
         self._rejected: dict[tuple[int, str], bytes] = {}
         self._synced = False
+        # Equal decoded values of many endpoints held once.
+        self._shared = SharedValues()
 
     # -- reading ---------------------------------------------------------------
 
@@ -138,7 +159,9 @@ class NodeState:
             elif kind == "Delete":
                 self._delete(op.Delete.Set, op.Delete.Path)
             elif kind == "Reset":
-                self._resync_seen = set()
+                # What is set from now on is seen; only what exists now can
+                # go unseen (nothing on a first stream).
+                self._resync_seen = set() if self._services or self._rejected else None
             elif kind == "Sync":
                 changes = self._sync()
         return changes
@@ -148,11 +171,12 @@ class NodeState:
         return ServicePortChanges(added=tuple(self.service_ports()), full=True)
 
     def _set(self, value: localv1.Value) -> None:
-        ref = ref_set, path = value.Ref.Set, value.Ref.Path
+        where = value.Ref
+        ref = ref_set, path = where.Set, where.Path
         data = value.Bytes
         if self._resync_seen is not None:
             self._resync_seen.add(ref)
-        if self._rejected.get(ref) == data:
+        if self._rejected and self._rejected.get(ref) == data:
             return  # reported when it first came
         if ref_set == _SERVICES:
             accepted = self._set_service(path, data)
@@ -163,7 +187,8 @@ class NodeState:
                              f"Ref.Set {_set_name(ref_set)} is not served to backends")
             accepted = False
         if accepted:
-            self._rejected.pop(ref, None)
+            if self._rejected:
+                self._rejected.pop(ref, None)
         else:
             self._rejected[ref] = data
 
@@ -192,13 +217,14 @@ class NodeState:
         service_path, key = split
         entry = self._services.get(service_path)
         previous = entry.endpoints.get(key) if entry else None
-        if previous is not None and previous[0] == data:
+        if previous is not None and _raw(previous) == data:
             return True
-        record = decode_endpoint(service_path, key, data, self._skips)
+        record = decode_endpoint(service_path, key, data, self._skips, self._shared)
         if record is None and previous is not None:
             return False
-        entry = self._services.setdefault(service_path, _ServiceEntry())
-        entry.endpoints[key] = (data, record)
+        if entry is None:
+            entry = self._services[service_path] = _ServiceEntry()
+        entry.endpoints[key] = data if record is None else record
         entry.forget_reports(key)
         self._touch(service_path, endpoints=1)
         return True
@@ -304,7 +330,7 @@ class NodeState:
                     "(raise --max-endpoints)")
                 continue
             self._over_node_limit.pop(path, None)
-            entry.reported.discard(marker)
+            entry.forget_report(marker)
             self._endpoint_total = total
             entry.endpoint_count += growth[path]
             replaced[path], entry.claiming = entry.claiming, computed[path]
@@ -350,9 +376,9 @@ class NodeState:
             for port in entry.claiming.values():
                 for frontend in port.frontends():
                     owner = self._owners.owner(frontend)
-                    if owner == port.name or (port.name, frontend) in entry.conflicts:
+                    if owner == port.name or not entry.first_report(
+                            (SkipReason.FRONTEND_CONFLICT, port.name, frontend)):
                         continue
-                    entry.conflicts.add((port.name, frontend))
                     self._skips.skip(
                         SkipReason.FRONTEND_CONFLICT, f"service port {port.name}",
                         f"{frontend} belongs to {owner}, which claimed it first; this port "
@@ -391,7 +417,8 @@ class NodeState:
             return {}
         # In key order, so that of two endpoints with one address the same one
         # wins whatever order they came in (a resync may reorder them).
-        endpoints = [ep for _, (_, ep) in sorted(entry.endpoints.items()) if ep is not None]
+        endpoints = [ep for _, ep in sorted(entry.endpoints.items())
+                     if isinstance(ep, EndpointRecord)]
         addresses = sum(len(ep.ips) for ep in endpoints)
         size, limit = len(record.ports) * addresses, self._limits.max_service_endpoints
         marker = (SkipReason.LIMIT, "--max-service-endpoints", "")
@@ -402,7 +429,7 @@ class NodeState:
                 f"endpoints, over --max-service-endpoints {limit}; its previous version, if "
                 "any, stays in force (raise --max-service-endpoints)")
             return None
-        entry.reported.discard(marker)
+        entry.forget_report(marker)
         return {
             port.name: replace(port, endpoints=self._resolve(entry, record, port, endpoints))
             for port in record.ports
@@ -447,11 +474,15 @@ class NodeState:
                               f"no service {path} is known (not sent yet, or deleted); "
                               "the endpoint waits for it")
 
-    def _report_once(self, entry: _ServiceEntry, marker: tuple[SkipReason, str, str], obj: str,
+    def _report_once(self, entry: _ServiceEntry, marker: _Report, obj: str,
                      detail: str) -> None:
-        if marker not in entry.reported:
-            entry.reported.add(marker)
+        if entry.first_report(marker):
             self._skips.skip(marker[0], obj, detail)
+
+
+def _raw(endpoint: EndpointRecord | bytes) -> bytes:
+    """The bytes an endpoint's value came in."""
+    return endpoint if isinstance(endpoint, bytes) else endpoint.raw
 
 
 def _endpoint_count(ports: dict[ServicePortName, ServicePort]) -> int:
