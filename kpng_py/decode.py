@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from dataclasses import dataclass, field
-from typing import Hashable, Iterable, TypeVar
+from dataclasses import dataclass
+from typing import Hashable, Iterable, NamedTuple, TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -44,11 +44,11 @@ class ServiceRecord:
     external_traffic_local: bool
 
 
-@dataclass(frozen=True, slots=True)
-class EndpointRecord:
-    """A decoded Endpoint of one service: what the node state keeps of it,
-    one per endpoint of a full sync (values equal across endpoints, such as
-    the port overrides and the scopes, are shared objects)."""
+class EndpointRecord(NamedTuple):
+    """A decoded Endpoint of one service: what the node state keeps of it.
+    A full sync makes one per endpoint, so it is a tuple (made in a fraction
+    of a frozen dataclass's time, in one allocation) and values equal across
+    endpoints, such as the port overrides and the scopes, are shared objects."""
 
     key: str
     ips: tuple[IPAddress, ...]
@@ -58,9 +58,8 @@ class EndpointRecord:
     # the state model then derives them as KPNG's brain does.
     scopes: tuple[bool, bool] | None
     # The bytes it was decoded from, which a new value is compared with
-    # before it is decoded; not part of the value (two encodings may decode
-    # to one record).
-    raw: bytes = field(default=b"", compare=False, repr=False)
+    # before it is decoded.
+    raw: bytes = b""
 
     def override(self, name: str) -> int | None:
         for n, port in self.port_overrides:
