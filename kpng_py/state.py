@@ -38,11 +38,9 @@ from kpng_py.model import (
     ServicePortChanges,
     Endpoint,
     Frontend,
-    IPAddress,
     ServicePort,
     ServicePortName,
     format_host_port,
-    sorted_endpoints,
 )
 from kpng_py.skips import SkipReason, Skips
 
@@ -172,25 +170,25 @@ class NodeState:
 
     def _set(self, value: localv1.Value) -> None:
         where = value.Ref
-        ref = ref_set, path = where.Set, where.Path
+        ref_set, path = where.Set, where.Path
         data = value.Bytes
         if self._resync_seen is not None:
-            self._resync_seen.add(ref)
-        if self._rejected and self._rejected.get(ref) == data:
+            self._resync_seen.add((ref_set, path))
+        if self._rejected and self._rejected.get((ref_set, path)) == data:
             return  # reported when it first came
-        if ref_set == _SERVICES:
-            accepted = self._set_service(path, data)
-        elif ref_set == _ENDPOINTS:
+        if ref_set == _ENDPOINTS:
             accepted = self._set_endpoint(path, data)
+        elif ref_set == _SERVICES:
+            accepted = self._set_service(path, data)
         else:
             self._skips.skip(SkipReason.UNKNOWN_SET, f"Set {path!r}",
                              f"Ref.Set {_set_name(ref_set)} is not served to backends")
             accepted = False
         if accepted:
             if self._rejected:
-                self._rejected.pop(ref, None)
+                self._rejected.pop((ref_set, path), None)
         else:
-            self._rejected[ref] = data
+            self._rejected[(ref_set, path)] = data
 
     def _set_service(self, path: str, data: bytes) -> bool:
         """False if the value was refused (the previous version stays in force)."""
@@ -437,9 +435,14 @@ class NodeState:
 
     def _resolve(self, entry: _ServiceEntry, record: ServiceRecord, port: ServicePort,
                  endpoints: list[EndpointRecord]) -> tuple[Endpoint, ...]:
-        resolved: dict[tuple[IPAddress, int], Endpoint] = {}
+        # By Endpoint.sort_key, which is also the address and port that make
+        # an endpoint one (and hashes in C, unlike an address).
+        resolved: dict[tuple[int, int, int], Endpoint] = {}
+        overrides: tuple[tuple[str, int], ...] | None = None
+        target: int | None = None
         for ep in endpoints:
-            target = resolve_endpoint_port(port, ep)
+            if ep.port_overrides is not overrides:  # endpoints of a service share them
+                overrides, target = ep.port_overrides, resolve_endpoint_port(port, ep)
             if target is None:
                 self._report_once(
                     entry, (SkipReason.UNRESOLVED_PORT, port.name.port, ep.key),
@@ -452,15 +455,16 @@ class NodeState:
                 ep.local or not record.internal_traffic_local,
                 ep.local or not record.external_traffic_local)
             for ip in ep.ips:
-                if (ip, target) in resolved:
+                key = (ip.version, int(ip), target)
+                if key in resolved:
                     self._report_once(
                         entry, (SkipReason.DUPLICATE_ENDPOINT, "", ep.key),
                         f"endpoint {record.namespace}/{record.name}/{ep.key}",
                         f"{format_host_port(ip, target)} is already an endpoint of {port.name}; "
                         "it is programmed once")
                     continue
-                resolved[(ip, target)] = Endpoint(ip, target, ep.local, internal, external)
-        return sorted_endpoints(resolved.values())
+                resolved[key] = Endpoint(ip, target, ep.local, internal, external)
+        return tuple(resolved[key] for key in sorted(resolved))
 
     def _report_orphans(self, path: str, entry: _ServiceEntry) -> None:
         """Endpoints whose service is not known are kept (the service may come
