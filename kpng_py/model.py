@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Union
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
@@ -89,6 +89,19 @@ class Frontend:
     ip: IPAddress
     port: int
     protocol: Protocol
+    # Frontends are keys of the state model's and the backends' dicts, and an
+    # address hashes in Python code: the hash is computed once.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.ip, self.port, self.protocol)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Frontend], tuple[IPAddress, int, Protocol]]:
+        # Made anew where it is unpickled: string hashes differ per process.
+        return Frontend, (self.ip, self.port, self.protocol)
 
     def __str__(self) -> str:
         return f"{format_host_port(self.ip, self.port)}/{self.protocol.value}"
@@ -141,6 +154,9 @@ class ServicePort:
     internal_traffic_local: bool = False
     external_traffic_local: bool = False
     endpoints: tuple[Endpoint, ...] = ()
+    # `frontends()`, made on first use (a Sync asks for them several times).
+    _frontends: tuple[Frontend, ...] | None = field(default=None, init=False, repr=False,
+                                                     compare=False)
 
     @property
     def protocol(self) -> Protocol:
@@ -149,7 +165,11 @@ class ServicePort:
     def frontends(self) -> tuple[Frontend, ...]:
         """What clients dial to reach this port: one frontend per ClusterIP,
         in the order of `cluster_ips`."""
-        return tuple(Frontend(ip, self.port, self.protocol) for ip in self.cluster_ips)
+        frontends = self._frontends
+        if frontends is None:
+            frontends = tuple(Frontend(ip, self.port, self.protocol) for ip in self.cluster_ips)
+            object.__setattr__(self, "_frontends", frontends)
+        return frontends
 
     def cluster_endpoints(self, family: IPFamily | None = None) -> tuple[Endpoint, ...]:
         """Endpoints ClusterIP traffic may use (Scopes.Internal), optionally of
