@@ -27,7 +27,7 @@ from kpng_py.api import localv1
 from kpng_py.decode import (
     EndpointRecord,
     ServiceRecord,
-    SharedValues,
+    EndpointTails,
     decode_endpoint,
     decode_service,
     split_endpoint_path,
@@ -129,8 +129,8 @@ class NodeState:
         # undecodable), so a resync that re-sends it is not reported again.
         self._rejected: dict[tuple[int, str], bytes] = {}
         self._synced = False
-        # Equal decoded values of many endpoints held once.
-        self._shared = SharedValues()
+        # What many endpoints' values share, decoded once.
+        self._tails = EndpointTails()
 
     # -- reading ---------------------------------------------------------------
 
@@ -217,7 +217,7 @@ class NodeState:
         previous = entry.endpoints.get(key) if entry else None
         if previous is not None and _raw(previous) == data:
             return True
-        record = decode_endpoint(service_path, key, data, self._skips, self._shared)
+        record = decode_endpoint(service_path, key, data, self._skips, self._tails)
         if record is None and previous is not None:
             return False
         if entry is None:
