@@ -395,8 +395,10 @@ def decode_endpoint(service_path: str, key: str, data: bytes, skips: Skips,
         tail, clean = _decode_tail(ep, owner, skips)
         if tails is not None and parts is not None and clean and _ips_only_first(parts[1]):
             tails.put(parts[1], tail)
-    ips = tuple(parse_ips(v4, 4, owner, skips) + parse_ips(v6, 6, owner, skips))
-    return EndpointRecord(key, ips, tail.port_overrides, tail.local, tail.scopes, data)
+    ips = parse_ips(v4, 4, owner, skips)
+    if v6:
+        ips += parse_ips(v6, 6, owner, skips)
+    return EndpointRecord(key, tuple(ips), tail.port_overrides, tail.local, tail.scopes, data)
 
 
 def _decode_tail(ep: localv1.Endpoint, owner: str, skips: Skips) -> tuple[_Tail, bool]:
