@@ -8,8 +8,8 @@ grow new service types need no model change. All values are frozen.
 
 A full sync holds one `Endpoint` per endpoint and port and one `ServicePort`
 per port, so the classes have slots (no per-object dict); the state model
-shares what many of them hold (ports, names, scope flags, addresses of one
-decoded value).
+shares what many of them hold (an endpoint's address objects across the
+ports it serves, the values many endpoints have in common).
 """
 
 from __future__ import annotations
