@@ -26,8 +26,8 @@ from typing import Iterable
 from kpng_py.api import localv1
 from kpng_py.decode import (
     EndpointRecord,
-    ServiceRecord,
     EndpointTails,
+    ServiceRecord,
     decode_endpoint,
     decode_service,
     split_endpoint_path,
