@@ -71,6 +71,7 @@ class EndpointRecord(NamedTuple):
 # Decoded scopes, one shared pair per value: _SCOPES[internal][external].
 _SCOPES = (((False, False), (False, True)), ((True, False), (True, True)))
 
+
 class _Tail(NamedTuple):
     """What an Endpoint's fields after its IPs decode to."""
 
@@ -84,11 +85,14 @@ class EndpointTails:
     service (often of a node) differ in their addresses only, which the
     brain encodes first: the rest of their bytes is decoded once, and its
     values are one object shared by all of them. At most `limit` distinct
-    tails are remembered; past that it starts afresh."""
+    tails of at most `longest` bytes each are remembered (a brain's values
+    cost the state no more than their own size); past that it starts
+    afresh."""
 
-    def __init__(self, limit: int = 4096) -> None:
+    def __init__(self, limit: int = 4096, longest: int = 256) -> None:
         self._tails: dict[bytes, _Tail] = {}
         self._limit = limit
+        self.longest = longest
 
     def get(self, tail: bytes) -> _Tail | None:
         return self._tails.get(tail)
@@ -393,7 +397,8 @@ def decode_endpoint(service_path: str, key: str, data: bytes, skips: Skips,
         return None
     if ep is not None:
         tail, clean = _decode_tail(ep, owner, skips)
-        if tails is not None and parts is not None and clean and _ips_only_first(parts[1]):
+        if (tails is not None and parts is not None and clean
+                and len(parts[1]) <= tails.longest and _ips_only_first(parts[1])):
             tails.put(parts[1], tail)
     ips = parse_ips(v4, 4, owner, skips)
     if v6:

@@ -132,6 +132,19 @@ def test_endpoints_decode_alike_with_shared_tails(values: list[tuple[bytes, byte
         assert shared.seen == alone.seen
 
 
+def test_only_short_tails_are_remembered() -> None:
+    """What the decoder remembers of a brain's values is bounded per value:
+    a tail over `longest` bytes is decoded anew each time."""
+    tail = L.Endpoint(PortOverrides=[L.PortName(Name="http", Port=8080)],
+                      Scopes=L.EndpointScopes(Internal=True)).SerializeToString()
+    for longest, shared in ((len(tail), True), (len(tail) - 1, False)):
+        tails = EndpointTails(longest=longest)
+        a, b = (decode_endpoint("default/web", key, _ips_field([ip], []) + tail, SKIPS, tails)
+                for key, ip in (("a", "10.244.0.5"), ("b", "10.244.0.6")))
+        assert a.port_overrides == b.port_overrides == (("http", 8080),)
+        assert (a.port_overrides is b.port_overrides) == shared
+
+
 # Every class of address a brain could send: any address (hypothesis favours
 # special-purpose ranges), IPv4-mapped forms, scope ids, named special ones,
 # and text that is not an address at all.
