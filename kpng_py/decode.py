@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from google.protobuf.message import DecodeError
 
@@ -44,9 +44,11 @@ class ServiceRecord:
     external_traffic_local: bool
 
 
-@dataclass(frozen=True)
-class EndpointRecord:
-    """A decoded Endpoint of one service."""
+class EndpointRecord(NamedTuple):
+    """A decoded Endpoint of one service: what the node state keeps of it.
+    A full sync makes one per endpoint, so it is a tuple (made in a fraction
+    of a frozen dataclass's time, in one allocation) and values equal across
+    endpoints, such as the port overrides and the scopes, are shared objects."""
 
     key: str
     ips: tuple[IPAddress, ...]
@@ -55,9 +57,63 @@ class EndpointRecord:
     # None when the brain sent no Scopes (older brains, hand-written streams);
     # the state model then derives them as KPNG's brain does.
     scopes: tuple[bool, bool] | None
+    # The bytes it was decoded from, which a new value is compared with
+    # before it is decoded.
+    raw: bytes = b""
 
     def override(self, name: str) -> int | None:
-        return next((port for n, port in self.port_overrides if n == name), None)
+        for n, port in self.port_overrides:
+            if n == name:
+                return port
+        return None
+
+
+# Decoded scopes, one shared pair per value: _SCOPES[internal][external].
+_SCOPES = (((False, False), (False, True)), ((True, False), (True, True)))
+
+
+class _Tail(NamedTuple):
+    """What an Endpoint's fields after its IPs decode to."""
+
+    port_overrides: tuple[tuple[str, int], ...]
+    local: bool
+    scopes: tuple[bool, bool] | None
+
+
+class EndpointTails:
+    """The decoded tails of Endpoint values, by their bytes. Endpoints of a
+    service (often of a node) differ in their addresses only, which the
+    brain encodes first: the rest of their bytes is decoded once, and its
+    values are one object shared by all of them. At most `limit` distinct
+    tails of at most `longest` bytes each are remembered (a brain's values
+    cost the state no more than their own size); past that it starts
+    afresh."""
+
+    def __init__(self, limit: int = 4096, longest: int = 256) -> None:
+        self._tails: dict[bytes, _Tail] = {}
+        self._limit = limit
+        self.longest = longest
+
+    def get(self, tail: bytes) -> _Tail | None:
+        return self._tails.get(tail)
+
+    def put(self, tail: bytes, value: _Tail) -> None:
+        if len(self._tails) >= self._limit:
+            self._tails.clear()
+        self._tails[tail] = value
+
+
+# The tag of Endpoint.IPs (field 2, length-delimited).
+_IPS_TAG = 0x12
+
+
+def _split_at_ips(data: bytes) -> tuple[bytes, bytes] | None:
+    """(the IPSet's bytes, the bytes after it) when `data` starts with a
+    short IPs field, as the brain encodes an endpoint; else None."""
+    if len(data) < 2 or data[0] != _IPS_TAG or data[1] >= 0x80 or 2 + data[1] > len(data):
+        return None
+    end = 2 + data[1]
+    return data[2:end], data[end:]
 
 
 def split_service_path(path: str) -> tuple[str, str] | None:
@@ -310,28 +366,71 @@ def _decode_port(namespace: str, name: str, mapping: localv1.PortMapping, common
     )
 
 
-def decode_endpoint(service_path: str, key: str, data: bytes,
-                    skips: Skips) -> EndpointRecord | None:
+def decode_endpoint(service_path: str, key: str, data: bytes, skips: Skips,
+                    tails: EndpointTails | None = None) -> EndpointRecord | None:
+    """With `tails`, an endpoint whose bytes after its IPs were decoded
+    before (and needed no skip) decodes only its IPs and shares the rest."""
     owner = f"endpoint {service_path}/{key}"
-    try:
-        ep = localv1.Endpoint.FromString(data)
-    except DecodeError as err:
-        skips.skip(SkipReason.BAD_BYTES, owner, f"cannot decode an Endpoint: {err}")
-        return None
-    addresses = len(ep.IPs.V4) + len(ep.IPs.V6)
+    parts = _split_at_ips(data) if tails is not None else None
+    tail = tails.get(parts[1]) if tails is not None and parts is not None else None
+    ipset: localv1.IPSet | None = None
+    if tail is not None:
+        try:
+            ipset = localv1.IPSet.FromString(parts[0])
+        except DecodeError:
+            tail = None  # the whole value is undecodable; decoding it says why
+    ep: localv1.Endpoint | None = None
+    if ipset is None:
+        try:
+            ep = localv1.Endpoint.FromString(data)
+        except DecodeError as err:
+            skips.skip(SkipReason.BAD_BYTES, owner, f"cannot decode an Endpoint: {err}")
+            return None
+        ipset = ep.IPs
+    v4, v6 = ipset.V4, ipset.V6
+    addresses = len(v4) + len(v6)
     if addresses > MAX_ENDPOINT_IPS:
         skips.skip(SkipReason.LIMIT, owner,
                    f"{addresses} addresses; an endpoint has at most {MAX_ENDPOINT_IPS} "
                    "(Kubernetes' EndpointSlice limit); its previous version, if any, stays in "
                    "force (the brain must send one endpoint per pod)")
         return None
-    overrides: list[tuple[str, int]] = []
-    for override in ep.PortOverrides:
-        if not 0 < override.Port <= MAX_PORT:
-            skips.skip(SkipReason.BAD_PORT, owner,
-                       f"port override {override.Name!r}={override.Port} is outside 1..{MAX_PORT}")
-            continue
-        overrides.append((override.Name, override.Port))
-    scopes = (ep.Scopes.Internal, ep.Scopes.External) if ep.HasField("Scopes") else None
-    return EndpointRecord(key, _ipset(ep.IPs, owner, skips), tuple(overrides), ep.Local, scopes)
+    if ep is not None:
+        tail, clean = _decode_tail(ep, owner, skips)
+        if (tails is not None and parts is not None and clean
+                and len(parts[1]) <= tails.longest and _ips_only_first(parts[1])):
+            tails.put(parts[1], tail)
+    ips = parse_ips(v4, 4, owner, skips)
+    if v6:
+        ips += parse_ips(v6, 6, owner, skips)
+    return EndpointRecord(key, tuple(ips), tail.port_overrides, tail.local, tail.scopes, data)
 
+
+def _decode_tail(ep: localv1.Endpoint, owner: str, skips: Skips) -> tuple[_Tail, bool]:
+    """The endpoint's values but its IPs, and whether they needed no skip."""
+    overrides: list[tuple[str, int]] = []
+    clean = True
+    for override in ep.PortOverrides:
+        name, port = override.Name, override.Port
+        if not 0 < port <= MAX_PORT:
+            skips.skip(SkipReason.BAD_PORT, owner,
+                       f"port override {name!r}={port} is outside 1..{MAX_PORT}")
+            clean = False
+            continue
+        overrides.append((name, port))
+    if ep.HasField("Scopes"):
+        scopes = ep.Scopes
+        pair: tuple[bool, bool] | None = _SCOPES[scopes.Internal][scopes.External]
+    else:
+        pair = None
+    return _Tail(tuple(overrides), ep.Local, pair), clean
+
+
+def _ips_only_first(tail: bytes) -> bool:
+    """Whether the bytes after an endpoint's first IPs field hold no more of
+    them (a repeated message field is merged: the IPs would not be the first
+    field's alone)."""
+    try:
+        return not localv1.Endpoint.FromString(tail).HasField("IPs")
+    except DecodeError:
+        return False

@@ -5,13 +5,18 @@ These are the Python counterparts of kube-proxy's ServicePortName and
 BaseServiceInfo (as carried by KPNG's localv1 Service): everything a ClusterIP,
 NodePort, ExternalIP or LoadBalancer dataplane needs is here, so backends that
 grow new service types need no model change. All values are frozen.
+
+A full sync holds one `Endpoint` per endpoint and port and one `ServicePort`
+per port, so the classes have slots (no per-object dict); the state model
+shares what many of them hold (an endpoint's address objects across the
+ports it serves, the values many endpoints have in common).
 """
 
 from __future__ import annotations
 
 import enum
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Union
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
@@ -30,6 +35,10 @@ class Protocol(enum.Enum):
     TCP = "TCP"
     UDP = "UDP"
 
+    # Members are singletons compared by identity: hashing by identity is
+    # the same relation, in C (names and frontends hash their protocol).
+    __hash__ = object.__hash__
+
 
 class IPFamily(enum.IntEnum):
     V4 = 4
@@ -45,7 +54,7 @@ def format_host_port(ip: IPAddress, port: int) -> str:
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServicePortName:
     """kube-proxy's ServicePortName: `namespace/name:port` plus the protocol.
 
@@ -67,7 +76,7 @@ class ServicePortName:
         return (str(self), self.protocol.value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Frontend:
     """What a client dials: an address, a port and a protocol.
 
@@ -80,12 +89,25 @@ class Frontend:
     ip: IPAddress
     port: int
     protocol: Protocol
+    # Frontends are keys of the state model's and the backends' dicts, and an
+    # address hashes in Python code: the hash is computed once.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.ip, self.port, self.protocol)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Frontend], tuple[IPAddress, int, Protocol]]:
+        # Made anew where it is unpickled: string hashes differ per process.
+        return Frontend, (self.ip, self.port, self.protocol)
 
     def __str__(self) -> str:
         return f"{format_host_port(self.ip, self.port)}/{self.protocol.value}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Endpoint:
     """One backend address for one service port, with the brain's view flags.
 
@@ -111,7 +133,7 @@ class Endpoint:
         return format_host_port(self.ip, self.port)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServicePort:
     """One service port as a backend programs it (kube-proxy's BaseServiceInfo
     plus the endpoints resolved for this port)."""
@@ -132,6 +154,9 @@ class ServicePort:
     internal_traffic_local: bool = False
     external_traffic_local: bool = False
     endpoints: tuple[Endpoint, ...] = ()
+    # `frontends()`, made on first use (a Sync asks for them several times).
+    _frontends: tuple[Frontend, ...] | None = field(default=None, init=False, repr=False,
+                                                     compare=False)
 
     @property
     def protocol(self) -> Protocol:
@@ -140,7 +165,11 @@ class ServicePort:
     def frontends(self) -> tuple[Frontend, ...]:
         """What clients dial to reach this port: one frontend per ClusterIP,
         in the order of `cluster_ips`."""
-        return tuple(Frontend(ip, self.port, self.protocol) for ip in self.cluster_ips)
+        frontends = self._frontends
+        if frontends is None:
+            frontends = tuple(Frontend(ip, self.port, self.protocol) for ip in self.cluster_ips)
+            object.__setattr__(self, "_frontends", frontends)
+        return frontends
 
     def cluster_endpoints(self, family: IPFamily | None = None) -> tuple[Endpoint, ...]:
         """Endpoints ClusterIP traffic may use (Scopes.Internal), optionally of
@@ -157,7 +186,7 @@ def sorted_endpoints(endpoints: Iterable[Endpoint]) -> tuple[Endpoint, ...]:
     return tuple(sorted(endpoints, key=Endpoint.sort_key))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServicePortChanges:
     """What one applied Sync changed, per ServicePortName.
 

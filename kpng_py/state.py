@@ -26,6 +26,7 @@ from typing import Iterable
 from kpng_py.api import localv1
 from kpng_py.decode import (
     EndpointRecord,
+    EndpointTails,
     ServiceRecord,
     decode_endpoint,
     decode_service,
@@ -37,11 +38,9 @@ from kpng_py.model import (
     ServicePortChanges,
     Endpoint,
     Frontend,
-    IPAddress,
     ServicePort,
     ServicePortName,
     format_host_port,
-    sorted_endpoints,
 )
 from kpng_py.skips import SkipReason, Skips
 
@@ -51,14 +50,21 @@ _SERVICES = localv1.ServicesSet
 _ENDPOINTS = localv1.EndpointsSet
 
 
-@dataclass
+# A marker of a problem already logged for a service: (reason, port name or
+# limit flag or "", endpoint key or ""), or for a frontend of one of its ports
+# that another port owns: (FRONTEND_CONFLICT, the port's name, the frontend).
+_Report = tuple[SkipReason, str | ServicePortName, str | Frontend]
+
+
+@dataclass(slots=True)
 class _ServiceEntry:
     """Everything known about one service path (`namespace/name`)."""
 
     raw: bytes | None = None
     record: ServiceRecord | None = None
-    # endpoint key -> (raw bytes, decoded record or None when undecodable)
-    endpoints: dict[str, tuple[bytes, EndpointRecord | None]] = field(default_factory=dict)
+    # endpoint key -> its decoded record (which holds the bytes it came
+    # from), or the bytes alone when they could not be decoded
+    endpoints: dict[str, EndpointRecord | bytes] = field(default_factory=dict)
     # The version in force: the service's ports with their endpoints and
     # every frontend they claim, and how many endpoints they hold.
     claiming: dict[ServicePortName, ServicePort] = field(default_factory=dict)
@@ -66,19 +72,30 @@ class _ServiceEntry:
     # What the backend was last given for this service (`claiming` without
     # the frontends other ports own).
     published: dict[ServicePortName, ServicePort] = field(default_factory=dict)
-    # Problems already logged, as (reason, port name or limit flag or "",
-    # endpoint key or ""), so each is reported once until the service or that
-    # endpoint changes.
-    reported: set[tuple[SkipReason, str, str]] = field(default_factory=set)
-    # Frontends of this version of the service already reported as another's.
-    conflicts: set[tuple[ServicePortName, Frontend]] = field(default_factory=set)
+    # Problems already logged, so each is reported once until the service or
+    # that endpoint changes (conflicts: until the service changes); None
+    # while there are none (most services).
+    reported: set[_Report] | None = None
+
+    def first_report(self, marker: _Report) -> bool:
+        """True the first time `marker` is reported (and remember it)."""
+        if self.reported is None:
+            self.reported = set()
+        elif marker in self.reported:
+            return False
+        self.reported.add(marker)
+        return True
+
+    def forget_report(self, marker: _Report) -> None:
+        if self.reported:
+            self.reported.discard(marker)
 
     def forget_reports(self, key: str) -> None:
-        self.reported = {r for r in self.reported if r[2] != key}
+        if self.reported:
+            self.reported = {r for r in self.reported if r[2] != key}
 
     def new_version(self) -> None:
-        self.reported.clear()
-        self.conflicts.clear()
+        self.reported = None
 
     def is_empty(self) -> bool:
         return (self.raw is None and not self.endpoints and not self.claiming
@@ -112,6 +129,8 @@ class NodeState:
         # undecodable), so a resync that re-sends it is not reported again.
         self._rejected: dict[tuple[int, str], bytes] = {}
         self._synced = False
+        # What many endpoints' values share, decoded once.
+        self._tails = EndpointTails()
 
     # -- reading ---------------------------------------------------------------
 
@@ -138,7 +157,9 @@ class NodeState:
             elif kind == "Delete":
                 self._delete(op.Delete.Set, op.Delete.Path)
             elif kind == "Reset":
-                self._resync_seen = set()
+                # What is set from now on is seen; only what exists now can
+                # go unseen (nothing on a first stream).
+                self._resync_seen = set() if self._services or self._rejected else None
             elif kind == "Sync":
                 changes = self._sync()
         return changes
@@ -148,24 +169,26 @@ class NodeState:
         return ServicePortChanges(added=tuple(self.service_ports()), full=True)
 
     def _set(self, value: localv1.Value) -> None:
-        ref = ref_set, path = value.Ref.Set, value.Ref.Path
+        where = value.Ref
+        ref_set, path = where.Set, where.Path
         data = value.Bytes
         if self._resync_seen is not None:
-            self._resync_seen.add(ref)
-        if self._rejected.get(ref) == data:
+            self._resync_seen.add((ref_set, path))
+        if self._rejected and self._rejected.get((ref_set, path)) == data:
             return  # reported when it first came
-        if ref_set == _SERVICES:
-            accepted = self._set_service(path, data)
-        elif ref_set == _ENDPOINTS:
+        if ref_set == _ENDPOINTS:
             accepted = self._set_endpoint(path, data)
+        elif ref_set == _SERVICES:
+            accepted = self._set_service(path, data)
         else:
             self._skips.skip(SkipReason.UNKNOWN_SET, f"Set {path!r}",
                              f"Ref.Set {_set_name(ref_set)} is not served to backends")
             accepted = False
         if accepted:
-            self._rejected.pop(ref, None)
+            if self._rejected:
+                self._rejected.pop((ref_set, path), None)
         else:
-            self._rejected[ref] = data
+            self._rejected[(ref_set, path)] = data
 
     def _set_service(self, path: str, data: bytes) -> bool:
         """False if the value was refused (the previous version stays in force)."""
@@ -192,13 +215,14 @@ class NodeState:
         service_path, key = split
         entry = self._services.get(service_path)
         previous = entry.endpoints.get(key) if entry else None
-        if previous is not None and previous[0] == data:
+        if previous is not None and _raw(previous) == data:
             return True
-        record = decode_endpoint(service_path, key, data, self._skips)
+        record = decode_endpoint(service_path, key, data, self._skips, self._tails)
         if record is None and previous is not None:
             return False
-        entry = self._services.setdefault(service_path, _ServiceEntry())
-        entry.endpoints[key] = (data, record)
+        if entry is None:
+            entry = self._services[service_path] = _ServiceEntry()
+        entry.endpoints[key] = data if record is None else record
         entry.forget_reports(key)
         self._touch(service_path, endpoints=1)
         return True
@@ -304,7 +328,7 @@ class NodeState:
                     "(raise --max-endpoints)")
                 continue
             self._over_node_limit.pop(path, None)
-            entry.reported.discard(marker)
+            entry.forget_report(marker)
             self._endpoint_total = total
             entry.endpoint_count += growth[path]
             replaced[path], entry.claiming = entry.claiming, computed[path]
@@ -350,9 +374,9 @@ class NodeState:
             for port in entry.claiming.values():
                 for frontend in port.frontends():
                     owner = self._owners.owner(frontend)
-                    if owner == port.name or (port.name, frontend) in entry.conflicts:
+                    if owner == port.name or not entry.first_report(
+                            (SkipReason.FRONTEND_CONFLICT, port.name, frontend)):
                         continue
-                    entry.conflicts.add((port.name, frontend))
                     self._skips.skip(
                         SkipReason.FRONTEND_CONFLICT, f"service port {port.name}",
                         f"{frontend} belongs to {owner}, which claimed it first; this port "
@@ -391,7 +415,8 @@ class NodeState:
             return {}
         # In key order, so that of two endpoints with one address the same one
         # wins whatever order they came in (a resync may reorder them).
-        endpoints = [ep for _, (_, ep) in sorted(entry.endpoints.items()) if ep is not None]
+        endpoints = [ep for _, ep in sorted(entry.endpoints.items())
+                     if isinstance(ep, EndpointRecord)]
         addresses = sum(len(ep.ips) for ep in endpoints)
         size, limit = len(record.ports) * addresses, self._limits.max_service_endpoints
         marker = (SkipReason.LIMIT, "--max-service-endpoints", "")
@@ -402,7 +427,7 @@ class NodeState:
                 f"endpoints, over --max-service-endpoints {limit}; its previous version, if "
                 "any, stays in force (raise --max-service-endpoints)")
             return None
-        entry.reported.discard(marker)
+        entry.forget_report(marker)
         return {
             port.name: replace(port, endpoints=self._resolve(entry, record, port, endpoints))
             for port in record.ports
@@ -410,9 +435,14 @@ class NodeState:
 
     def _resolve(self, entry: _ServiceEntry, record: ServiceRecord, port: ServicePort,
                  endpoints: list[EndpointRecord]) -> tuple[Endpoint, ...]:
-        resolved: dict[tuple[IPAddress, int], Endpoint] = {}
+        # By Endpoint.sort_key, which is also the address and port that make
+        # an endpoint one (and hashes in C, unlike an address).
+        resolved: dict[tuple[int, int, int], Endpoint] = {}
+        overrides: tuple[tuple[str, int], ...] | None = None
+        target: int | None = None
         for ep in endpoints:
-            target = resolve_endpoint_port(port, ep)
+            if ep.port_overrides is not overrides:  # endpoints of a service share them
+                overrides, target = ep.port_overrides, resolve_endpoint_port(port, ep)
             if target is None:
                 self._report_once(
                     entry, (SkipReason.UNRESOLVED_PORT, port.name.port, ep.key),
@@ -425,15 +455,16 @@ class NodeState:
                 ep.local or not record.internal_traffic_local,
                 ep.local or not record.external_traffic_local)
             for ip in ep.ips:
-                if (ip, target) in resolved:
+                key = (ip.version, int(ip), target)
+                if key in resolved:
                     self._report_once(
                         entry, (SkipReason.DUPLICATE_ENDPOINT, "", ep.key),
                         f"endpoint {record.namespace}/{record.name}/{ep.key}",
                         f"{format_host_port(ip, target)} is already an endpoint of {port.name}; "
                         "it is programmed once")
                     continue
-                resolved[(ip, target)] = Endpoint(ip, target, ep.local, internal, external)
-        return sorted_endpoints(resolved.values())
+                resolved[key] = Endpoint(ip, target, ep.local, internal, external)
+        return tuple(resolved[key] for key in sorted(resolved))
 
     def _report_orphans(self, path: str, entry: _ServiceEntry) -> None:
         """Endpoints whose service is not known are kept (the service may come
@@ -447,11 +478,15 @@ class NodeState:
                               f"no service {path} is known (not sent yet, or deleted); "
                               "the endpoint waits for it")
 
-    def _report_once(self, entry: _ServiceEntry, marker: tuple[SkipReason, str, str], obj: str,
+    def _report_once(self, entry: _ServiceEntry, marker: _Report, obj: str,
                      detail: str) -> None:
-        if marker not in entry.reported:
-            entry.reported.add(marker)
+        if entry.first_report(marker):
             self._skips.skip(marker[0], obj, detail)
+
+
+def _raw(endpoint: EndpointRecord | bytes) -> bytes:
+    """The bytes an endpoint's value came in."""
+    return endpoint if isinstance(endpoint, bytes) else endpoint.raw
 
 
 def _endpoint_count(ports: dict[ServicePortName, ServicePort]) -> int:

@@ -17,7 +17,8 @@ from hypothesis import given, settings, strategies as st
 
 from kpng_py.api import localv1 as L
 from kpng_py.client import ClientConfig
-from kpng_py.decode import decode_endpoint, decode_service, split_endpoint_path
+from kpng_py.decode import (EndpointRecord, EndpointTails, decode_endpoint, decode_service,
+                            split_endpoint_path)
 from kpng_py.limits import Limits
 from kpng_py.model import MAX_PORT, IPAddress
 from kpng_py.metrics import Metrics
@@ -80,9 +81,68 @@ def test_any_bytes_decode_or_are_skipped(data: bytes) -> None:
         assert skips.seen == [(SkipReason.BAD_BYTES, "endpoint default/fuzz/k")]
     else:
         again = RecordedSkips()
-        assert decoded == decode_endpoint("default/fuzz", "k", ep.SerializeToString(), again)
+        reencoded = decode_endpoint("default/fuzz", "k", ep.SerializeToString(), again)
+        assert _decoded_value(decoded) == _decoded_value(reencoded)
         assert again.seen == skips.seen
         assert decoded is None or all(0 < p <= MAX_PORT for _, p in decoded.port_overrides)
+
+
+def _decoded_value(record: EndpointRecord | None) -> EndpointRecord | None:
+    """The record without the bytes it came from (a re-encoding may differ)."""
+    return None if record is None else record._replace(raw=b"")
+
+
+def _ips_field(v4: list[str], v6: list[str]) -> bytes:
+    ipset = L.IPSet(V4=v4, V6=v6).SerializeToString()
+    return bytes([0x12, len(ipset)]) + ipset if len(ipset) < 0x80 else b""
+
+
+# What may follow an endpoint's IPs: the brain's own encodings, values that
+# need a skip, more IPs (merged into the first), garbage.
+_TAILS = st.one_of(
+    st.builds(lambda local, overrides, scopes: L.Endpoint(
+        Local=local, PortOverrides=[L.PortName(Name=n, Port=p) for n, p in overrides],
+        Scopes=scopes).SerializeToString(),
+        st.booleans(), st.lists(st.tuples(st.sampled_from(["", "http", "dns"]),
+                                          st.sampled_from([0, 53, 8080, 70000])), max_size=2),
+        st.sampled_from([None, L.EndpointScopes(Internal=True),
+                         L.EndpointScopes(Internal=True, External=True)])),
+    st.builds(_ips_field, st.lists(st.sampled_from(["10.244.0.9", "x"]), max_size=2),
+              st.just([])),
+    st.binary(max_size=12),
+)
+_SHARING = st.lists(st.tuples(st.builds(_ips_field, st.lists(st.sampled_from(
+    ["10.244.0.5", "10.244.0.6", "127.0.0.1", "bad"]), max_size=2),
+    st.lists(st.sampled_from(["fd00::5", "::1"]), max_size=1)) | st.binary(max_size=6),
+    _TAILS), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_SHARING)
+def test_endpoints_decode_alike_with_shared_tails(values: list[tuple[bytes, bytes]]) -> None:
+    """Endpoints that share the bytes after their IPs decode, with the
+    tails of earlier ones remembered, as each does alone: same record, same
+    skips."""
+    tails = EndpointTails()
+    for prefix, tail in values:
+        data = prefix + tail
+        alone, shared = RecordedSkips(), RecordedSkips()
+        assert (decode_endpoint("default/fuzz", "k", data, shared, tails)
+                == decode_endpoint("default/fuzz", "k", data, alone))
+        assert shared.seen == alone.seen
+
+
+def test_only_short_tails_are_remembered() -> None:
+    """What the decoder remembers of a brain's values is bounded per value:
+    a tail over `longest` bytes is decoded anew each time."""
+    tail = L.Endpoint(PortOverrides=[L.PortName(Name="http", Port=8080)],
+                      Scopes=L.EndpointScopes(Internal=True)).SerializeToString()
+    for longest, shared in ((len(tail), True), (len(tail) - 1, False)):
+        tails = EndpointTails(longest=longest)
+        a, b = (decode_endpoint("default/web", key, _ips_field([ip], []) + tail, SKIPS, tails)
+                for key, ip in (("a", "10.244.0.5"), ("b", "10.244.0.6")))
+        assert a.port_overrides == b.port_overrides == (("http", 8080),)
+        assert (a.port_overrides is b.port_overrides) == shared
 
 
 # Every class of address a brain could send: any address (hypothesis favours

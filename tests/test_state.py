@@ -47,6 +47,40 @@ def test_first_sync_is_full_and_later_ones_incremental() -> None:
     assert (second.service_changes, second.endpoint_changes) == (0, 1)
 
 
+def test_a_second_reset_drops_what_only_the_first_stream_sent() -> None:
+    """A first stream's Reset has nothing to forget; a Reset after values
+    came, even within the same change set, forgets what is not re-sent."""
+    state, _ = new_state()
+    other = service("other", v4=["10.96.0.11"], ports=[port("http", 80, target=8080)])
+    changes = state.apply([reset(), set_service(web()), set_service(other),
+                           set_endpoint("default", "web", "a", pod("10.244.0.5")),
+                           set_endpoint("default", "web", "b", pod("10.244.0.6")),
+                           reset(), set_service(web()),
+                           set_endpoint("default", "web", "b", pod("10.244.0.6")), sync()])
+    assert changes.full and endpoints_of(changes) == {"default/web:http": ["10.244.0.6:8080"]}
+    assert [str(p.name) for p in state.service_ports()] == ["default/web:http"]
+
+
+def test_frontends_unpickled_elsewhere_hash_as_made_there() -> None:
+    """A Frontend keeps its hash, which holds string hashes that differ per
+    process: one sent to another process (the userspace tests' node driver
+    gets its change sets pickled) is a key there like one made there."""
+    import pickle
+    import subprocess
+    import sys
+
+    sp = ServicePort(name=ServicePortName("default", "web", "http", Protocol.TCP),
+                     type="ClusterIP", cluster_ips=(ipaddress.ip_address("fd00::a"),), port=80)
+    sp.frontends()  # made, with their hashes, before it is pickled
+    check = ("import pickle, sys; from kpng_py.model import Frontend; "
+             "sp = pickle.loads(sys.stdin.buffer.read()); f = sp.frontends()[0]; "
+             "print({Frontend(f.ip, f.port, f.protocol): 1}.get(f))")
+    for seed in ("1", "2"):
+        done = subprocess.run([sys.executable, "-c", check], input=pickle.dumps(sp),
+                              capture_output=True, env={"PYTHONHASHSEED": seed}, check=True)
+        assert done.stdout.strip() == b"1", done.stderr
+
+
 def test_resync_after_reconnect_reports_only_real_differences() -> None:
     state, _ = new_state()
     other = service("other", v4=["10.96.0.11"], ports=[port("http", 80, target=8080)])
