@@ -25,6 +25,7 @@ import logging
 import struct
 import time
 import types
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -52,6 +53,9 @@ log = logging.getLogger(__name__)
 # Slots are 16 bits wide (lb_service_key.slot), slot 0 is the master.
 MAX_SLOTS = 0xFFFF
 MAX_ID = 0xFFFFFFFF
+# Service ports planned and written per round of a change set: the buffers
+# of a round stay small (about 40 KiB per 100 endpoints), the syscalls few.
+ROUND_PORTS = 1024
 
 
 # Packed values, in the maps' native byte order: a u32 (a backend id, the
@@ -66,16 +70,22 @@ _SERVICE_KEY_SIZE = ct.sizeof(ServiceKey)
 FrontendSpecs = dict[FrontendKeys, tuple[tuple[bytes, ...], int]]
 
 
-def frontends_of(port: ServicePort) -> FrontendSpecs:
-    """Each ClusterIP's frontend with its backends (the endpoints of its
-    family that ClusterIP traffic may use) and affinity timeout."""
+def frontend_keys(port: ServicePort) -> tuple[FrontendKeys, ...]:
+    """The frontend of each ClusterIP of a service port."""
+    return tuple(FrontendKeys(HostPort(frontend.ip, frontend.port), frontend.protocol)
+                 for frontend in port.frontends())
+
+
+def frontends_of(port: ServicePort, keys: Sequence[FrontendKeys] | None = None) -> FrontendSpecs:
+    """Each ClusterIP's frontend (`keys`, when they are known) with its
+    backends (the endpoints of its family that ClusterIP traffic may use)
+    and affinity timeout."""
     endpoints = port.cluster_endpoints()
     return {
-        FrontendKeys(HostPort(frontend.ip, frontend.port), frontend.protocol): (
-            tuple(packed_l4addr(ep.ip, ep.port) for ep in endpoints
-                  if ep.ip.version == frontend.ip.version),
-            port.affinity_timeout_seconds)
-        for frontend in port.frontends()
+        frontend: (tuple(packed_l4addr(ep.ip, ep.port) for ep in endpoints
+                         if ep.ip.version == frontend.vip.ip.version),
+                   port.affinity_timeout_seconds)
+        for frontend in (frontend_keys(port) if keys is None else keys)
     }
 
 
@@ -173,9 +183,15 @@ class MapWrites:
     # (service id, backend) pairs of UDP frontends that are gone: connected
     # sockets still pointing there must be terminated (S9).
     removed_udp: set[tuple[int, HostPort]] = field(default_factory=set)
+    # Entries of each step in the rounds already written (buffers emptied).
+    written: Counter[str] = field(default_factory=Counter)
 
-    def steps(self) -> dict[str, int]:
-        """Entries of each step."""
+    def steps(self) -> Counter[str]:
+        """Entries of each step, written and pending."""
+        return self.written + Counter(self.pending())
+
+    def pending(self) -> dict[str, int]:
+        """Entries of each step in the buffers."""
         key_size = _SERVICE_KEY_SIZE
         return {
             "gone": (len(self.gone_masters) + len(self.gone_slots)) // key_size,
@@ -186,6 +202,15 @@ class MapWrites:
             "stale_slots": len(self.stale_slots) // key_size,
             "orphan_backends": len(self.orphan_backends) // _BACKEND_KEY_SIZE,
         }
+
+    def round_written(self) -> None:
+        """The buffers were written: count them and empty them."""
+        self.written.update(self.pending())
+        for buffer in (self.gone_masters, self.gone_slots, self.gone_backends,
+                       self.new_backend_keys, self.new_backend_values, self.slot_keys,
+                       self.slot_values, self.master_keys, self.master_values, self.stale_slots,
+                       self.orphan_backends):
+            buffer.clear()
 
     def entries_written(self) -> dict[str, int]:
         """Entries created, updated or deleted, by map."""
@@ -281,51 +306,66 @@ class ServiceProgrammer:
 
     def apply(self, changes: ServicePortChanges) -> MapWrites:
         """Write one change set; returns what was written (with the (service
-        id, backend) pairs UDP frontends lost). On a failed write the mirror is
-        re-read from the maps (so the entry counts are what the maps hold) and
-        the error raised; the next full change set repairs the maps."""
+        id, backend) pairs UDP frontends lost). The service ports are
+        planned and written in rounds of ROUND_PORTS, each in the no-gap
+        order, so a full sync never holds all of its writes at once. On a
+        failed write the mirror is re-read from the maps (so the entry counts
+        are what the maps hold) and the error raised; the next full change
+        set repairs the maps."""
         started = time.perf_counter()
-        writes = MapWrites()
-        ports = (changes.added if changes.full
-                 else self._plan_incremental(changes, writes))
-        planned = [(port, frontends_of(port)) for port in ports]
-        if changes.full:
-            self._plan_full(planned, writes)
+        writes, stages = MapWrites(), {"plan_ms": 0.0, "write_ms": 0.0}
         waiting, self._waiting = self._waiting, {}
-        for port, specs in planned:
-            self._program_port(port, specs, writes, _reported(waiting.pop(port.name, None), port))
-        if not changes.full:  # a full change set lists every port there is
-            for earlier in sorted(waiting.values(), key=lambda w: w.port.name.sort_key()):
-                self._program_port(earlier.port, frontends_of(earlier.port), writes,
-                                   earlier.reported)
-        written = time.perf_counter()
+        todo: list[tuple[ServicePort, tuple[FrontendKeys, ...], Waiting | None]] = []
+        done = 0
         try:
-            self._write(writes)
+            if changes.full:
+                todo = [(port, frontend_keys(port), waiting.pop(port.name, None))
+                        for port in changes.added]
+                self._plan_full(todo, writes)
+            else:
+                todo = [(port, frontend_keys(port), waiting.pop(port.name, None))
+                        for port in self._plan_incremental(changes, writes)]
+                # Ports still waiting from earlier change sets, retried after
+                # these (a full change set lists every port there is).
+                todo += [(earlier.port, frontend_keys(earlier.port), earlier)
+                         for earlier in sorted(waiting.values(),
+                                               key=lambda w: w.port.name.sort_key())]
+            while True:
+                for port, keys, earlier in todo[done:done + ROUND_PORTS]:
+                    self._program_port(port, frontends_of(port, keys), writes,
+                                       _reported(earlier, port))
+                done = min(done + ROUND_PORTS, len(todo))
+                flushing = time.perf_counter()
+                stages["plan_ms"] += (flushing - started) * 1000
+                self._write_round(writes)
+                started = time.perf_counter()
+                stages["write_ms"] += (started - flushing) * 1000
+                if done == len(todo):
+                    break
         except OSError:
-            self._recover_after_failed_write()
+            self._recover_after_failed_write(earlier for _, _, earlier in todo[done:])
             raise
         finally:
-            self._last_stages = types.MappingProxyType({
-                "plan_ms": (written - started) * 1000,
-                "write_ms": (time.perf_counter() - written) * 1000})
+            self._last_stages = types.MappingProxyType(stages)
         self._service_ids.settle()
         self._backend_id_pool.settle()
-        steps = writes.steps()
-        self.service_entries -= steps["stale_slots"]
-        self.backend_entries -= steps["orphan_backends"]
         return writes
 
-    def _recover_after_failed_write(self) -> None:
+    def _recover_after_failed_write(self, not_retried: Iterable[Waiting | None]) -> None:
         """Re-read the maps; who owns which frontend and what was already
-        reported stay known (the maps cannot say)."""
+        reported stay known (the maps cannot say), for the ports the change
+        set did not reach too."""
         owners, waiting = self._owners, self._waiting
         self._recover()
         self._owners = {f: owner for f, owner in owners.items() if f in self._frontends}
         self._waiting = waiting
+        for earlier in not_retried:
+            if earlier is not None:
+                self._waiting.setdefault(earlier.port.name, earlier)
 
-    def _plan_full(self, planned: Sequence[tuple[ServicePort, FrontendSpecs]],
+    def _plan_full(self, todo: Sequence[tuple[ServicePort, tuple[FrontendKeys, ...], object]],
                    writes: MapWrites) -> None:
-        claims = {(frontend, port.name) for port, specs in planned for frontend in specs}
+        claims = {(frontend, port.name) for port, keys, _ in todo for frontend in keys}
         wanted = {frontend for frontend, _ in claims}
         # An owner keeps its frontend through a full change set (a reconnect)
         # while it still claims it: no churn, whatever the order of claimants.
@@ -483,7 +523,8 @@ class ServiceProgrammer:
 
     # -- writing ---------------------------------------------------------------
 
-    def _write(self, writes: MapWrites) -> None:
+    def _write_round(self, writes: MapWrites) -> None:
+        """Write the buffers, in the no-gap order, and empty them."""
         services, backends = self._services, self._backends_map
         services.delete_packed(writes.gone_masters + writes.gone_slots)
         backends.delete_packed(writes.gone_backends)
@@ -492,7 +533,11 @@ class ServiceProgrammer:
         services.put_packed(writes.master_keys, writes.master_values)
         services.delete_packed(writes.stale_slots)
         backends.delete_packed(writes.orphan_backends)
-        log.debug("maps written", extra=fields(**writes.entries_written(), **writes.steps()))
+        log.debug("maps written", extra=fields(**writes.pending()))
+        pending = writes.pending()
+        self.service_entries -= pending["stale_slots"]
+        self.backend_entries -= pending["orphan_backends"]
+        writes.round_written()
 
 
 def _reported(earlier: Waiting | None, port: ServicePort) -> frozenset:
