@@ -100,9 +100,9 @@ def assign_slots(previous: Sequence[int], wanted: Sequence[int]) -> list[int]:
     `wanted`: ids that stay keep their slot, new ids fill the slots of removed
     ones, and the tail moves into holes that are left, so an update rewrites
     few slots and unconnected UDP sockets mostly keep their backend."""
-    if list(previous) == list(wanted):
-        return list(wanted)
     wanted_set, kept = set(wanted), set()
+    if len(wanted_set) == len(wanted) and list(previous) == list(wanted):
+        return list(wanted)  # nothing moves (the common case of a full sync)
     slots: list[int | None] = []
     for backend_id in previous:
         keep = backend_id in wanted_set and backend_id not in kept
@@ -248,7 +248,12 @@ class ServiceProgrammer:
     """Owns the contents of the `services` and `backends` maps."""
 
     def __init__(self, services: MapAccess[ServiceKey, ServiceValue],
-                 backends: MapAccess[int, BackendValue], capacity: Capacity, skips: Skips) -> None:
+                 backends: MapAccess[int, BackendValue], capacity: Capacity, skips: Skips,
+                 round_ports: int = ROUND_PORTS) -> None:
+        if round_ports < 1:
+            raise ValueError(f"round_ports is {round_ports}: a round writes at least one "
+                             f"service port")
+        self._round_ports = round_ports
         self._services = services
         self._backends_map = backends
         self._capacity = capacity
@@ -307,34 +312,33 @@ class ServiceProgrammer:
     def apply(self, changes: ServicePortChanges) -> MapWrites:
         """Write one change set; returns what was written (with the (service
         id, backend) pairs UDP frontends lost). The service ports are
-        planned and written in rounds of ROUND_PORTS, each in the no-gap
+        planned and written in rounds (of ROUND_PORTS), each in the no-gap
         order, so a full sync never holds all of its writes at once. On a
         failed write the mirror is re-read from the maps (so the entry counts
         are what the maps hold) and the error raised; the next full change
         set repairs the maps."""
         started = time.perf_counter()
         writes, stages = MapWrites(), {"plan_ms": 0.0, "write_ms": 0.0}
-        waiting, self._waiting = self._waiting, {}
         todo: list[tuple[ServicePort, tuple[FrontendKeys, ...], Waiting | None]] = []
         done = 0
         try:
+            # Removed and updated ports stop waiting in _plan_incremental.
+            ports = changes.added if changes.full else self._plan_incremental(changes, writes)
+            waiting, self._waiting = self._waiting, {}
+            todo = [(port, frontend_keys(port), waiting.pop(port.name, None)) for port in ports]
             if changes.full:
-                todo = [(port, frontend_keys(port), waiting.pop(port.name, None))
-                        for port in changes.added]
                 self._plan_full(todo, writes)
             else:
-                todo = [(port, frontend_keys(port), waiting.pop(port.name, None))
-                        for port in self._plan_incremental(changes, writes)]
                 # Ports still waiting from earlier change sets, retried after
                 # these (a full change set lists every port there is).
                 todo += [(earlier.port, frontend_keys(earlier.port), earlier)
                          for earlier in sorted(waiting.values(),
                                                key=lambda w: w.port.name.sort_key())]
             while True:
-                for port, keys, earlier in todo[done:done + ROUND_PORTS]:
+                for port, keys, earlier in todo[done:done + self._round_ports]:
                     self._program_port(port, frontends_of(port, keys), writes,
                                        _reported(earlier, port))
-                done = min(done + ROUND_PORTS, len(todo))
+                done = min(done + self._round_ports, len(todo))
                 flushing = time.perf_counter()
                 stages["plan_ms"] += (flushing - started) * 1000
                 self._write_round(writes)
