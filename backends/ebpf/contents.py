@@ -192,7 +192,13 @@ class Recovered:
     """What a connect() can reach, as the programmer adopts it, and the rest."""
 
     frontends: Mapping[FrontendKeys, Programmed]
-    backends: Mapping[int, bytes]  # packed values of those a recovered slot names
+    # Packed values of the backends of recovered frontends: those a slot
+    # names, and those no slot names yet (or any more) that carry the service
+    # id of one (`unnamed`: what a write that failed between steps 1 and 5
+    # left), which the next change set that programs the frontend reuses or
+    # deletes.
+    backends: Mapping[int, bytes]
+    unnamed: Mapping[FrontendKeys, tuple[int, ...]]
     stray_keys: tuple[ServiceKey, ...]
     stray_backends: tuple[int, ...]
 
@@ -214,25 +220,37 @@ class Contents:
         """A master is adopted with its slots 1..count when its keys are a
         frontend's and its service id is neither 0 nor taken by a frontend
         sorted before it; a slot is adopted as missing (0) when it names no
-        backend of that service. Every other entry is a stray."""
+        backend of that service; a backend with the service id of an adopted
+        master is adopted with it. Every other entry is a stray."""
         frontends: dict[FrontendKeys, Programmed] = {}
         named: dict[int, bytes] = {}
         strays = list(self.masterless_slots)
-        service_ids: set[int] = set()
+        service_ids: dict[int, FrontendKeys] = {}
         for stored in self.frontends:
             frontend, service_id = stored.frontend(), stored.master.id
             if frontend is None or service_id == 0 or service_id in service_ids:
                 strays += stored.keys()
                 continue
-            service_ids.add(service_id)
+            service_ids[service_id] = frontend
             slots = tuple(self._backend_of(backend_id, service_id)
                           for backend_id in stored.backend_ids())
             strays += stored.slot_keys(s for s in stored.slots if s > stored.master.count)
             frontends[frontend] = Programmed(service_id, slots, stored.affinity_timeout)
             named.update((backend_id, self.backends[backend_id]) for backend_id in slots
                          if backend_id)
-        return Recovered(frontends, named, tuple(strays),
-                         tuple(b for b in self.backends if b not in named))
+        unnamed: dict[FrontendKeys, list[int]] = {}
+        stray_backends = []
+        for backend_id, raw in self.backends.items():
+            if backend_id in named:
+                continue
+            owner = service_ids.get(backend_service_id(raw))
+            if owner is None:
+                stray_backends.append(backend_id)
+            else:
+                unnamed.setdefault(owner, []).append(backend_id)
+                named[backend_id] = raw
+        return Recovered(frontends, named, {f: tuple(ids) for f, ids in unnamed.items()},
+                         tuple(strays), tuple(stray_backends))
 
     def _backend_of(self, backend_id: int | None, service_id: int) -> int:
         """The slot's backend id if it names a backend of the service, else 0."""

@@ -274,6 +274,9 @@ class ServiceProgrammer:
         # identified by its value (target and service id), as in the map.
         self._backends: dict[int, bytes] = {}
         self._backend_ids: dict[bytes, int] = {}
+        # Backends of a frontend that no slot names (recovered after a failed
+        # write): reused or deleted when the frontend is next programmed.
+        self._unnamed: dict[FrontendKeys, tuple[int, ...]] = {}
         self._owners: dict[FrontendKeys, ServicePortName] = {}
         self._waiting: dict[ServicePortName, Waiting] = {}
         # Entries recovered from the maps that no frontend explains (what a
@@ -295,6 +298,7 @@ class ServiceProgrammer:
         for backend_id, value in recovered.backends.items():
             self._backends[backend_id] = value
             self._backend_ids[value] = backend_id
+        self._unnamed = dict(recovered.unnamed)
         self._stray_keys = b"".join(bytes(key) for key in recovered.stray_keys)
         self._stray_backends = list(recovered.stray_backends)
         self.service_entries = sum(1 + len(p.slots) for p in self._frontends.values()) + len(
@@ -409,9 +413,10 @@ class ServiceProgrammer:
         for slot in range(1, len(programmed.slots) + 1):
             writes.gone_slots += frontend.packed_key(slot)
         self.service_entries -= 1 + len(programmed.slots)
-        for backend_id in set(programmed.slots) - {0}:
+        backend_ids = (set(programmed.slots) | set(self._unnamed.pop(frontend, ()))) - {0}
+        for backend_id in backend_ids:
             self._drop_backend(backend_id, frontend, writes.gone_backends, writes)
-        self.backend_entries -= len(set(programmed.slots) - {0})
+        self.backend_entries -= len(backend_ids)
         self._service_ids.release(programmed.service_id)
 
     def _drop_backend(self, backend_id: int, frontend: FrontendKeys, into: bytearray,
@@ -447,6 +452,8 @@ class ServiceProgrammer:
         for frontend, (targets, affinity_timeout) in fitting.items():
             if not no_room:
                 self._program_frontend(frontend, targets, affinity_timeout, writes)
+            elif frontend in self._unnamed:  # kept as it was, without what no slot names
+                self._drop_unnamed(frontend, set(), writes)
             if frontend in self._frontends:  # programmed now, or kept as it was
                 self._owners[frontend] = port.name
         if no_room:
@@ -509,9 +516,15 @@ class ServiceProgrammer:
         for slot in range(len(slots) + 1, len(previous) + 1):
             writes.stale_slots += frontend.packed_key(slot)
         self.service_entries += (0 if old else 1) + max(0, len(slots) - len(previous))
-        for backend_id in set(previous) - set(slots) - {0}:
-            self._drop_backend(backend_id, frontend, writes.orphan_backends, writes)
         self._frontends[frontend] = new
+        self._drop_unnamed(frontend, set(previous) - set(slots) - {0}, writes)
+
+    def _drop_unnamed(self, frontend: FrontendKeys, also: set[int], writes: MapWrites) -> None:
+        """Delete (in step 5) the frontend's backends no slot names: `also`
+        and those recovered unnamed that no slot names now either."""
+        slots = set(self._frontends[frontend].slots) if frontend in self._frontends else set()
+        for backend_id in also | (set(self._unnamed.pop(frontend, ())) - slots):
+            self._drop_backend(backend_id, frontend, writes.orphan_backends, writes)
 
     def _backend_id(self, service_id: int, target: bytes, writes: MapWrites) -> int:
         value = backend_value(service_id, target)
