@@ -11,7 +11,9 @@ steps, or a neighbour, leaves).
 
 from __future__ import annotations
 
+import ctypes as ct
 import socket
+import struct
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
 
@@ -31,6 +33,11 @@ IPPROTO = {Protocol.TCP: socket.IPPROTO_TCP, Protocol.UDP: socket.IPPROTO_UDP}
 PROTOCOL_OF = {number: protocol for protocol, number in IPPROTO.items()}
 # A services key without its slot: the address, port, protocol and pads.
 _PREFIX_SIZE = ServiceKey.slot.offset
+# Packed entries, in native byte order as the maps hold them.
+_SERVICE_KEY = struct.Struct(f"={_PREFIX_SIZE}sH")  # prefix, slot
+_SLOT = struct.Struct("=H")
+_SERVICE_VALUE = struct.Struct("=IIII")  # id, count, affinity_timeout, flags
+_SERVICE_ID = struct.Struct("=I")  # a backend id (the key of `backends`), a service id
 
 
 @dataclass(frozen=True, order=True)
@@ -85,6 +92,10 @@ class FrontendKeys:
     def key(self, slot: int) -> ServiceKey:
         return ServiceKey.at_slot(self._key_prefix, slot)
 
+    def packed_key(self, slot: int) -> bytes:
+        """The bytes of `key(slot)`, without the ctypes object."""
+        return self._key_prefix + _SLOT.pack(slot)
+
     def __str__(self) -> str:
         return f"{self.vip}/{self.protocol.value}"
 
@@ -115,8 +126,15 @@ class StoredBackend:
     service_id: int
 
     @classmethod
-    def of(cls, value: BackendValue) -> StoredBackend:
-        return cls(HostPort.of(value.addr), value.service_id)
+    def of(cls, raw: bytes) -> StoredBackend:
+        """From an entry's packed value."""
+        return cls(HostPort.of(BackendValue.from_buffer_copy(raw).addr),
+                   backend_service_id(raw))
+
+
+def backend_service_id(raw: bytes) -> int:
+    """The service id of a packed `backends` value."""
+    return _SERVICE_ID.unpack_from(raw, BackendValue.service_id.offset)[0]
 
 
 @dataclass(frozen=True)
@@ -174,7 +192,13 @@ class Recovered:
     """What a connect() can reach, as the programmer adopts it, and the rest."""
 
     frontends: Mapping[FrontendKeys, Programmed]
-    backends: Mapping[int, StoredBackend]  # those a recovered slot names
+    # Packed values of the backends of recovered frontends: those a slot
+    # names, and those no slot names yet (or any more) that carry the service
+    # id of one (`unnamed`: what a write that failed between steps 1 and 5
+    # left), which the next change set that programs the frontend reuses or
+    # deletes.
+    backends: Mapping[int, bytes]
+    unnamed: Mapping[FrontendKeys, tuple[int, ...]]
     stray_keys: tuple[ServiceKey, ...]
     stray_backends: tuple[int, ...]
 
@@ -185,57 +209,79 @@ class Contents:
 
     frontends: tuple[StoredFrontend, ...]  # by address, port and protocol
     masterless_slots: tuple[ServiceKey, ...]
-    backends: Mapping[int, StoredBackend]
+    backends: Mapping[int, bytes]  # backend id -> packed value
+
+    def backend(self, backend_id: int | None) -> StoredBackend | None:
+        """The backend with this id, or None when there is none."""
+        raw = self.backends.get(backend_id) if backend_id is not None else None
+        return StoredBackend.of(raw) if raw is not None else None
 
     def recovered(self) -> Recovered:
         """A master is adopted with its slots 1..count when its keys are a
         frontend's and its service id is neither 0 nor taken by a frontend
         sorted before it; a slot is adopted as missing (0) when it names no
-        backend of that service. Every other entry is a stray."""
+        backend of that service; a backend with the service id of an adopted
+        master is adopted with it. Every other entry is a stray."""
         frontends: dict[FrontendKeys, Programmed] = {}
-        named: dict[int, StoredBackend] = {}
+        named: dict[int, bytes] = {}
         strays = list(self.masterless_slots)
-        service_ids: set[int] = set()
+        service_ids: dict[int, FrontendKeys] = {}
         for stored in self.frontends:
             frontend, service_id = stored.frontend(), stored.master.id
             if frontend is None or service_id == 0 or service_id in service_ids:
                 strays += stored.keys()
                 continue
-            service_ids.add(service_id)
+            service_ids[service_id] = frontend
             slots = tuple(self._backend_of(backend_id, service_id)
                           for backend_id in stored.backend_ids())
             strays += stored.slot_keys(s for s in stored.slots if s > stored.master.count)
             frontends[frontend] = Programmed(service_id, slots, stored.affinity_timeout)
             named.update((backend_id, self.backends[backend_id]) for backend_id in slots
                          if backend_id)
-        return Recovered(frontends, named, tuple(strays),
-                         tuple(b for b in self.backends if b not in named))
+        unnamed: dict[FrontendKeys, list[int]] = {}
+        stray_backends = []
+        for backend_id, raw in self.backends.items():
+            if backend_id in named:
+                continue
+            owner = service_ids.get(backend_service_id(raw))
+            if owner is None:
+                stray_backends.append(backend_id)
+            else:
+                unnamed.setdefault(owner, []).append(backend_id)
+                named[backend_id] = raw
+        return Recovered(frontends, named, {f: tuple(ids) for f, ids in unnamed.items()},
+                         tuple(strays), tuple(stray_backends))
 
     def _backend_of(self, backend_id: int | None, service_id: int) -> int:
         """The slot's backend id if it names a backend of the service, else 0."""
-        backend = self.backends.get(backend_id) if backend_id is not None else None
-        return backend_id if backend is not None and backend.service_id == service_id else 0
+        raw = self.backends.get(backend_id) if backend_id is not None else None
+        return backend_id if raw is not None and backend_service_id(raw) == service_id else 0
 
 
 def read_contents(services: MapAccess[ServiceKey, ServiceValue],
                   backends: MapAccess[int, BackendValue]) -> Contents:
-    """Both maps, read once each."""
-    masters: dict[bytes, tuple[ServiceKey, ServiceValue]] = {}
+    """Both maps, read once each as packed entries: an object per frontend,
+    none per slot or backend."""
+    masters: dict[bytes, tuple[int, int, int, int]] = {}
     slots: dict[bytes, dict[int, int]] = {}
-    for key, value in services.items():
-        prefix = bytes(key)[:_PREFIX_SIZE]
-        if key.slot == 0:
-            masters[prefix] = (key, value)
+    keys, values = services.read_packed()
+    for (prefix, slot), value in zip(_SERVICE_KEY.iter_unpack(keys),
+                                     _SERVICE_VALUE.iter_unpack(values)):
+        if slot == 0:
+            masters[prefix] = value
         else:
-            slots.setdefault(prefix, {})[key.slot] = value.id
-    frontends = sorted((StoredFrontend(key, value, slots.pop(prefix, {}))
-                        for prefix, (key, value) in masters.items()),
+            slots.setdefault(prefix, {})[slot] = value[0]
+    frontends = sorted((StoredFrontend(ServiceKey.at_slot(prefix, 0), ServiceValue(*value),
+                                       slots.pop(prefix, {}))
+                        for prefix, value in masters.items()),
                        key=StoredFrontend.sort_key)
     masterless = tuple(ServiceKey.at_slot(prefix, slot)
                        for prefix, by_slot in slots.items() for slot in by_slot)
-    return Contents(tuple(frontends), masterless,
-                    {int(backend_id): StoredBackend.of(value)
-                     for backend_id, value in backends.items()})
+    backend_keys, backend_values = backends.read_packed()
+    size = ct.sizeof(BackendValue)
+    return Contents(tuple(frontends), masterless, {
+        backend_id: backend_values[i * size:(i + 1) * size]
+        for i, (backend_id,) in enumerate(_SERVICE_ID.iter_unpack(backend_keys))})
 
 
 def reached_through(reverse_nat: MapAccess[RevNatKey, RevNatValue], cookie: int,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import ipaddress
 import json
 from pathlib import Path
-from typing import Mapping
 
 from backends.ebpf import maps
 from backends.ebpf.contents import Contents, StoredBackend, StoredFrontend, read_contents
@@ -51,10 +50,10 @@ def _read(bpffs_dir: Path, opened: dict[str, BpfMap]) -> dict:
 
 def services_of(contents: Contents) -> list[dict]:
     """The services of a dump: every master entry, with its slots 1..count."""
-    return [_service(stored, contents.backends) for stored in contents.frontends]
+    return [_service(stored, contents) for stored in contents.frontends]
 
 
-def _service(stored: StoredFrontend, backends: Mapping[int, StoredBackend]) -> dict:
+def _service(stored: StoredFrontend, contents: Contents) -> dict:
     protocol, vip = stored.protocol, stored.vip
     return {
         "vip": str(vip.ip),
@@ -63,13 +62,12 @@ def _service(stored: StoredFrontend, backends: Mapping[int, StoredBackend]) -> d
         "serviceId": stored.master.id,
         "count": stored.master.count,
         "affinityTimeoutSeconds": stored.affinity_timeout,
-        "backends": [_slot(slot, backend_id, backends)
+        "backends": [_slot(slot, backend_id, contents.backend(backend_id))
                      for slot, backend_id in enumerate(stored.backend_ids(), start=1)],
     }
 
 
-def _slot(slot: int, backend_id: int | None, backends: Mapping[int, StoredBackend]) -> dict:
-    backend = backends.get(backend_id) if backend_id is not None else None
+def _slot(slot: int, backend_id: int | None, backend: StoredBackend | None) -> dict:
     return {"slot": slot, "backendId": backend_id,
             "address": str(backend.target) if backend is not None else None,
             "serviceId": backend.service_id if backend is not None else None}

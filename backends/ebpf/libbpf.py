@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Generic, Iterator, Sequence, TypeVar
 
-from backends.ebpf.mapaccess import MapFullError
+from backends.ebpf.mapaccess import MapFullError, Packed
 
 _lib = ct.CDLL("libbpf.so.1", use_errno=True)
 
@@ -160,35 +160,62 @@ class BpfMap(Generic[K, V]):
 
     def put_many(self, keys: Sequence[K], values: Sequence[V]) -> None:
         """Create or update entries with one syscall (in order)."""
-        if len(keys) != len(values):
-            raise ValueError(f"write to map {self.name}: {len(keys)} keys but {len(values)} "
-                             f"values; pass one value per key")
-        if not keys:
-            return
-        key_array = (self.key_type * len(keys))(*keys)
-        value_array = (self.value_type * len(values))(*values)
-        count = _c_u32(len(keys))
-        result = _lib.bpf_map_update_batch(self.fd, key_array, value_array, ct.byref(count),
-                                           None)
-        if result < 0:
-            code = -result
-            message = (f"write {len(keys)} entries to map {self.name}: {os.strerror(code)} "
-                       f"after {count.value}")
-            raise (MapFullError if code == errno.E2BIG else OSError)(code, message)
+        self.put_packed(_packed(self.key_type, keys), _packed(self.value_type, values))
 
     def delete_many(self, keys: Sequence[K]) -> None:
         """Delete entries (in order); keys already gone are fine."""
-        remaining = list(keys)
-        while remaining:
-            key_array = (self.key_type * len(remaining))(*remaining)
-            count = _c_u32(len(remaining))
-            result = _lib.bpf_map_delete_batch(self.fd, key_array, ct.byref(count), None)
+        self.delete_packed(_packed(self.key_type, keys))
+
+    def put_packed(self, keys: Packed, values: Packed) -> None:
+        """Create or update packed entries with one syscall (in order)."""
+        count = self._count_of(keys, self.key_type, "keys")
+        if count != self._count_of(values, self.value_type, "values"):
+            raise ValueError(f"write to map {self.name}: {count} keys but "
+                             f"{len(values) // ct.sizeof(self.value_type)} values; pass one "
+                             f"value per key")
+        if not count:
+            return
+        written = _c_u32(count)
+        result = _lib.bpf_map_update_batch(self.fd, _c_buffer(keys), _c_buffer(values),
+                                           ct.byref(written), None)
+        if result < 0:
+            code = -result
+            message = (f"write {count} entries to map {self.name}: {os.strerror(code)} "
+                       f"after {written.value}")
+            raise (MapFullError if code == errno.E2BIG else OSError)(code, message)
+
+    def delete_packed(self, keys: Packed) -> None:
+        """Delete packed entries (in order); keys already gone are fine."""
+        key_size, count = ct.sizeof(self.key_type), self._count_of(keys, self.key_type, "keys")
+        buffer = _c_buffer(keys)
+        done = 0
+        while done < count:
+            deleted = _c_u32(count - done)
+            result = _lib.bpf_map_delete_batch(self.fd, ct.addressof(buffer) + done * key_size,
+                                               ct.byref(deleted), None)
             if result >= 0:
                 return
             if -result != errno.ENOENT:
                 raise OSError(-result, f"delete from map {self.name}: {os.strerror(-result)}")
             # The batch stops at the first missing key: skip it, go on.
-            remaining = remaining[count.value + 1:]
+            done += deleted.value + 1
+
+    def read_packed(self) -> tuple[bytes, bytes]:
+        """Every entry, read in batches into two reused buffers and copied out
+        as packed keys and values."""
+        key_size, value_size = ct.sizeof(self.key_type), ct.sizeof(self.value_type)
+        keys_out, values_out = bytearray(), bytearray()
+        for keys, values, count in self._read_batches(reuse_buffers=True):
+            keys_out += memoryview(keys).cast("B")[:count * key_size]
+            values_out += memoryview(values).cast("B")[:count * value_size]
+        return bytes(keys_out), bytes(values_out)
+
+    def _count_of(self, packed: Packed, of: type, what: str) -> int:
+        count, rest = divmod(len(memoryview(packed).cast("B")), ct.sizeof(of))
+        if rest:
+            raise ValueError(f"packed {what} for map {self.name} are {len(packed)} bytes, not "
+                             f"a multiple of {ct.sizeof(of)}: pack whole entries")
+        return count
 
     def items(self) -> Iterator[tuple[K, V]]:
         """Every entry, read in batches."""
@@ -231,6 +258,19 @@ class BpfMap(Generic[K, V]):
                 return
             ct.memmove(in_batch, out_batch, token_size)
             first = False
+
+
+def _packed(of: type, items: Sequence) -> bytes:
+    """ctypes keys or values (ints for integer keys), packed end to end."""
+    return bytes((of * len(items))(*items)) if items else b""
+
+
+def _c_buffer(packed: Packed) -> ct.Array:
+    """A packed buffer as a ctypes array for a bpf() call: the buffer itself
+    where it is writable, else a copy."""
+    view = memoryview(packed).cast("B")
+    array_type = ct.c_char * len(view)
+    return array_type.from_buffer_copy(view) if view.readonly else array_type.from_buffer(view)
 
 
 # -- cgroup links -------------------------------------------------------------

@@ -4,14 +4,22 @@ nothing more: lookup, batched writes and deletes, and reading every entry.
 `libbpf.BpfMap` is the real one (batched bpf() syscalls on a pinned map);
 tests/ebpf/fake_maps.py has a dict with the same semantics, so the
 programmer runs on any machine, without root or BPF.
+
+The `*_packed` operations take and give entries as the kernel does: keys
+(and values) laid end to end in one buffer, each of the map's key (value)
+size. The programmer packs its writes straight into such buffers and reads
+the maps back as two of them, with no object per entry.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol, Sequence, TypeVar
+from typing import Iterator, Protocol, Sequence, TypeVar, Union
 
 K = TypeVar("K")
 V = TypeVar("V")
+
+# Entries laid end to end, as a BPF_MAP_*_BATCH call takes them.
+Packed = Union[bytes, bytearray, memoryview]
 
 
 class MapFullError(OSError):
@@ -36,3 +44,13 @@ class MapAccess(Protocol[K, V]):
 
     def items(self) -> Iterator[tuple[K | int, V]]:
         """Every entry, in no particular order (ints for integer keys)."""
+
+    def put_packed(self, keys: Packed, values: Packed) -> None:
+        """`put_many` of packed keys and values."""
+
+    def delete_packed(self, keys: Packed) -> None:
+        """`delete_many` of packed keys."""
+
+    def read_packed(self) -> tuple[bytes, bytes]:
+        """Every entry as packed keys and packed values (entry i of each
+        belongs together), in no particular order."""

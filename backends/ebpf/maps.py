@@ -32,6 +32,7 @@ _V4_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
 
 
 _V4_MAPPED_PREFIX = b"\0" * 10 + b"\xff\xff"
+_PORT_AND_PAD = struct.Struct("!HH")
 
 
 def packed_address(ip: IPAddress) -> bytes:
@@ -39,6 +40,11 @@ def packed_address(ip: IPAddress) -> bytes:
     if ip.version == 4:
         return _V4_MAPPED_PREFIX + int(ip).to_bytes(4, "big")
     return int(ip).to_bytes(16, "big")
+
+
+def packed_l4addr(ip: IPAddress, port: int) -> bytes:
+    """The 20 bytes of an lb_l4addr (address and port in network order)."""
+    return packed_address(ip) + _PORT_AND_PAD.pack(port, 0)
 
 
 def unpacked_address(raw: bytes) -> IPAddress:
@@ -54,7 +60,7 @@ class L4Addr(ct.Structure):
     @classmethod
     def of(cls, ip: IPAddress, port: int) -> L4Addr:
         # One copy from bytes: the control plane builds hundreds of thousands.
-        return cls.from_buffer_copy(packed_address(ip) + struct.pack("!HH", port, 0))
+        return cls.from_buffer_copy(packed_l4addr(ip, port))
 
     @property
     def ip(self) -> IPAddress:

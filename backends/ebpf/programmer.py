@@ -20,22 +20,31 @@ change costs what it touches.
 
 from __future__ import annotations
 
+import ctypes as ct
 import logging
+import struct
 import time
+import types
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from backends.ebpf import maps
-from backends.ebpf.contents import FrontendKeys, HostPort, Programmed, read_contents
+from backends.ebpf.contents import (
+    FrontendKeys,
+    HostPort,
+    Programmed,
+    StoredBackend,
+    read_contents,
+)
 from backends.ebpf.mapaccess import MapAccess
-from backends.ebpf.maps import BackendValue, ServiceKey, ServiceValue
+from backends.ebpf.maps import BackendValue, ServiceKey, ServiceValue, packed_l4addr
 from kpng_py.logs import fields
 from kpng_py.model import (
     ServicePortChanges,
     Protocol,
     ServicePort,
     ServicePortName,
-    family_of,
 )
 from kpng_py.skips import SkipReason, Skips
 
@@ -44,22 +53,46 @@ log = logging.getLogger(__name__)
 # Slots are 16 bits wide (lb_service_key.slot), slot 0 is the master.
 MAX_SLOTS = 0xFFFF
 MAX_ID = 0xFFFFFFFF
+# Service ports planned and written per round of a change set: the buffers
+# of a round stay small (about 40 KiB per 100 endpoints), the syscalls few.
+ROUND_PORTS = 1024
 
 
-# Each frontend of a service port: its backends and affinity timeout.
-FrontendSpecs = dict[FrontendKeys, tuple[tuple[HostPort, ...], int]]
+# Packed values, in the maps' native byte order: a u32 (a backend id, the
+# key of `backends`; a service id) and a slot (lb_service_value, id only).
+_U32 = struct.Struct("=I")
+_SLOT_VALUE = struct.Struct("=IIII")
+_BACKEND_KEY_SIZE = _U32.size
+_SERVICE_KEY_SIZE = ct.sizeof(ServiceKey)
+
+# Each frontend of a service port: its backends (packed lb_l4addr) and
+# affinity timeout.
+FrontendSpecs = dict[FrontendKeys, tuple[tuple[bytes, ...], int]]
 
 
-def frontends_of(port: ServicePort) -> FrontendSpecs:
-    """Each ClusterIP's frontend with its backends (the endpoints of its
-    family that ClusterIP traffic may use) and affinity timeout."""
+def frontend_keys(port: ServicePort) -> tuple[FrontendKeys, ...]:
+    """The frontend of each ClusterIP of a service port."""
+    return tuple(FrontendKeys(HostPort(frontend.ip, frontend.port), frontend.protocol)
+                 for frontend in port.frontends())
+
+
+def frontends_of(port: ServicePort, keys: Sequence[FrontendKeys] | None = None) -> FrontendSpecs:
+    """Each ClusterIP's frontend (`keys`, when they are known) with its
+    backends (the endpoints of its family that ClusterIP traffic may use)
+    and affinity timeout."""
+    endpoints = port.cluster_endpoints()
     return {
-        FrontendKeys(HostPort(frontend.ip, frontend.port), frontend.protocol): (
-            tuple(HostPort(ep.ip, ep.port)
-                  for ep in port.cluster_endpoints(family_of(frontend.ip))),
-            port.affinity_timeout_seconds)
-        for frontend in port.frontends()
+        frontend: (tuple(packed_l4addr(ep.ip, ep.port) for ep in endpoints
+                         if ep.ip.version == frontend.vip.ip.version),
+                   port.affinity_timeout_seconds)
+        for frontend in (frontend_keys(port) if keys is None else keys)
     }
+
+
+def backend_value(service_id: int, target: bytes) -> bytes:
+    """The packed lb_backend of a (frontend, endpoint) pair: what identifies
+    its backend id."""
+    return target + _U32.pack(service_id)
 
 
 def assign_slots(previous: Sequence[int], wanted: Sequence[int]) -> list[int]:
@@ -67,12 +100,16 @@ def assign_slots(previous: Sequence[int], wanted: Sequence[int]) -> list[int]:
     `wanted`: ids that stay keep their slot, new ids fill the slots of removed
     ones, and the tail moves into holes that are left, so an update rewrites
     few slots and unconnected UDP sockets mostly keep their backend."""
-    wanted_set = set(wanted)
+    wanted_set, kept = set(wanted), set()
+    if len(wanted_set) == len(wanted) and list(previous) == list(wanted):
+        return list(wanted)  # nothing moves (the common case of a full sync)
     slots: list[int | None] = []
     for backend_id in previous:
-        keep = backend_id in wanted_set and backend_id not in slots
+        keep = backend_id in wanted_set and backend_id not in kept
         slots.append(backend_id if keep else None)
-    fresh = iter([b for b in wanted if b not in slots])
+        if keep:
+            kept.add(backend_id)
+    fresh = iter([b for b in wanted if b not in kept])
     slots = [next(fresh, None) if b is None else b for b in slots]
     slots.extend(fresh)
     i = 0
@@ -129,26 +166,60 @@ class IdAllocator:
 
 @dataclass
 class MapWrites:
-    """One change set's writes, by step."""
+    """One change set's writes, by step, packed as the batch calls take them
+    (services keys and values, backends keys (u32) and values)."""
 
-    gone_service_keys: list[ServiceKey] = field(default_factory=list)  # masters first
-    gone_backends: list[int] = field(default_factory=list)
-    new_backends: list[tuple[int, BackendValue]] = field(default_factory=list)
-    slots: list[tuple[ServiceKey, ServiceValue]] = field(default_factory=list)
-    masters: list[tuple[ServiceKey, ServiceValue]] = field(default_factory=list)
-    stale_slots: list[ServiceKey] = field(default_factory=list)
-    orphan_backends: list[int] = field(default_factory=list)
+    gone_masters: bytearray = field(default_factory=bytearray)
+    gone_slots: bytearray = field(default_factory=bytearray)  # and strays
+    gone_backends: bytearray = field(default_factory=bytearray)
+    new_backend_keys: bytearray = field(default_factory=bytearray)
+    new_backend_values: bytearray = field(default_factory=bytearray)
+    slot_keys: bytearray = field(default_factory=bytearray)
+    slot_values: bytearray = field(default_factory=bytearray)
+    master_keys: bytearray = field(default_factory=bytearray)
+    master_values: bytearray = field(default_factory=bytearray)
+    stale_slots: bytearray = field(default_factory=bytearray)
+    orphan_backends: bytearray = field(default_factory=bytearray)
     # (service id, backend) pairs of UDP frontends that are gone: connected
     # sockets still pointing there must be terminated (S9).
     removed_udp: set[tuple[int, HostPort]] = field(default_factory=set)
+    # Entries of each step in the rounds already written (buffers emptied).
+    written: Counter[str] = field(default_factory=Counter)
+
+    def steps(self) -> Counter[str]:
+        """Entries of each step, written and pending."""
+        return self.written + Counter(self.pending())
+
+    def pending(self) -> dict[str, int]:
+        """Entries of each step in the buffers."""
+        key_size = _SERVICE_KEY_SIZE
+        return {
+            "gone": (len(self.gone_masters) + len(self.gone_slots)) // key_size,
+            "gone_backends": len(self.gone_backends) // _BACKEND_KEY_SIZE,
+            "new_backends": len(self.new_backend_keys) // _BACKEND_KEY_SIZE,
+            "slots": len(self.slot_keys) // key_size,
+            "masters": len(self.master_keys) // key_size,
+            "stale_slots": len(self.stale_slots) // key_size,
+            "orphan_backends": len(self.orphan_backends) // _BACKEND_KEY_SIZE,
+        }
+
+    def round_written(self) -> None:
+        """The buffers were written: count them and empty them."""
+        self.written.update(self.pending())
+        for buffer in (self.gone_masters, self.gone_slots, self.gone_backends,
+                       self.new_backend_keys, self.new_backend_values, self.slot_keys,
+                       self.slot_values, self.master_keys, self.master_values, self.stale_slots,
+                       self.orphan_backends):
+            buffer.clear()
 
     def entries_written(self) -> dict[str, int]:
         """Entries created, updated or deleted, by map."""
+        steps = self.steps()
         return {
-            maps.SERVICES.pin: len(self.gone_service_keys) + len(self.slots) + len(self.masters)
-            + len(self.stale_slots),
-            maps.BACKENDS.pin: len(self.gone_backends) + len(self.new_backends)
-            + len(self.orphan_backends),
+            maps.SERVICES.pin: steps["gone"] + steps["slots"] + steps["masters"]
+            + steps["stale_slots"],
+            maps.BACKENDS.pin: steps["gone_backends"] + steps["new_backends"]
+            + steps["orphan_backends"],
         }
 
 
@@ -177,30 +248,46 @@ class ServiceProgrammer:
     """Owns the contents of the `services` and `backends` maps."""
 
     def __init__(self, services: MapAccess[ServiceKey, ServiceValue],
-                 backends: MapAccess[int, BackendValue], capacity: Capacity, skips: Skips) -> None:
+                 backends: MapAccess[int, BackendValue], capacity: Capacity, skips: Skips,
+                 round_ports: int = ROUND_PORTS) -> None:
+        if round_ports < 1:
+            raise ValueError(f"round_ports is {round_ports}: a round writes at least one "
+                             f"service port")
+        self._round_ports = round_ports
         self._services = services
         self._backends_map = backends
         self._capacity = capacity
         self._skips = skips
-        # The last successful apply's planning and map writes (milliseconds).
-        self.last_stages: Mapping[str, float] = {}
         self._recover()
 
     # -- state -----------------------------------------------------------------
 
+    @property
+    def last_stages(self) -> Mapping[str, float]:
+        """How long the last apply planned and wrote, in milliseconds
+        (`plan_ms`, `write_ms`)."""
+        return self._last_stages
+
     def _reset(self) -> None:
         self._frontends: dict[FrontendKeys, Programmed] = {}
-        self._backends: dict[int, tuple[int, HostPort]] = {}
-        self._backend_ids: dict[tuple[int, HostPort], int] = {}
+        # Backend id -> its packed lb_backend value, and back: a backend is
+        # identified by its value (target and service id), as in the map.
+        self._backends: dict[int, bytes] = {}
+        self._backend_ids: dict[bytes, int] = {}
+        # Backends of a frontend that no slot names (recovered after a failed
+        # write): reused or deleted when the frontend is next programmed.
+        self._unnamed: dict[FrontendKeys, tuple[int, ...]] = {}
         self._owners: dict[FrontendKeys, ServicePortName] = {}
         self._waiting: dict[ServicePortName, Waiting] = {}
         # Entries recovered from the maps that no frontend explains (what a
-        # crash between two write steps leaves); the next full change set
-        # deletes them.
-        self._stray_keys: list[ServiceKey] = []
+        # crash between two write steps leaves), packed; the next full change
+        # set deletes them.
+        self._stray_keys = b""
         self._stray_backends: list[int] = []
         self.service_entries = 0
         self.backend_entries = 0
+        self._last_stages: Mapping[str, float] = types.MappingProxyType(
+            {"plan_ms": 0.0, "write_ms": 0.0})
 
     def _recover(self) -> None:
         """Rebuild the mirror (and the ids in use) from the maps."""
@@ -208,71 +295,85 @@ class ServiceProgrammer:
         contents = read_contents(self._services, self._backends_map)
         recovered = contents.recovered()
         self._frontends = dict(recovered.frontends)
-        for backend_id, stored in recovered.backends.items():
-            self._keep_backend(backend_id, stored.service_id, stored.target)
-        self._stray_keys = list(recovered.stray_keys)
+        for backend_id, value in recovered.backends.items():
+            self._backends[backend_id] = value
+            self._backend_ids[value] = backend_id
+        self._unnamed = dict(recovered.unnamed)
+        self._stray_keys = b"".join(bytes(key) for key in recovered.stray_keys)
         self._stray_backends = list(recovered.stray_backends)
         self.service_entries = sum(1 + len(p.slots) for p in self._frontends.values()) + len(
-            self._stray_keys)
+            recovered.stray_keys)
         self.backend_entries = len(contents.backends)
         self._service_ids = IdAllocator(
             (p.service_id for p in self._frontends.values()), self._capacity.max_id)
         self._backend_id_pool = IdAllocator(contents.backends, self._capacity.max_id)
         log.info("recovered the programmed services from the pinned maps", extra=fields(
             frontends=len(self._frontends), backends=len(self._backends),
-            stray_entries=len(self._stray_keys) + len(self._stray_backends)))
-
-    def _keep_backend(self, backend_id: int, service_id: int, target: HostPort) -> None:
-        self._backends[backend_id] = (service_id, target)
-        self._backend_ids[(service_id, target)] = backend_id
+            stray_entries=len(recovered.stray_keys) + len(self._stray_backends)))
 
     # -- planning --------------------------------------------------------------
 
     def apply(self, changes: ServicePortChanges) -> MapWrites:
         """Write one change set; returns what was written (with the (service
-        id, backend) pairs UDP frontends lost). On a failed write the mirror is
-        re-read from the maps (so the entry counts are what the maps hold) and
-        the error raised; the next full change set repairs the maps."""
-        started = time.monotonic()
-        writes = MapWrites()
-        ports = (changes.added if changes.full
-                 else self._plan_incremental(changes, writes))
-        planned = [(port, frontends_of(port)) for port in ports]
-        if changes.full:
-            self._plan_full(planned, writes)
-        waiting, self._waiting = self._waiting, {}
-        for port, specs in planned:
-            self._program_port(port, specs, writes, _reported(waiting.pop(port.name, None), port))
-        if not changes.full:  # a full change set lists every port there is
-            for earlier in sorted(waiting.values(), key=lambda w: w.port.name.sort_key()):
-                self._program_port(earlier.port, frontends_of(earlier.port), writes,
-                                   earlier.reported)
-        planned_at = time.monotonic()
+        id, backend) pairs UDP frontends lost). The service ports are
+        planned and written in rounds (of ROUND_PORTS), each in the no-gap
+        order, so a full sync never holds all of its writes at once. On a
+        failed write the mirror is re-read from the maps (so the entry counts
+        are what the maps hold) and the error raised; the next full change
+        set repairs the maps."""
+        started = time.perf_counter()
+        writes, stages = MapWrites(), {"plan_ms": 0.0, "write_ms": 0.0}
+        todo: list[tuple[ServicePort, tuple[FrontendKeys, ...], Waiting | None]] = []
+        done = 0
         try:
-            self._write(writes)
+            # Removed and updated ports stop waiting in _plan_incremental.
+            ports = changes.added if changes.full else self._plan_incremental(changes, writes)
+            waiting, self._waiting = self._waiting, {}
+            todo = [(port, frontend_keys(port), waiting.pop(port.name, None)) for port in ports]
+            if changes.full:
+                self._plan_full(todo, writes)
+            else:
+                # Ports still waiting from earlier change sets, retried after
+                # these (a full change set lists every port there is).
+                todo += [(earlier.port, frontend_keys(earlier.port), earlier)
+                         for earlier in sorted(waiting.values(),
+                                               key=lambda w: w.port.name.sort_key())]
+            while True:
+                for port, keys, earlier in todo[done:done + self._round_ports]:
+                    self._program_port(port, frontends_of(port, keys), writes,
+                                       _reported(earlier, port))
+                done = min(done + self._round_ports, len(todo))
+                flushing = time.perf_counter()
+                stages["plan_ms"] += (flushing - started) * 1000
+                self._write_round(writes)
+                started = time.perf_counter()
+                stages["write_ms"] += (started - flushing) * 1000
+                if done == len(todo):
+                    break
         except OSError:
-            self._recover_after_failed_write()
+            self._recover_after_failed_write(earlier for _, _, earlier in todo[done:])
             raise
-        written_at = time.monotonic()
-        self.last_stages = {"plan_ms": (planned_at - started) * 1000,
-                            "write_ms": (written_at - planned_at) * 1000}
+        finally:
+            self._last_stages = types.MappingProxyType(stages)
         self._service_ids.settle()
         self._backend_id_pool.settle()
-        self.service_entries -= len(writes.stale_slots)
-        self.backend_entries -= len(writes.orphan_backends)
         return writes
 
-    def _recover_after_failed_write(self) -> None:
+    def _recover_after_failed_write(self, not_retried: Iterable[Waiting | None]) -> None:
         """Re-read the maps; who owns which frontend and what was already
-        reported stay known (the maps cannot say)."""
+        reported stay known (the maps cannot say), for the ports the change
+        set did not reach too."""
         owners, waiting = self._owners, self._waiting
         self._recover()
         self._owners = {f: owner for f, owner in owners.items() if f in self._frontends}
         self._waiting = waiting
+        for earlier in not_retried:
+            if earlier is not None:
+                self._waiting.setdefault(earlier.port.name, earlier)
 
-    def _plan_full(self, planned: Sequence[tuple[ServicePort, FrontendSpecs]],
+    def _plan_full(self, todo: Sequence[tuple[ServicePort, tuple[FrontendKeys, ...], object]],
                    writes: MapWrites) -> None:
-        claims = {(frontend, port.name) for port, specs in planned for frontend in specs}
+        claims = {(frontend, port.name) for port, keys, _ in todo for frontend in keys}
         wanted = {frontend for frontend, _ in claims}
         # An owner keeps its frontend through a full change set (a reconnect)
         # while it still claims it: no churn, whatever the order of claimants.
@@ -282,13 +383,13 @@ class ServiceProgrammer:
         # No connect() can reach a stray (a slot above its master's count, a
         # backend no valid slot names), so they go first, with the frontends
         # that are gone, and never collide with what this change set writes.
-        writes.gone_service_keys += self._stray_keys
-        writes.gone_backends += self._stray_backends
+        writes.gone_slots += self._stray_keys
         for backend_id in self._stray_backends:
+            writes.gone_backends += _U32.pack(backend_id)
             self._backend_id_pool.release(backend_id)
-        self.service_entries -= len(self._stray_keys)
+        self.service_entries -= len(self._stray_keys) // _SERVICE_KEY_SIZE
         self.backend_entries -= len(self._stray_backends)
-        self._stray_keys, self._stray_backends = [], []
+        self._stray_keys, self._stray_backends = b"", []
 
     def _plan_incremental(self, changes: ServicePortChanges, writes: MapWrites) -> list[ServicePort]:
         for port in changes.removed:
@@ -308,22 +409,25 @@ class ServiceProgrammer:
     def _remove_frontend(self, frontend: FrontendKeys, writes: MapWrites) -> None:
         programmed = self._frontends.pop(frontend)
         self._owners.pop(frontend, None)
-        writes.gone_service_keys.insert(0, frontend.key(0))
-        writes.gone_service_keys += [frontend.key(i) for i in range(1, len(programmed.slots) + 1)]
+        writes.gone_masters += frontend.packed_key(0)
+        for slot in range(1, len(programmed.slots) + 1):
+            writes.gone_slots += frontend.packed_key(slot)
         self.service_entries -= 1 + len(programmed.slots)
-        for backend_id in set(programmed.slots) - {0}:
+        backend_ids = (set(programmed.slots) | set(self._unnamed.pop(frontend, ()))) - {0}
+        for backend_id in backend_ids:
             self._drop_backend(backend_id, frontend, writes.gone_backends, writes)
-        self.backend_entries -= len(set(programmed.slots) - {0})
+        self.backend_entries -= len(backend_ids)
         self._service_ids.release(programmed.service_id)
 
-    def _drop_backend(self, backend_id: int, frontend: FrontendKeys, into: list[int],
+    def _drop_backend(self, backend_id: int, frontend: FrontendKeys, into: bytearray,
                       writes: MapWrites) -> None:
-        service_id, target = self._backends.pop(backend_id)
-        del self._backend_ids[(service_id, target)]
+        value = self._backends.pop(backend_id)
+        del self._backend_ids[value]
         self._backend_id_pool.release(backend_id)
-        into.append(backend_id)
+        into += _U32.pack(backend_id)
         if frontend.protocol is Protocol.UDP:
-            writes.removed_udp.add((service_id, target))
+            stored = StoredBackend.of(value)
+            writes.removed_udp.add((stored.service_id, stored.target))
 
     def _program_port(self, port: ServicePort, specs: FrontendSpecs, writes: MapWrites,
                       reported: frozenset) -> None:
@@ -348,6 +452,8 @@ class ServiceProgrammer:
         for frontend, (targets, affinity_timeout) in fitting.items():
             if not no_room:
                 self._program_frontend(frontend, targets, affinity_timeout, writes)
+            elif frontend in self._unnamed:  # kept as it was, without what no slot names
+                self._drop_unnamed(frontend, set(), writes)
             if frontend in self._frontends:  # programmed now, or kept as it was
                 self._owners[frontend] = port.name
         if no_room:
@@ -374,8 +480,10 @@ class ServiceProgrammer:
             old_slots = len(old.slots) if old else 0
             services_needed += (0 if old else 1) + max(0, len(targets) - old_slots)
             service_ids_needed += 0 if old else 1
-            service_id = old.service_id if old else 0
-            backends_needed += sum(1 for t in targets if (service_id, t) not in self._backend_ids)
+            # A new frontend's service id is not allocated yet: none of its
+            # backends exists.
+            backends_needed += len(targets) if old is None else sum(
+                1 for t in targets if backend_value(old.service_id, t) not in self._backend_ids)
         for spec, used, needed, capacity in (
                 (maps.SERVICES, self.service_entries, services_needed, self._capacity.services),
                 (maps.BACKENDS, self.backend_entries, backends_needed, self._capacity.backends)):
@@ -390,7 +498,7 @@ class ServiceProgrammer:
                         f"from the next one, which retries the port")
         return ""
 
-    def _program_frontend(self, frontend: FrontendKeys, targets: tuple[HostPort, ...],
+    def _program_frontend(self, frontend: FrontendKeys, targets: tuple[bytes, ...],
                           affinity_timeout: int, writes: MapWrites) -> None:
         old = self._frontends.get(frontend)
         service_id = old.service_id if old else self._service_ids.allocate()
@@ -399,42 +507,54 @@ class ServiceProgrammer:
         slots = assign_slots(previous, wanted)
         for index, backend_id in enumerate(slots):
             if index >= len(previous) or previous[index] != backend_id:
-                writes.slots.append((frontend.key(index + 1), ServiceValue(id=backend_id)))
+                writes.slot_keys += frontend.packed_key(index + 1)
+                writes.slot_values += _SLOT_VALUE.pack(backend_id, 0, 0, 0)
         new = Programmed(service_id, tuple(slots), affinity_timeout)
         if old is None or not old.same_master(new):
-            writes.masters.append((frontend.key(0), new.master()))
-        writes.stale_slots += [frontend.key(i + 1) for i in range(len(slots), len(previous))]
+            writes.master_keys += frontend.packed_key(0)
+            writes.master_values += bytes(new.master())
+        for slot in range(len(slots) + 1, len(previous) + 1):
+            writes.stale_slots += frontend.packed_key(slot)
         self.service_entries += (0 if old else 1) + max(0, len(slots) - len(previous))
-        for backend_id in set(previous) - set(slots) - {0}:
-            self._drop_backend(backend_id, frontend, writes.orphan_backends, writes)
         self._frontends[frontend] = new
+        self._drop_unnamed(frontend, set(previous) - set(slots) - {0}, writes)
 
-    def _backend_id(self, service_id: int, target: HostPort, writes: MapWrites) -> int:
-        backend_id = self._backend_ids.get((service_id, target))
+    def _drop_unnamed(self, frontend: FrontendKeys, also: set[int], writes: MapWrites) -> None:
+        """Delete (in step 5) the frontend's backends no slot names: `also`
+        and those recovered unnamed that no slot names now either."""
+        slots = set(self._frontends[frontend].slots) if frontend in self._frontends else set()
+        for backend_id in also | (set(self._unnamed.pop(frontend, ())) - slots):
+            self._drop_backend(backend_id, frontend, writes.orphan_backends, writes)
+
+    def _backend_id(self, service_id: int, target: bytes, writes: MapWrites) -> int:
+        value = backend_value(service_id, target)
+        backend_id = self._backend_ids.get(value)
         if backend_id is None:
             backend_id = self._backend_id_pool.allocate()
-            self._keep_backend(backend_id, service_id, target)
-            writes.new_backends.append(
-                (backend_id, BackendValue(addr=target.l4addr(), service_id=service_id)))
+            self._backends[backend_id] = value
+            self._backend_ids[value] = backend_id
+            writes.new_backend_keys += _U32.pack(backend_id)
+            writes.new_backend_values += value
             self.backend_entries += 1
         return backend_id
 
     # -- writing ---------------------------------------------------------------
 
-    def _write(self, writes: MapWrites) -> None:
+    def _write_round(self, writes: MapWrites) -> None:
+        """Write the buffers, in the no-gap order, and empty them."""
         services, backends = self._services, self._backends_map
-        services.delete_many(writes.gone_service_keys)
-        backends.delete_many(writes.gone_backends)
-        backends.put_many([k for k, _ in writes.new_backends], [v for _, v in writes.new_backends])
-        services.put_many([k for k, _ in writes.slots], [v for _, v in writes.slots])
-        services.put_many([k for k, _ in writes.masters], [v for _, v in writes.masters])
-        services.delete_many(writes.stale_slots)
-        backends.delete_many(writes.orphan_backends)
-        log.debug("maps written", extra=fields(
-            **writes.entries_written(),
-            gone=len(writes.gone_service_keys), new_backends=len(writes.new_backends),
-            slots=len(writes.slots), masters=len(writes.masters),
-            stale_slots=len(writes.stale_slots), orphan_backends=len(writes.orphan_backends)))
+        services.delete_packed(writes.gone_masters + writes.gone_slots)
+        backends.delete_packed(writes.gone_backends)
+        backends.put_packed(writes.new_backend_keys, writes.new_backend_values)
+        services.put_packed(writes.slot_keys, writes.slot_values)
+        services.put_packed(writes.master_keys, writes.master_values)
+        services.delete_packed(writes.stale_slots)
+        backends.delete_packed(writes.orphan_backends)
+        log.debug("maps written", extra=fields(**writes.pending()))
+        pending = writes.pending()
+        self.service_entries -= pending["stale_slots"]
+        self.backend_entries -= pending["orphan_backends"]
+        writes.round_written()
 
 
 def _reported(earlier: Waiting | None, port: ServicePort) -> frozenset:

@@ -17,7 +17,7 @@ import errno
 import os
 from typing import Generic, Iterator, Sequence, TypeVar
 
-from backends.ebpf.mapaccess import MapFullError
+from backends.ebpf.mapaccess import MapFullError, Packed
 
 K = TypeVar("K")
 V = TypeVar("V", bound=ct.Structure)
@@ -39,24 +39,31 @@ class FakeMap(Generic[K, V]):
         self._writes_left = entries
 
     def get(self, key: K | int) -> V | None:
-        raw = self._entries.get(self._raw_keys([key])[0])
+        raw = self._entries.get(_packed(self.key_type, [key]))
         return None if raw is None else self.value_type.from_buffer_copy(raw)
 
     def put_many(self, keys: Sequence[K | int], values: Sequence[V]) -> None:
-        if len(keys) != len(values):
-            raise ValueError(f"write to map {self.name}: {len(keys)} keys but {len(values)} "
-                             f"values; pass one value per key")
-        raw_values = _chunks(bytes((self.value_type * len(values))(*values)),
-                             ct.sizeof(self.value_type))
-        for written, (key, value) in enumerate(zip(self._raw_keys(keys), raw_values)):
-            self._count_write(f"write {len(keys)} entries to map {self.name}", written)
-            if key not in self._entries and len(self._entries) >= self.max_entries:
-                raise MapFullError(errno.E2BIG, f"write {len(keys)} entries to map {self.name}: "
-                                                f"{os.strerror(errno.E2BIG)} after {written}")
-            self._entries[key] = value
+        self.put_packed(_packed(self.key_type, keys), _packed(self.value_type, values))
 
     def delete_many(self, keys: Sequence[K | int]) -> None:
-        for deleted, key in enumerate(self._raw_keys(keys)):
+        self.delete_packed(_packed(self.key_type, keys))
+
+    def put_packed(self, keys: Packed, values: Packed) -> None:
+        raw_keys = _chunks(bytes(keys), ct.sizeof(self.key_type))
+        raw_values = _chunks(bytes(values), ct.sizeof(self.value_type))
+        if len(raw_keys) != len(raw_values):
+            raise ValueError(f"write to map {self.name}: {len(raw_keys)} keys but "
+                             f"{len(raw_values)} values; pass one value per key")
+        for written, (key, value) in enumerate(zip(raw_keys, raw_values)):
+            self._count_write(f"write {len(raw_keys)} entries to map {self.name}", written)
+            if key not in self._entries and len(self._entries) >= self.max_entries:
+                raise MapFullError(errno.E2BIG, f"write {len(raw_keys)} entries to map "
+                                                f"{self.name}: {os.strerror(errno.E2BIG)} "
+                                                f"after {written}")
+            self._entries[key] = value
+
+    def delete_packed(self, keys: Packed) -> None:
+        for deleted, key in enumerate(_chunks(bytes(keys), ct.sizeof(self.key_type))):
             self._count_write(f"delete from map {self.name}", deleted)
             self._entries.pop(key, None)
 
@@ -66,11 +73,13 @@ class FakeMap(Generic[K, V]):
         for key in sorted(self._entries):
             yield self._key_of(key), self.value_type.from_buffer_copy(self._entries[key])
 
+    def read_packed(self) -> tuple[bytes, bytes]:
+        """In the order of `items`."""
+        ordered = sorted(self._entries)
+        return b"".join(ordered), b"".join(self._entries[key] for key in ordered)
+
     def __len__(self) -> int:
         return len(self._entries)
-
-    def _raw_keys(self, keys: Sequence[K | int]) -> list[bytes]:
-        return _chunks(bytes((self.key_type * len(keys))(*keys)), ct.sizeof(self.key_type))
 
     def _key_of(self, raw: bytes) -> K | int:
         key = self.key_type.from_buffer_copy(raw)
@@ -83,6 +92,10 @@ class FakeMap(Generic[K, V]):
             self._writes_left = None
             raise OSError(errno.EIO, f"{what}: {os.strerror(errno.EIO)} after {done}")
         self._writes_left -= 1
+
+
+def _packed(of: type, items: Sequence) -> bytes:
+    return bytes((of * len(items))(*items))
 
 
 def _chunks(raw: bytes, size: int) -> list[bytes]:

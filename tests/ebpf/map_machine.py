@@ -37,7 +37,7 @@ from backends.ebpf import maps
 from backends.ebpf.contents import read_contents
 from backends.ebpf.dump import services_of
 from backends.ebpf.mapaccess import MapAccess
-from backends.ebpf.programmer import Capacity, ServiceProgrammer
+from backends.ebpf.programmer import ROUND_PORTS, Capacity, ServiceProgrammer
 from kpng_py.api import localv1 as L
 from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePortChanges, ServicePort
@@ -147,6 +147,9 @@ class MapMachine(StreamMachine):
     well. `roomy`: the maps hold every state the streams can make."""
 
     roomy = True
+    # Service ports per round of writes (the programmer's default: every
+    # change set of these streams is one round).
+    round_ports = ROUND_PORTS
 
     def __init__(self, pair: MapPair) -> None:
         super().__init__()
@@ -166,7 +169,7 @@ class MapMachine(StreamMachine):
     def _new_programmer(self) -> ServiceProgrammer:
         """A programmer as a fresh process makes one: recovering from the maps."""
         return ServiceProgrammer(self.maps.services, self.maps.backends, self.maps.capacity,
-                                 self.skips)
+                                 self.skips, self.round_ports)
 
     @initialize(svcs=st.lists(services, max_size=3),
                 eps=st.lists(st.tuples(st.sampled_from(SERVICES), st.sampled_from(KEYS),

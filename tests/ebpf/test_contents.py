@@ -60,3 +60,18 @@ def test_the_programmer_counts_what_it_recovered_and_a_full_sync_deletes_it_all(
     assert (p.service_entries, p.backend_entries) == (len(SERVICES) + 1, len(BACKENDS))
     p.apply(ServicePortChanges(full=True))
     assert (len(services), len(backends)) == (0, 0) == (p.service_entries, p.backend_entries)
+
+
+def test_a_backend_of_an_adopted_service_that_no_slot_names_is_adopted_with_it() -> None:
+    """What a write that failed between steps 1 and 5 leaves: the next change
+    set that programs the frontend reuses the backend or deletes it."""
+    services, backends = fake_maps()
+    backends.put_many([400], [maps.BackendValue(
+        addr=maps.L4Addr.of(ipaddress.ip_address("10.244.0.7"), 8080), service_id=11)])
+    recovered = read_contents(services, backends).recovered()
+    assert recovered.unnamed == {frontend("10.96.0.10", 80, Protocol.UDP): (400,)}
+    assert 400 in recovered.backends and recovered.stray_backends == (300,)
+    p = ServiceProgrammer(services, backends, Capacity(SIZES["services"], SIZES["backends"]),
+                          Skips(Metrics()))
+    p.apply(ServicePortChanges(full=True))
+    assert (len(services), len(backends)) == (0, 0) == (p.service_entries, p.backend_entries)

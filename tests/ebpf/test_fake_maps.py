@@ -65,6 +65,15 @@ def contents(bpf_map: MapAccess) -> dict[bytes, bytes]:
             for key, value in bpf_map.items()}
 
 
+def packed_contents(bpf_map: MapAccess) -> dict[bytes, bytes]:
+    """`contents`, from the map read back packed."""
+    keys, values = bpf_map.read_packed()
+    key_size, value_size = ct.sizeof(bpf_map.key_type), ct.sizeof(bpf_map.value_type)
+    assert len(keys) // key_size == len(values) // value_size
+    return {keys[i:i + key_size]: values[j:j + value_size]
+            for i, j in zip(range(0, len(keys), key_size), range(0, len(values), value_size))}
+
+
 def outcome(bpf_map: MapAccess, operation: tuple) -> str:
     """What one operation raised: nothing or a MapFullError."""
     kind, args = operation
@@ -93,7 +102,8 @@ def test_the_fake_maps_do_what_the_kernel_maps_do(datapath: Datapath, pin: str) 
             operation = (kind, [(key_of(i), value_of(n)) for i, n in args] if kind == "put"
                          else [key_of(i) for i in args])
             assert outcome(real, operation) == outcome(fake, operation), operation
-            assert contents(real) == contents(fake), operation
+            assert contents(real) == contents(fake) == packed_contents(real) == packed_contents(
+                fake), operation
             assert len(contents(fake)) == len(fake) <= SIZE
 
     run()

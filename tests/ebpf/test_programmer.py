@@ -3,6 +3,7 @@ no stale entries, stable ids across restarts, full maps, conflicts."""
 
 from __future__ import annotations
 
+import ctypes as ct
 import ipaddress
 import logging
 from typing import Iterator
@@ -34,13 +35,18 @@ class RecordingMap(BpfMap):
         super().__init__(inner.fd, inner.key_type, inner.value_type, inner.name)
         self.touched: list = []
 
-    def put_many(self, keys, values) -> None:
-        self.touched += list(keys)
-        super().put_many(keys, values)
+    def put_packed(self, keys, values) -> None:
+        self._touch(keys)
+        super().put_packed(keys, values)
 
-    def delete_many(self, keys) -> None:
-        self.touched += list(keys)
-        super().delete_many(keys)
+    def delete_packed(self, keys) -> None:
+        self._touch(keys)
+        super().delete_packed(keys)
+
+    def _touch(self, keys) -> None:
+        size = ct.sizeof(self.key_type)
+        self.touched += [self.key_type.from_buffer_copy(keys, offset)
+                         for offset in range(0, len(keys), size)]
 
 
 def frontend_entries(datapath: Datapath, vip: str, port: int,
