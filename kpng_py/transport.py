@@ -93,12 +93,20 @@ class ListenAddress:
         return f"unix://{self.unix_path}" if self.unix_path else f"tcp://{self.host_port}"
 
 
+# The schemes `--api` takes (KPNG's: grpc-go's unix and dns, and tcp://).
+DIAL_SCHEMES = ("unix", "dns", "tcp")
+
+
 def dial_target(api: str) -> str:
     """A gRPC target for `--api`, checked by `DialTarget.parse`."""
     if not api:
         raise AddressError("--api is empty: give unix:///path or host:port")
     if not api.isprintable() or any(c.isspace() for c in api):
         raise AddressError(f"--api {api!r}: a gRPC target has no spaces or control characters")
+    scheme, sep, _ = api.partition("://")
+    if sep and scheme not in DIAL_SCHEMES:
+        raise AddressError(f"--api {api!r}: unknown scheme {scheme}://; use unix:///path, "
+                           "tcp://host:port, dns:///host:port or host:port")
     if api.startswith("tcp://"):
         host, port = _host_port(api[len("tcp://"):])
         if not host or port is None:

@@ -52,6 +52,7 @@ def test_help_on_every_command(capsys: pytest.CaptureFixture) -> None:
 
 @pytest.mark.parametrize("argv, message", [
     (["local", "--api", "unix://rel.sock", "to-print"], "--api 'unix://rel.sock': use unix:///absolute/path"),
+    (["local", "--api", "http://x:1", "to-print"], "--api 'http://x:1': unknown scheme http://"),
     (["local", "--api", "x:1", "--error-delay", "-1", "to-print"], "--error-delay: '-1' must be more than 0"),
     (["local", "--api", "x:1", "--max-msg-size", "lots", "to-print"], "--max-msg-size: 'lots' is not a size"),
     (["local", "--api", "x:1", "--error-delay", "5", "--max-error-delay", "2", "to-print"],
