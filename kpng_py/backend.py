@@ -95,6 +95,19 @@ def _with_stages(own: dict[str, float], stages: dict[str, float]) -> dict[str, f
     return {**own, **{name: ms for name, ms in stages.items() if name not in own}}
 
 
+# How many changed service ports `sync applied` names (all of them with -v).
+NAMED_IN_SYNC_LINE = 3
+
+
+def changed_names(changes: ServicePortChanges) -> str:
+    """The first few service ports a change set added, updated or removed,
+    `ns/name:port` comma-separated, and how many more there are."""
+    ports = (*changes.added, *(new for _, new in changes.updated), *changes.removed)
+    named = ",".join(str(port.name) for port in ports[:NAMED_IN_SYNC_LINE])
+    more = len(ports) - NAMED_IN_SYNC_LINE
+    return f"{named},+{more} more" if more > 0 else named
+
+
 class ApplyListener(Protocol):
     """Told what became of each apply (`SyncHealth` is one)."""
 
@@ -237,5 +250,6 @@ class ChangeSetApplier:
         log.info("sync applied", extra=fields(
             sync=self.syncs, full=changes.full, added=len(changes.added),
             updated=len(changes.updated), removed=len(changes.removed),
+            changed=changed_names(changes),
             service_changes=changes.service_changes, endpoint_changes=changes.endpoint_changes,
             **_with_stages(times.log_fields(), backend_stages(self.backend))))

@@ -14,7 +14,6 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 
 from kpng_py.model import MAX_PORT
 

@@ -13,8 +13,10 @@ from typing import Callable, Iterator
 
 import pytest
 
+from kpng_py.backend import changed_names
 from kpng_py.logs import JsonFormatter, TextFormatter, fields
 from kpng_py.metrics import Metrics
+from kpng_py.model import Protocol, ServicePort, ServicePortChanges, ServicePortName
 from kpng_py.skips import SkipReason, Skips
 
 
@@ -54,6 +56,7 @@ def test_json_logs_with_fields(tmp_path: Path) -> None:
     sync = syncs[0]
     assert {"ts", "level", "logger"} <= set(sync) and sync["level"] == "info"
     assert (sync["sync"], sync["full"], sync["added"], sync["removed"]) == (1, True, 1, 0)
+    assert sync["changed"] == "default/web:http"  # named without -v
     assert isinstance(sync["duration_ms"], float)
     (skip,) = [line for line in lines if line["msg"].startswith("skipped")]
     assert skip["reason"] == "headless" and skip["object"] == "service default/none"
@@ -164,3 +167,12 @@ def test_json_timestamps_are_rfc3339_utc_milliseconds_and_missing_fields_are_lef
     body = json.loads(JsonFormatter().format(record))
     assert body["ts"] == "2025-12-02T06:05:12.345Z"
     assert body["reason"] == "bad-path" and "error" not in body
+
+
+def test_the_sync_line_names_a_few_changed_service_ports() -> None:
+    ports = [ServicePort(ServicePortName("ns", f"s{i}", "http", Protocol.TCP), "ClusterIP", (), 80)
+             for i in range(5)]
+    assert changed_names(ServicePortChanges(added=tuple(ports[:2]))) == "ns/s0:http,ns/s1:http"
+    assert changed_names(ServicePortChanges(added=tuple(ports[:3]), removed=tuple(ports[3:]))) == (
+        "ns/s0:http,ns/s1:http,ns/s2:http,+2 more")
+    assert changed_names(ServicePortChanges()) == ""
