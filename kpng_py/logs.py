@@ -113,6 +113,7 @@ def setup_logging(log_format: str = "text", verbosity: int = 0) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbosity > 0 else logging.INFO)
-    # grpc and pyroute2 are chatty at debug level; only our -vv shows them.
-    for noisy in ("grpc", "pyroute2", "asyncio"):
+    # grpclib (an INFO line per stream a client cancels), h2, pyroute2 and asyncio
+    # are chatty below warnings; only our -vv shows them.
+    for noisy in ("grpclib", "h2", "hpack", "pyroute2", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbosity > 1 else logging.WARNING)
