@@ -13,7 +13,6 @@ neither pin maps nor attach to its cgroup.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -25,7 +24,7 @@ from typing import Callable, Sequence
 
 from kpng_py.registry import LabPlaces, lab_backends
 from lab.names import RunNames
-from lab.procs import kill_pids, run
+from lab.procs import JsonLog, kill_pids, run
 
 TIME = "/usr/bin/time"  # GNU time (Debian package "time")
 
@@ -122,29 +121,16 @@ class Watched:
     def __init__(self, argv: Sequence[str], workdir: Path, name: str) -> None:
         self._out, self._err = workdir / f"{name}.out", workdir / f"{name}.err"
         self._rss = workdir / f"{name}.maxrss-kib"
-        self.records: list[tuple[float, dict]] = []
-        self._read = 0
+        self._log = JsonLog(self._err)
         with open(self._out, "wb") as stdout, open(self._err, "wb") as stderr:
             self.started = time.monotonic()
             self._popen = subprocess.Popen([TIME, "-f", "%M", "-o", str(self._rss), *argv],
                                            stdin=subprocess.DEVNULL, stdout=stdout,
                                            stderr=stderr, start_new_session=True)
 
-    def poll(self) -> None:
-        """Take the log lines written since the last poll."""
-        now = time.monotonic()
-        with open(self._err, "rb") as err:
-            err.seek(self._read)
-            data = err.read()
-        complete = data[:data.rfind(b"\n") + 1]
-        self._read += len(complete)
-        for line in complete.splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                self.records.append((now, record))
+    @property
+    def records(self) -> list[tuple[float, dict]]:
+        return self._log.records
 
     def wait_for(self, wanted: Callable[[dict], bool], timeout: float, skip: int = 0
                  ) -> tuple[float, dict] | None:
@@ -154,7 +140,7 @@ class Watched:
         deadline = time.monotonic() + timeout
         while True:
             exited = self._popen.poll() is not None
-            self.poll()
+            self._log.poll()
             found = [(seen, r) for seen, r in self.records if wanted(r)][skip:]
             if found:
                 return found[0]
@@ -172,7 +158,7 @@ class Watched:
                 self.kill()
                 break
             time.sleep(self.POLL_SECONDS)
-        self.poll()
+        self._log.poll()
         text = self._rss.read_text() if self._rss.exists() else ""
         peak_kib = text.split()[-1] if text.strip() else "0"
         return Finished(self._popen.returncode, self._out.read_text(errors="replace"),

@@ -138,15 +138,19 @@ def kill_pids(pids: Sequence[int]) -> None:
 
 
 class JsonLog:
-    """Follows a process's JSON log lines as the file grows."""
+    """Follows a process's JSON log lines as the file grows: each record with
+    the time.monotonic() at which a poll first saw it, and the `sync applied`
+    lines counted."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
         self._offset = 0
         self._partial = b""
+        self.records: list[tuple[float, dict]] = []
         self.syncs = 0
 
     def poll(self) -> None:
+        now = time.monotonic()
         try:
             with open(self._path, "rb") as f:
                 f.seek(self._offset)
@@ -160,5 +164,8 @@ class JsonLog:
                 record = json.loads(line)
             except ValueError:  # tracebacks, BCC warnings
                 continue
-            if isinstance(record, dict) and record.get("msg") == "sync applied":
+            if not isinstance(record, dict):
+                continue
+            self.records.append((now, record))
+            if record.get("msg") == "sync applied":
                 self.syncs += 1
