@@ -12,9 +12,9 @@ thread, so the process reports it and exits as when setup ran first.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import Callable, Mapping
 
-from kpng_py.backend import Backend
+from kpng_py.backend import Backend, backend_stages
 from kpng_py.model import ServicePortChanges
 
 class BackendNotSetUpError(RuntimeError):
@@ -22,18 +22,13 @@ class BackendNotSetUpError(RuntimeError):
 
 
 class SetUpAlongside:
-    """A Backend around `backend` whose setup runs on a thread. Any other
-    attribute is the wrapped backend's (a backend may offer more than the
-    protocol)."""
+    """A Backend around `backend` whose setup runs on a thread."""
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._error: BaseException | None = None
         self._on_failure: Callable[[], None] = lambda: None
         self._thread = threading.Thread(target=self._set_up, name="backend-setup", daemon=True)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
 
     def start(self, on_failure: Callable[[], None]) -> None:
         """Start the setup; `on_failure` is called (on the setup thread) if it fails."""
@@ -56,6 +51,9 @@ class SetUpAlongside:
             raise BackendNotSetUpError(f"the backend's setup failed ({self._error}); "
                                        "the process stops") from self._error
         self._backend.apply(changes)
+
+    def apply_stages(self) -> Mapping[str, float]:
+        return backend_stages(self._backend)
 
     def close(self) -> None:
         """Wait for the setup; close the backend if it was set up."""
