@@ -26,6 +26,7 @@ from grpclib.const import Cardinality, Status
 from grpclib.encoding.base import CodecBase
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.metadata import decode_grpc_message
+from grpclib.protocol import Stream as HTTP2Stream
 
 from kpng_py.api import WATCH_METHOD, localv1
 from kpng_py.transport import AddressError, DialTarget, TLSFiles
@@ -105,11 +106,22 @@ class WatchCall:
             await self._call.__aexit__(exc_type, exc, tb)
 
     async def send(self, request: localv1.WatchReq) -> None:
+        """Sends a WatchReq. A stream the brain has already ended (its status
+        in, the stream reset) takes none: what it sent before its status is
+        still to be read, even when the reset came before its headers were
+        looked at (all of it in one read)."""
         with self._failures:
-            await self._call.send_message(request)
-            if not self._answered:  # the brain's headers, or its status alone
-                await self._call.recv_initial_metadata()
-                self._answered = True
+            if self._draining:
+                return
+            try:
+                await self._call.send_message(request)
+                if not self._answered:  # the brain's headers, or its status alone
+                    await self._call.recv_initial_metadata()
+                    self._answered = True
+            except (StreamTerminatedError, h2.exceptions.StreamClosedError):
+                if _status_fields(self._call._stream) is None:
+                    raise
+                self._draining = True
 
     async def next_message(self) -> bytes | None:
         """The next message's bytes; None once the brain ended the stream
@@ -123,7 +135,7 @@ class WatchCall:
             except StreamTerminatedError:
                 # Reset after its status (grpc servers do): what came before
                 # the status is still to be read, and no more can come.
-                if self._call._stream.trailers is None:
+                if _status_fields(self._call._stream) is None:
                     raise
                 self._draining = True
                 return await self._read()
@@ -136,7 +148,7 @@ class WatchCall:
             if self._size is None:
                 head = await stream.recv_data(_PREFIX.size)
                 if not head:
-                    return _end_status(stream.trailers)
+                    return _end_status(_status_fields(stream))
                 compressed, size = _PREFIX.unpack(head)
                 if compressed:
                     raise CallFailed("INTERNAL", "the brain sent a compressed message "
@@ -154,9 +166,21 @@ class WatchCall:
         return message
 
 
-def _end_status(trailers: list[tuple[str, str]] | None) -> None:
+def _status_fields(stream: HTTP2Stream | None) -> list[tuple[str, str]] | None:
+    """The header fields carrying the brain's status once it has sent it: its
+    trailers, or its headers when they were all it sent (trailers-only)."""
+    if stream is None:
+        return None
+    if stream.trailers is not None:
+        return stream.trailers
+    if stream.headers is not None and any(name == "grpc-status" for name, _ in stream.headers):
+        return stream.headers
+    return None
+
+
+def _end_status(status_fields: list[tuple[str, str]] | None) -> None:
     """None for a stream ended with OK; else the brain's status, raised."""
-    fields = dict(trailers or ())
+    fields = dict(status_fields or ())
     code = fields.get("grpc-status")
     try:
         status = Status(int(code)) if code is not None else None
@@ -188,10 +212,10 @@ class _CallFailures:
             return
         if isinstance(exc, GRPCError):
             raise CallFailed(exc.status.name, exc.message or "", local=False) from exc
-        stream = getattr(self._call, "_stream", None)  # once the request is sent
-        if stream is not None and stream.trailers is not None and isinstance(
+        status = _status_fields(getattr(self._call, "_stream", None))  # once sent
+        if status is not None and isinstance(
                 exc, (StreamTerminatedError, h2.exceptions.StreamClosedError)):
-            _end_status(stream.trailers)
+            _end_status(status)
             raise CallFailed("UNAVAILABLE", f"the brain closed the stream and reset it ({exc})",
                              local=False) from exc
         if isinstance(exc, StreamTerminatedError):

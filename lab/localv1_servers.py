@@ -6,9 +6,11 @@ and the transport bench (docs/bench.md "Transport"):
   implementation, grpc-go's);
 * `H2Brain`: h2 alone, answering a stream's first WatchReq with prepared
   bytes (gRPC-framed messages, or anything else), written in DATA frames of at
-  most `frame_size` bytes as fast as flow control allows, then quiet: what no
-  gRPC library sends (a lying length prefix, messages split anywhere or
-  packed many to a frame), and a server that is never the limit.
+  most `frame_size` bytes as fast as flow control allows, then quiet, or
+  ended at once with `end_status` and reset (as grpc servers end a stream
+  whose client has not ended its side, all in one write): what no gRPC
+  library sends (a lying length prefix, messages split anywhere or packed
+  many to a frame), and a server that is never the limit.
 
 Both listen on loopback or a unix socket only, on a loop of their own thread.
 """
@@ -24,6 +26,7 @@ from typing import AsyncIterator
 import grpc
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.exceptions
 
@@ -122,8 +125,9 @@ def framed(*ops: localv1.OpItem) -> bytes:
 
 
 class H2Brain:
-    def __init__(self, payload: bytes, frame_size: int = 1 << 14) -> None:
-        self._payload, self._frame_size = payload, frame_size
+    def __init__(self, payload: bytes, frame_size: int = 1 << 14,
+                 end_status: tuple[int, str] | None = None) -> None:
+        self._payload, self._frame_size, self._end_status = payload, frame_size, end_status
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="h2-brain",
                                         daemon=True)
@@ -175,6 +179,8 @@ class H2Brain:
                         break
                     conn.send_data(stream_id, self._payload[sent:sent + room])
                     sent += room
+                    if sent == len(self._payload):
+                        self._end(conn, stream_id)
                 writer.write(conn.data_to_send())
                 await writer.drain()
         except (ConnectionError, h2.exceptions.ProtocolError):
@@ -182,3 +188,12 @@ class H2Brain:
         finally:
             self._writers.discard(writer)
             writer.close()
+
+    def _end(self, conn: h2.connection.H2Connection, stream_id: int) -> None:
+        """The status after the whole payload, and the reset right behind it."""
+        if self._end_status is None:
+            return
+        code, message = self._end_status
+        conn.send_headers(stream_id, [("grpc-status", str(code)), ("grpc-message", message)],
+                          end_stream=True)
+        conn.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)

@@ -266,6 +266,34 @@ def test_a_length_prefix_over_the_limit_is_refused_before_its_bytes_come(
         "kpng_py_skipped_total", {"reason": "oversized-message"}) == 1
 
 
+def test_ops_before_a_status_and_reset_read_at_once_are_a_cut_short_change_set(
+        tmp_path: Path) -> None:
+    """A brain that fails mid change set, its ops, status and reset arriving
+    in one read, before the client has looked at its headers: the ops were
+    received, so they are a change set cut short (one count, the brain's
+    reason), not lost as if nothing had come."""
+    lost = set_service(service("lost", v4=["10.96.0.1"]))
+    brain = H2Brain(framed(reset(), lost), end_status=(14, "brain crashed"))
+    target = brain.start(tmp_path / "h2.sock")
+
+    class StopAtTheError(RecordingSink):
+        partials: list[int] = []
+
+        def on_stream_error(self, reason, partial):
+            super().on_stream_error(reason, partial)
+            self.partials.append(len(partial))
+            self.client.stop()
+
+    sink, metrics = StopAtTheError(), Metrics()
+    try:
+        run_client(ClientConfig(target, "n", error_delay=600), sink, 20, metrics)
+    finally:
+        brain.stop()
+    assert sink.errors == ["UNAVAILABLE: brain crashed"] and sink.partials == [2]
+    assert metrics.registry.get_sample_value(
+        "kpng_py_skipped_total", {"reason": "incomplete-changeset"}) == 1
+
+
 @pytest.mark.parametrize("target, expected", [
     ("unix:///run/kpng.sock", DialTarget(unix_path="/run/kpng.sock")),
     ("unix:relative.sock", DialTarget(unix_path="relative.sock")),
