@@ -151,6 +151,32 @@ class _StallGuard:
         self._timer = self._loop.call_later(self._period, self._check)
 
 
+class _Outage:
+    """The brain's outages as the log tells them: the stream failure that
+    starts one is a warning, the failures during it are info lines (numbered),
+    and its end (the first change set applied after it) is one info line
+    saying how long it lasted."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._since: float | None = None
+        self.failures = 0
+
+    def failed(self) -> int:
+        """A stream failed: the level to log it at."""
+        if self._since is None:
+            self._since, self.failures = self._clock(), 0
+        self.failures += 1
+        return logging.WARNING if self.failures == 1 else logging.INFO
+
+    def applied(self) -> float | None:
+        """A change set was applied: the outage's seconds, if one ended."""
+        if self._since is None:
+            return None
+        lasted, self._since = self._clock() - self._since, None
+        return lasted
+
+
 class WatchClient:
     def __init__(self, config: ClientConfig, sink: OpsSink, metrics: Metrics,
                  clock: Callable[[], float] = time.monotonic,
@@ -162,6 +188,7 @@ class WatchClient:
         self._clock = clock
         self._random_unit = random_unit
         self._stopping = ThreadsafeEvent()
+        self._outage = _Outage(clock)
 
     def stop(self) -> None:
         """Stop from any thread; `run` returns soon after (once a change set
@@ -246,6 +273,7 @@ class WatchClient:
                     ops, changeset = changeset.ops, _ChangeSet(config.max_changeset_size)
                     await sink.call(self._sink.on_changeset, ops)  # the dataplane has it
                     applied = True
+                    self._outage_ended()
                     await call.send(request)
                 raise _StreamCut("the brain closed the stream", None)
         except SinkFailed:
@@ -296,6 +324,14 @@ class WatchClient:
             return f"the brain answered {err}", None
         return str(err), None
 
+    def _outage_ended(self) -> None:
+        failures = self._outage.failures
+        lasted = self._outage.applied()
+        if lasted is not None:
+            log.info("watch stream to the brain is back", extra=fields(
+                target=self._config.target, outage_s=round(lasted, 3),
+                failed_streams=failures))
+
     async def _stream_failed(self, sink: _SinkThread, reason: str,
                              partial: list[localv1.OpItem],
                              skip: SkipReason | None = None) -> None:
@@ -304,9 +340,11 @@ class WatchClient:
         is also counted as skipped: it is never applied, the next stream's
         full state supersedes it."""
         skip = skip or (SkipReason.INCOMPLETE_CHANGESET if partial else None)
-        log.warning("watch stream to the brain failed", extra=fields(
+        level = self._outage.failed()
+        log.log(level, "watch stream to the brain failed", extra=fields(
             target=self._config.target, node=self._config.node_name, error=reason,
-            discarded_ops=len(partial), reason=skip.value if skip else None))
+            discarded_ops=len(partial), reason=skip.value if skip else None,
+            failures_in_outage=self._outage.failures if level != logging.WARNING else None))
         if skip is not None:
             self._metrics.skipped.labels(skip.value).inc()
         await sink.call(self._sink.on_stream_error, reason, partial)

@@ -370,3 +370,35 @@ def test_tls_fails_closed_with_a_wrong_ca(tmp_path: Path, pki: dict[str, TLSFile
         server.stop(0)
     assert sink.changesets == [] and source.requests == []
     assert sink.errors and all("UNAVAILABLE" in e for e in sink.errors)
+
+
+def test_one_warning_per_brain_outage_and_one_line_when_it_ends(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Three failed streams in a row are one outage: a warning, then info
+    lines; the change set applied after it ends it; the next failure is a
+    new outage, so a warning again."""
+    failure = Reply((), close_reason="UNAVAILABLE: brain restarting")
+    source = ScriptedSource([failure, failure, failure, changeset("a"), failure,
+                             changeset("b")])
+    server, target = start(source, tmp_path)
+    sink = RecordingSink(source)
+    sink.stop_after = 2
+    try:
+        with caplog.at_level(logging.INFO, logger="kpng_py.client"):
+            run_client(ClientConfig(target, "n", error_delay=0.05, max_error_delay=0.05),
+                       sink, 20)
+    finally:
+        server.stop(0)
+    told = [(r.levelname, r.getMessage(), r.kpng_fields.get("failures_in_outage"))
+            for r in caplog.records if r.name == "kpng_py.client"
+            and r.getMessage() != "reconnecting to the brain"]
+    assert told == [
+        ("WARNING", "watch stream to the brain failed", None),
+        ("INFO", "watch stream to the brain failed", 2),
+        ("INFO", "watch stream to the brain failed", 3),
+        ("INFO", "watch stream to the brain is back", None),
+        ("WARNING", "watch stream to the brain failed", None),
+        ("INFO", "watch stream to the brain is back", None),
+    ]
+    back = [r.kpng_fields for r in caplog.records if r.getMessage().endswith("is back")]
+    assert [b["failed_streams"] for b in back] == [3, 1] and all(b["outage_s"] > 0 for b in back)
