@@ -27,10 +27,14 @@ from kpng_py.model import (
     Protocol,
     ServicePort,
     ServicePortName,
+    family_of,
 )
 from kpng_py.skips import SkipReason, Skips
 
 _PROTOCOLS = {localv1.TCP: Protocol.TCP, localv1.UDP: Protocol.UDP}
+# The service types whose node port is served (kube-proxy's: the API server
+# allocates node ports only to these).
+_NODE_PORT_TYPES = frozenset({"NodePort", "LoadBalancer"})
 
 
 @dataclass(frozen=True)
@@ -356,12 +360,15 @@ def _decode_port(namespace: str, name: str, mapping: localv1.PortMapping, common
             skips.skip(SkipReason.BAD_PORT, owner,
                        f"{label} {value} is outside {0 if allowed_zero else 1}..{MAX_PORT}")
             return None
+    node_port_families = tuple(family_of(ip) for ip in common["cluster_ips"]) if (
+        mapping.NodePort and common["type"] in _NODE_PORT_TYPES) else ()
     return ServicePort(
         name=ServicePortName(namespace, name, mapping.Name, protocol),
         port=mapping.Port,
         target_port=mapping.TargetPort,
         target_port_name=mapping.TargetPortName,
         node_port=mapping.NodePort,
+        node_port_families=node_port_families,
         **common,
     )
 

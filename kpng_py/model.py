@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-from dataclasses import dataclass, field
-from typing import Iterable, Union
+from dataclasses import dataclass, field, replace
+from typing import Container, Iterable, Union
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 
@@ -76,14 +76,35 @@ class ServicePortName:
         return (str(self), self.protocol.value)
 
 
+class FrontendKind(enum.Enum):
+    """Why a service port has a frontend (the list its address came from)."""
+
+    CLUSTER_IP = "ClusterIP"
+    EXTERNAL_IP = "ExternalIP"
+    LOAD_BALANCER_IP = "LoadBalancerIP"
+    NODE_PORT = "NodePort"
+
+
+# The address of a node-port frontend: the node port on every allowed node
+# address of that family (`--nodeport-addresses`), as a listening socket
+# would say it.
+NODE_PORT_ADDRESS: dict[IPFamily, IPAddress] = {
+    IPFamily.V4: ipaddress.IPv4Address("0.0.0.0"),
+    IPFamily.V6: ipaddress.IPv6Address("::"),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Frontend:
     """What a client dials: an address, a port and a protocol.
 
-    One frontend has one owner in a node state (see `ServicePortChanges`). Today a
-    service port's frontends are its ClusterIPs; node ports, external and
-    load-balancer IPs become frontends of the same kind when a backend serves
-    them.
+    One frontend has one owner in a node state (see `ServicePortChanges`). A
+    service port's frontends are its ClusterIPs, ExternalIPs and
+    load-balancer IPs at its port, and its node port at the unspecified
+    address of each of its families (`is_node_port`), which stands for the
+    node's allowed addresses: two services on one node port conflict like two
+    on one ClusterIP. (The state model refuses unspecified ExternalIPs and LB
+    IPs, so no other frontend has that address.)
     """
 
     ip: IPAddress
@@ -105,6 +126,10 @@ class Frontend:
 
     def __str__(self) -> str:
         return f"{format_host_port(self.ip, self.port)}/{self.protocol.value}"
+
+    @property
+    def is_node_port(self) -> bool:
+        return self.ip.is_unspecified
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +179,10 @@ class ServicePort:
     internal_traffic_local: bool = False
     external_traffic_local: bool = False
     endpoints: tuple[Endpoint, ...] = ()
+    # The families whose node addresses answer on `node_port`: those of the
+    # ClusterIPs of a NodePort or LoadBalancer service with a node port;
+    # none otherwise.
+    node_port_families: tuple[IPFamily, ...] = ()
     # `frontends()`, made on first use (a Sync asks for them several times).
     _frontends: tuple[Frontend, ...] | None = field(default=None, init=False, repr=False,
                                                      compare=False)
@@ -164,12 +193,41 @@ class ServicePort:
 
     def frontends(self) -> tuple[Frontend, ...]:
         """What clients dial to reach this port: one frontend per ClusterIP,
-        in the order of `cluster_ips`."""
+        ExternalIP and load-balancer IP (in that order, each address once),
+        then one node-port frontend per family of `node_port_families`."""
         frontends = self._frontends
         if frontends is None:
-            frontends = tuple(Frontend(ip, self.port, self.protocol) for ip in self.cluster_ips)
+            frontends = tuple(dict.fromkeys(
+                Frontend(ip, self.port, self.protocol)
+                for ip in (*self.cluster_ips, *self.external_ips, *self.load_balancer_ips)))
+            frontends += tuple(Frontend(NODE_PORT_ADDRESS[family], self.node_port, self.protocol)
+                               for family in self.node_port_families)
             object.__setattr__(self, "_frontends", frontends)
         return frontends
+
+    def frontend_kind(self, frontend: Frontend) -> FrontendKind:
+        """Which of this port's lists `frontend` comes from (the first, for
+        an address listed twice)."""
+        if frontend.is_node_port:
+            return FrontendKind.NODE_PORT
+        if frontend.ip in self.cluster_ips:
+            return FrontendKind.CLUSTER_IP
+        if frontend.ip in self.external_ips:
+            return FrontendKind.EXTERNAL_IP
+        return FrontendKind.LOAD_BALANCER_IP
+
+    def only_frontends(self, owned: Container[Frontend]) -> ServicePort:
+        """This port with only the frontends in `owned` (the others belong to
+        other service ports)."""
+        def kept(ips: tuple[IPAddress, ...]) -> tuple[IPAddress, ...]:
+            return tuple(ip for ip in ips if Frontend(ip, self.port, self.protocol) in owned)
+
+        return replace(
+            self, cluster_ips=kept(self.cluster_ips), external_ips=kept(self.external_ips),
+            load_balancer_ips=kept(self.load_balancer_ips),
+            node_port_families=tuple(
+                family for family in self.node_port_families
+                if Frontend(NODE_PORT_ADDRESS[family], self.node_port, self.protocol) in owned))
 
     def cluster_endpoints(self, family: IPFamily | None = None) -> tuple[Endpoint, ...]:
         """Endpoints ClusterIP traffic may use (Scopes.Internal), optionally of

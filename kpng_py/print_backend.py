@@ -23,15 +23,26 @@ from kpng_py.registry import BackendSpec
 
 
 def service_port_json(port: ServicePort) -> dict:
-    return {
+    """The port as printed; the fields of node ports, ExternalIPs and LB IPs
+    only when it has them."""
+    printed = {
         "name": str(port.name),
         "protocol": port.protocol.value,
-        "clusterIPs": sorted(str(frontend.ip) for frontend in port.frontends()),
+        "clusterIPs": sorted(str(ip) for ip in port.cluster_ips),
         "port": port.port,
         "endpoints": sorted(str(ep) for ep in port.cluster_endpoints()),
         "affinityTimeoutSeconds": port.affinity_timeout_seconds,
         "internalTrafficLocal": port.internal_traffic_local,
     }
+    extras = {
+        "externalIPs": sorted(str(ip) for ip in port.external_ips),
+        "loadBalancerIPs": sorted(str(ip) for ip in port.load_balancer_ips),
+        "nodePort": port.node_port if port.node_port_families else 0,
+        "nodePortFamilies": [f"IPv{family.value}" for family in port.node_port_families],
+        "externalTrafficLocal": port.external_traffic_local,
+    }
+    printed.update((key, value) for key, value in extras.items() if value)
+    return printed
 
 
 class PrintBackend:

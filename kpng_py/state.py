@@ -361,9 +361,8 @@ class NodeState:
             now = self._services[path].claiming
             for name in before.keys() | now.keys():
                 old, port = before.get(name), now.get(name)
-                if old is not None and port is not None and (
-                        (old.cluster_ips, old.port) == (port.cluster_ips, port.port)):
-                    continue  # the same frontends (the name holds the protocol)
+                if old is not None and port is not None and old.frontends() == port.frontends():
+                    continue  # the same frontends
                 claims[name] = frozenset(port.frontends()) if port else frozenset()
         return claims
 
@@ -384,15 +383,15 @@ class NodeState:
 
     def _publishable(self, ports: dict[ServicePortName, ServicePort]
                      ) -> dict[ServicePortName, ServicePort]:
-        """The ports with only the ClusterIPs whose frontends they own; a port
-        that owns none is left out."""
+        """The ports with only the frontends they own; a port that owns none
+        is left out."""
         published: dict[ServicePortName, ServicePort] = {}
         for name, port in ports.items():
-            owned = tuple(frontend.ip for frontend in port.frontends()
-                          if self._owners.owner(frontend) == name)
+            frontends = port.frontends()
+            owned = {frontend for frontend in frontends if self._owners.owner(frontend) == name}
             if owned:
-                published[name] = (port if len(owned) == len(port.cluster_ips)
-                                   else replace(port, cluster_ips=owned))
+                published[name] = (port if len(owned) == len(frontends)
+                                   else port.only_frontends(owned))
         return published
 
     def _drop_not_resent(self, seen: set[tuple[int, str]]) -> None:

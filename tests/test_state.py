@@ -443,3 +443,70 @@ def test_the_hostile_frontends_scenario_is_counted_by_reason() -> None:
         "frontend-conflict": 4,
         "no-cluster-ip": 0,  # the refused ClusterIPs' own lines say it all
     }
+
+
+def node_port_service(name: str, node_port: int, type_: str = "NodePort", v4=("10.96.0.20",),
+                      v6=(), external=(), lb=()) -> L.Service:
+    mapping = port("http", 80, target=8080)
+    mapping.NodePort = node_port
+    svc = service(name, v4=v4, v6=v6, ports=[mapping], Type=type_)
+    svc.IPs.ExternalIPs.V4.extend(external)
+    svc.IPs.LoadBalancerIPs.V4.extend(lb)
+    return svc
+
+
+def frontends_by_kind(state: NodeState) -> dict[str, list[tuple[str, str]]]:
+    return {str(p.name): [(str(f), p.frontend_kind(f).value) for f in p.frontends()]
+            for p in state.service_ports()}
+
+
+def test_external_ips_lb_ips_and_node_ports_are_frontends_of_their_kind() -> None:
+    """An address listed twice is one frontend, of the first list's kind; a
+    node port is one frontend per family of the service's ClusterIPs."""
+    state, _ = new_state()
+    state.apply([reset(), set_service(node_port_service(
+        "lb", 30080, "LoadBalancer", v6=["fd00::20"], external=["192.0.2.1", "192.0.2.2"],
+        lb=["192.0.2.2", "198.51.100.1"])), sync()])
+    assert frontends_by_kind(state) == {"default/lb:http": [
+        ("10.96.0.20:80/TCP", "ClusterIP"), ("[fd00::20]:80/TCP", "ClusterIP"),
+        ("192.0.2.1:80/TCP", "ExternalIP"), ("192.0.2.2:80/TCP", "ExternalIP"),
+        ("198.51.100.1:80/TCP", "LoadBalancerIP"),
+        ("0.0.0.0:30080/TCP", "NodePort"), ("[::]:30080/TCP", "NodePort")]}
+
+
+def test_a_node_port_is_served_for_node_port_and_load_balancer_services_only() -> None:
+    state, _ = new_state()
+    state.apply([reset(), set_service(node_port_service("cip", 30081, "ClusterIP")),
+                 set_service(node_port_service("np", 30082, v4=["10.96.0.21"])),
+                 set_service(node_port_service("none", 0, "LoadBalancer", v4=["10.96.0.22"])),
+                 sync()])
+    assert {name: [f for f, kind in frontends if kind == "NodePort"]
+            for name, frontends in frontends_by_kind(state).items()} == {
+        "default/cip:http": [], "default/np:http": ["0.0.0.0:30082/TCP"],
+        "default/none:http": []}
+
+
+def test_two_services_on_one_node_port_conflict_and_the_second_takes_it_over_later() -> None:
+    """The first claimant keeps the node port; the other is published with
+    its ClusterIP only, and gets the node port in the Sync the owner lets it go."""
+    state, metrics = new_state()
+    state.apply([reset(), set_service(node_port_service("first", 30080)),
+                 set_service(node_port_service("second", 30080, v4=["10.96.0.21"])), sync()])
+    assert [f for f, _ in frontends_by_kind(state)["default/second:http"]] == ["10.96.0.21:80/TCP"]
+    assert state.service_ports()[1].node_port_families == ()
+    assert skipped(metrics, "frontend-conflict") == 1
+    moved = state.apply([set_service(node_port_service("first", 30090)), sync()])
+    assert sorted(names(new for _, new in moved.updated)) == [
+        "default/first:http", "default/second:http"]
+    assert {name: [f for f, kind in frontends if kind == "NodePort"]
+            for name, frontends in frontends_by_kind(state).items()} == {
+        "default/first:http": ["0.0.0.0:30090/TCP"], "default/second:http": ["0.0.0.0:30080/TCP"]}
+
+
+def test_an_external_ip_on_another_services_clusterip_goes_to_the_first_claimant() -> None:
+    state, _ = new_state()
+    state.apply([reset(), set_service(vip("owner", v4=["10.96.0.10"])), sync()])
+    state.apply([set_service(node_port_service("ext", 0, "ClusterIP", external=["10.96.0.10"])),
+                 sync()])
+    assert frontends_by_kind(state)["default/ext:http"] == [("10.96.0.20:80/TCP", "ClusterIP")]
+    assert [str(ip) for ip in state.service_ports()[0].external_ips] == []

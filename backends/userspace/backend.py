@@ -88,7 +88,8 @@ class ServicePortListeners:
         (its ClusterIP is not on the interface, or it cannot listen), for
         the backend to try again with the next change set."""
         wanted = {frontend: endpoints for frontend in port.frontends()
-                  if (endpoints := port.cluster_endpoints(family_of(frontend.ip)))}
+                  if not frontend.is_node_port
+                  and (endpoints := port.cluster_endpoints(family_of(frontend.ip)))}
         for frontend in self._listeners.keys() - wanted.keys():
             self._listeners.pop(frontend).close()
         for frontend in self._listen_errors.keys() - wanted.keys():
@@ -134,8 +135,9 @@ class ServicePortListeners:
 
 
 def _addresses(port: ServicePort) -> set[IPAddress]:
-    """The ClusterIPs the interface holds for `port`: those of its frontends."""
-    return {frontend.ip for frontend in port.frontends()}
+    """The addresses the interface holds for `port`: those of its frontends
+    (node ports are on the node's own addresses)."""
+    return {frontend.ip for frontend in port.frontends() if not frontend.is_node_port}
 
 
 class _LoopThread:

@@ -353,6 +353,42 @@ def hostile_frontends():
     yield sync()
 
 
+def node_ports():
+    """Issue 15: ExternalIPs, LB IPs and node ports are frontends: a second
+    claim on a node port waits, and a type back to ClusterIP ends the node
+    port (its ExternalIP stays: kube-proxy serves those on every type)."""
+    def with_node_port(number: int, node_port: int) -> L.PortMapping:
+        mapping = port("http", number, target=8080)
+        mapping.NodePort = node_port
+        return mapping
+
+    web = service("web", v4=["10.96.0.10"], ports=[with_node_port(80, 30080)], Type="NodePort")
+    web.IPs.ExternalIPs.V4.append("192.0.2.10")
+    lb = service("lb", v4=["10.96.0.11"], v6=["fd00:10:96::b"], Type="LoadBalancer",
+                 ports=[with_node_port(443, 30443)], ExternalTrafficToLocal=True)
+    lb.IPs.LoadBalancerIPs.V4.append("198.51.100.1")
+    lb.IPs.LoadBalancerIPs.V6.append("2001:db8::1")
+    late = service("late", ns="other", v4=["10.96.0.12"], ports=[with_node_port(80, 30080)],
+                   Type="NodePort")
+    yield reset()
+    yield set_service(web)
+    yield set_service(lb)
+    yield set_endpoint("default", "web", "web-0", endpoint(["10.244.0.5"],
+                                                           overrides=[("http", 8080)]))
+    yield set_endpoint("default", "lb", "lb-0", endpoint(["10.244.0.6"], ["fd00:10:244::6"],
+                                                         local=True, overrides=[("http", 8080)]))
+    yield sync()
+    # late asks for web's node port: served on its ClusterIP only
+    yield set_service(late)
+    yield sync()
+    # web back to ClusterIP: its node port goes, late's node port comes
+    cluster_ip = L.Service()
+    cluster_ip.CopyFrom(web)
+    cluster_ip.Type = "ClusterIP"
+    yield set_service(cluster_ip)
+    yield sync()
+
+
 SCENARIOS: dict[str, Scenario] = {
     "initial-state": initial_state,
     "endpoints-churn": endpoints_churn,
@@ -366,6 +402,7 @@ SCENARIOS: dict[str, Scenario] = {
     "large-state": large_state,
     "bad-inputs": bad_inputs,
     "hostile-frontends": hostile_frontends,
+    "node-ports": node_ports,
 }
 
 
