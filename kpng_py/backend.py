@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Protocol
 
 from kpng_py.api import localv1
+from kpng_py.dataplane_census import EXTERNAL, INTERNAL, DataplaneCensus
 from kpng_py.client import Backoff
 from kpng_py.collector import collector_paused, freeze_survivors
 from kpng_py.logs import fields
@@ -156,13 +157,23 @@ class ChangeSetApplier:
         self._lock = threading.Lock()
         self._retry = RetryTimer(self._retry_now, name="apply-retry")
         self._needs_full = False
+        self._queued = False  # a change set's first message came since the last apply
+        self._census = DataplaneCensus()
         self.syncs = 0
+
+    def changeset_queued(self) -> None:
+        """A change set began to arrive (its changes are queued)."""
+        self._queued = True
+        self._metrics.sync_last_queued_timestamp.set_to_current_time()
 
     def apply_ops(self, ops: Iterable[localv1.OpItem], receive_seconds: float = 0.0
                   ) -> ServicePortChanges | None:
         """Apply one change set (ops up to and including its Sync), whose
         messages took `receive_seconds` to arrive (logged)."""
         ops = list(ops)
+        if not self._queued:  # handed over whole (an in-process source): queued now
+            self._metrics.sync_last_queued_timestamp.set_to_current_time()
+        self._queued = False
         with self._lock:
             started = time.monotonic()
             with collector_paused():
@@ -227,9 +238,19 @@ class ChangeSetApplier:
         done = time.monotonic()
         self._needs_full = False
         self._backoff.reset()
-        self._metrics.sync_duration.observe(done - started)
-        self._metrics.sync_last_timestamp.set_to_current_time()
+        self._observe_programmed(changes, done - started)
         return _Programmed(done - started, done - backend_started)
+
+    def _observe_programmed(self, changes: ServicePortChanges, seconds: float) -> None:
+        m = self._metrics
+        m.sync_duration.observe(seconds)
+        (m.sync_full_duration if changes.full else m.sync_partial_duration).observe(seconds)
+        m.sync_last_timestamp.set_to_current_time()
+        census = self._census
+        census.applied(changes)
+        m.service_ports.set(census.service_ports)
+        for policy in (INTERNAL, EXTERNAL):
+            m.no_local_endpoints.labels(policy).set(census.no_local_endpoints(policy))
 
     def _observe(self, ops: list[localv1.OpItem], changes: ServicePortChanges) -> None:
         m = self._metrics

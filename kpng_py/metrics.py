@@ -12,6 +12,9 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, Pla
                                ProcessCollector)
 
 
+_SYNC_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
+
+
 class Metrics:
     def __init__(self) -> None:
         # kube-proxy's counters and histograms have no `_created` series, and
@@ -25,8 +28,30 @@ class Metrics:
         self.sync_duration = Histogram(
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "Time to apply one change set to the dataplane.",
-            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30),
+            buckets=_SYNC_BUCKETS, registry=r,
+        )
+        self.sync_full_duration = Histogram(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "Time to apply a change set that reconciles the whole dataplane (the first "
+            "one, and those after a failed apply).",
+            buckets=_SYNC_BUCKETS, registry=r,
+        )
+        self.sync_partial_duration = Histogram(
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "Time to apply a change set that changes only what it names.",
+            buckets=_SYNC_BUCKETS, registry=r,
+        )
+        self.sync_last_queued_timestamp = Gauge(
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "Unix time the last change set began to arrive (its changes queued for the "
+            "dataplane); later than the last applied timestamp while one is pending.",
             registry=r,
+        )
+        self.no_local_endpoints = Gauge(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Service ports with a Local traffic policy and no local endpoint (external: "
+            "only those reachable from outside the node), by policy.",
+            ["traffic_policy"], registry=r,
         )
         self.sync_last_timestamp = Gauge(
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
@@ -99,5 +124,6 @@ class Metrics:
             registry=r,
         )
         self.service_ports = Gauge(
-            "kpng_py_service_ports", "Service ports currently programmed.", registry=r
+            "kpng_py_service_ports", "Service ports in the dataplane (its last applied "
+            "change set's state).", registry=r
         )

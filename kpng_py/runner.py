@@ -59,6 +59,7 @@ class ApplierSink:
     def on_changeset_started(self) -> None:
         if self._receiving_since is None:  # told again for a message that adds no op
             self._receiving_since = time.monotonic()
+            self._applier.changeset_queued()
 
     def on_changeset(self, ops: list[localv1.OpItem]) -> None:
         since, self._receiving_since = self._receiving_since, None

@@ -274,3 +274,44 @@ def test_healthz_is_503_while_applies_fail_past_the_timeout_and_200_after(
     backend.wait_for(lambda: backend.calls[-1][2])  # a retry, not a change set, heals it
     assert get_healthz(server.port) == 200
     assert len(backend.held["default/web:http"].cluster_endpoints()) == 2
+
+
+def _gauge(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+def test_metrics_of_the_programmed_dataplane_follow_each_change_set() -> None:
+    """kpng_py_service_ports and the no-local-endpoints gauges for any
+    backend; full and partial syncs timed apart; queued before applied."""
+    metrics = Metrics()
+    applier = ChangeSetApplier(FlakyBackend(), NodeState(Skips(metrics)), metrics)
+    with_node_port = port("http", 80, target=8080)
+    with_node_port.NodePort = 30080
+    local_in = service("in", v4=["10.96.0.20"], ports=[port("http", 80, target=8080)],
+                       InternalTrafficToLocal=True)
+    local_out = service("out", v4=["10.96.0.21"], ports=[with_node_port], Type="NodePort",
+                        ExternalTrafficToLocal=True)
+    inside_only = service("inside", v4=["10.96.0.22"], ports=[port("http", 80, target=8080)],
+                          ExternalTrafficToLocal=True)  # no frontend reachable from outside
+    elsewhere = endpoint(["10.244.1.5"], overrides=[("http", 8080)])
+    applier.apply_ops([reset(), set_service(local_in), set_service(local_out),
+                       set_service(inside_only), set_endpoint("default", "in", "a", elsewhere),
+                       set_endpoint("default", "out", "a", elsewhere), sync()])
+    assert _gauge(metrics, "kpng_py_service_ports") == 3
+    assert _gauge(metrics, "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                  traffic_policy="internal") == 1
+    assert _gauge(metrics, "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                  traffic_policy="external") == 1
+    here = endpoint(["10.244.0.5"], local=True, overrides=[("http", 8080)])
+    sink = ApplierSink(applier)
+    sink.on_changeset_started()
+    queued = _gauge(metrics, "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds")
+    assert queued > _gauge(metrics, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+    sink.on_changeset([set_endpoint("default", "out", "b", here),
+                       L.OpItem(Delete=L.Ref(Set=L.ServicesSet, Path="default/inside")), sync()])
+    assert _gauge(metrics, "kpng_py_service_ports") == 2
+    assert _gauge(metrics, "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                  traffic_policy="external") == 0
+    assert queued <= _gauge(metrics, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+    assert _gauge(metrics, "kubeproxy_sync_full_proxy_rules_duration_seconds_count") == 1
+    assert _gauge(metrics, "kubeproxy_sync_partial_proxy_rules_duration_seconds_count") == 1

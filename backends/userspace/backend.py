@@ -177,7 +177,6 @@ class UserspaceBackend:
 
     def __init__(self, config: ProxyConfig, metrics: Metrics) -> None:
         self.config = config
-        self._metrics = metrics
         self._stats = ProxyStats(metrics)
         self._addresses = ClusterIPAddresses(config.interface, self._stats)
         self._guard = ClusterIPGuard(Skips(metrics))
@@ -215,7 +214,6 @@ class UserspaceBackend:
             self._loop_thread.call(lambda: self._apply_listeners(changes))
             self._addresses.remove(vanished)
         self._stats.cluster_ips.set(len(self._addresses.present))
-        self._metrics.service_ports.set(len(self._ports))
 
     def _count_address_users(self, changes: ServicePortChanges) -> tuple[set[IPAddress], set[IPAddress]]:
         """Update the per-ClusterIP user counts for an incremental change set;
