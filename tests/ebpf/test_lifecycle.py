@@ -24,6 +24,7 @@ from lab.cgroups import cgroup
 from lab.socket_lab import Agent, Lab, backend_ip, target
 from tests.ebpf.conftest import TEST_MAP_SIZES
 from tests.ebpf.helpers import added, brain_ops, service_port
+from tests.test_deploy import backend_args, cleanup_args
 
 pytestmark = pytest.mark.kernel
 
@@ -146,6 +147,32 @@ def test_cleanup_leaves_nothing_behind(the_lab: Lab, brain: str, agent: Agent) -
     assert agent.call("tcp", host=VIP, port=80, family=4)["errno"] == errno.ENETUNREACH
     again = kpng_py("ebpf", "cleanup", "--bpffs-dir", str(the_lab.bpffs_dir))
     assert "nothing installed" in again.stdout
+
+
+def _in_the_lab(args: list[str], the_lab: Lab) -> list[str]:
+    """A manifest's arguments with the node's cgroup and bpffs directory
+    replaced by the lab's (never the machine's own)."""
+    places = {"--cgroup": the_lab.group.path, "--bpffs-dir": the_lab.bpffs_dir}
+    flags = [arg.split("=", 1)[0] for arg in args]
+    # Without both, the product's defaults (the node's root cgroup) would be used.
+    assert set(places) <= set(flags), f"the manifest's {args} must name {sorted(places)}"
+    return [f"{flag}={places[flag]}" if flag in places else arg
+            for flag, arg in zip(flags, args)]
+
+
+def test_the_uninstall_manifest_removes_what_the_install_manifest_made(
+        the_lab: Lab, brain: str, agent: Agent) -> None:
+    """deploy/kpng-py.yaml's backend flags, then deploy/kpng-py-cleanup.yaml's
+    cleanup, both pointed at the lab: no program, pin or link is left."""
+    install = _in_the_lab(backend_args(), the_lab)
+    kpng_py("local", "--api", brain, "--node-name", "uninstall", "--exit-after", "1", "to-ebpf",
+            *install, "--map-size-reverse-nat", "4096", "--map-size-affinity", "1024")
+    assert len(attached_programs(the_lab.group.path)) == 8
+    assert agent.call("tcp", host=VIP, port=80, family=4)["ok"]
+    kpng_py(*_in_the_lab(cleanup_args(), the_lab))
+    assert attached_programs(the_lab.group.path) == []
+    assert not the_lab.bpffs_dir.exists()
+    assert agent.call("tcp", host=VIP, port=80, family=4)["errno"] == errno.ENETUNREACH
 
 
 def test_cleanup_of_a_cgroup_detaches_installations_pinned_elsewhere(
