@@ -25,22 +25,19 @@ class Metrics:
         r = self.registry
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes...
         PlatformCollector(registry=r)  # python_info
-        self.sync_duration = Histogram(
+        def sync_histogram(name: str, documentation: str) -> Histogram:
+            return Histogram(name, documentation, buckets=_SYNC_BUCKETS, registry=r)
+
+        self.sync_duration = sync_histogram(
             "kubeproxy_sync_proxy_rules_duration_seconds",
-            "Time to apply one change set to the dataplane.",
-            buckets=_SYNC_BUCKETS, registry=r,
-        )
-        self.sync_full_duration = Histogram(
+            "Time to apply one change set to the dataplane.")
+        self.sync_full_duration = sync_histogram(
             "kubeproxy_sync_full_proxy_rules_duration_seconds",
             "Time to apply a change set that reconciles the whole dataplane (the first "
-            "one, and those after a failed apply).",
-            buckets=_SYNC_BUCKETS, registry=r,
-        )
-        self.sync_partial_duration = Histogram(
+            "one, and those after a failed apply).")
+        self.sync_partial_duration = sync_histogram(
             "kubeproxy_sync_partial_proxy_rules_duration_seconds",
-            "Time to apply a change set that changes only what it names.",
-            buckets=_SYNC_BUCKETS, registry=r,
-        )
+            "Time to apply a change set that changes only what it names.")
         self.sync_last_queued_timestamp = Gauge(
             "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
             "Unix time the last change set began to arrive (its changes queued for the "
