@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from e2e.expect import CheckFailed, CheckRun
+from e2e.proxy import BackendKind
 from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, PortSpec, ServiceSpec
 from lab import clients
 from lab.clients import Sample, StreamingProbe, host_literal
@@ -61,6 +62,13 @@ def dual_only(families: tuple[Family, ...]) -> tuple[Family, ...]:
 
 
 FamilyFilter = Callable[[tuple[Family, ...]], tuple[Family, ...]]
+# Why a behaviour cannot apply to a backend (the check's result is then
+# "n/a: <why>", neither a pass nor a failure), or None when it applies.
+Applicability = Callable[[BackendKind], "str | None"]
+
+
+def always(kind: BackendKind) -> str | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -72,16 +80,19 @@ class Check:
     # Every packet of this check must be translated in the pod: none may
     # reach the node when the backend balances at the socket level.
     translated: bool = False
+    not_applicable: Applicability = always
 
 
 CHECKS: list[Check] = []
 
 
 def check(name: str, upstream: str, families: FamilyFilter = all_families,
-          translated: bool = False) -> Callable[[Callable[[CheckRun], None]],
-                                                Callable[[CheckRun], None]]:
+          translated: bool = False, not_applicable: Applicability = always,
+          into: list[Check] = CHECKS) -> Callable[[Callable[[CheckRun], None]],
+                                                  Callable[[CheckRun], None]]:
+    """Register the check in `into` (the service topology's CHECKS by default)."""
     def register(body: Callable[[CheckRun], None]) -> Callable[[CheckRun], None]:
-        CHECKS.append(Check(name, upstream, body, families, translated))
+        into.append(Check(name, upstream, body, families, translated, not_applicable))
         return body
     return register
 

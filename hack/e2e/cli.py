@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from e2e.checks import CHECKS
 from e2e.proxy import BACKENDS
-from e2e.run import Options, run
+from e2e.run import TOPOLOGIES, Options, run
 
 ROOT = Path(__file__).resolve().parents[2]
 IP_MODES = ("ipv4", "ipv6", "dual")
@@ -30,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "clients, the built-in brain and a backend. See docs/e2e.md.")
     parser.add_argument("-i", "--ip", choices=IP_MODES, help="IP families of the cluster")
     parser.add_argument("-b", "--backend", choices=sorted(BACKENDS), help="backend under test")
+    parser.add_argument("-t", "--topology", choices=sorted(TOPOLOGIES), default="service",
+                        help="service: one node, the ClusterIP checks S1-S15 (default); "
+                             "nodeport: two nodes and an external client, N0-N19")
     parser.add_argument("-a", "--all", action="store_true",
                         help="every IP mode with every built-in backend, one after the other")
     parser.add_argument("-d", "--debug", action="store_true",
@@ -43,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed$")
+_SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed(?:, \d+ n/a)?$")
 
 
 def _run_one(argv: list[str]) -> tuple[int, int, int]:
@@ -96,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="e2e: %(message)s", stream=sys.stderr)
     if args.list:
-        for check in CHECKS:
+        for check in TOPOLOGIES[args.topology].checks:
             print(f"{check.name}: {check.upstream}")
         return 0
     if args.all:
@@ -105,4 +107,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_all(args)
     if not (args.ip and args.backend):
         parser.error("-i and -b are required (or -a)")
-    return run(Options(args.ip, args.backend, args.debug, args.keep_logs, args.logs_dir))
+    return run(Options(args.ip, args.backend, args.debug, args.keep_logs, args.logs_dir,
+                       args.topology))
