@@ -123,8 +123,9 @@ class ServiceSpec:
         out: dict[str, Any] = {}
         external = [ip for ip in self.external_ips if ip_family(ip) in families]
         lb = [ip for ip in self.lb_ips if ip_family(ip) in families]
-        if external or lb:
-            out["ips"] = {"externalips": _ip_set(external), "loadbalancerips": _ip_set(lb)}
+        ips = {"externalips": _ip_set(external), "loadbalancerips": _ip_set(lb)}
+        if any(ips.values()):
+            out["ips"] = {key: value for key, value in ips.items() if value}
         if self.source_ranges and lb:
             out["ipfilters"] = [{"targetips": _ip_set(lb),
                                  "sourceranges": list(self.source_ranges)}]
