@@ -211,8 +211,14 @@ class MultiNodeCluster:
         run(["ip", "netns", "add", netns])
         ip_batch(netns, ["link set lo up"])
         cgroup.mkdir()
-        addresses = [(f, NETWORK[f][host]) for f in self.families for host in _EXTERNAL_HOSTS]
-        self._uplink(netns, addresses, "kpeextu")
+        self._uplink(netns, [(f, self.external_source(f)) for f in self.families], "kpeextu")
+        # The second address is a source only for a socket bound to it: IPv4
+        # makes it secondary; IPv6 would prefer the newer one, unless it is
+        # deprecated (preferred_lft 0).
+        ip_batch(netns, [f"addr add {self.external_source(f, second=True)}/"
+                         f"{NETWORK[f].prefixlen} dev eth0{nodad(f)}"
+                         + (" preferred_lft 0" if f is Family.IPV6 else "")
+                         for f in self.families])
         ip_batch(netns, [f"route add {VIP_RANGE[f]} via {self.nodes[0].ip(f)}"
                          for f in self.families])
         return Pod(EXTERNAL, 0, netns, cgroup, tuple(self.external_source(f)

@@ -1,7 +1,9 @@
 """The NodePort e2e topology itself (lab/multinode.py), before any proxy:
 pods reach each other across the nodes and see each other's own addresses,
 the external client reaches the nodes but no pod, a VIP dies at node1 (and
-a pod's packet to one is counted as escaped), teardown leaves nothing."""
+a pod's packet to one is counted as escaped); with a kube-proxy-like NAT
+by hand in node1, its NodePort and a VIP reach pods on either node, with the
+client's address masqueraded or kept; teardown leaves nothing."""
 
 from __future__ import annotations
 
@@ -29,6 +31,26 @@ UNREACHABLE = (errno.errorcode[errno.EHOSTUNREACH], errno.errorcode[errno.EACCES
 def _listening(netns: str) -> bool:
     out = run(in_namespace(netns, ["ss", "-Hlntu", f"sport = :{PORT}"])).stdout
     return {line.split()[0] for line in out.splitlines()} >= {"tcp", "udp"}
+
+
+def _reference_nat(cluster: MultiNodeCluster) -> str:
+    """node1: its port 30100 to n2-a, masqueraded; VIP 1 to n1-a, the
+    client's address kept."""
+    rules = []
+    for family in cluster.families:
+        ip = "ip" if family.version == 4 else "ip6"
+
+        def to(pod: str) -> str:
+            return clients.host_literal(cluster.pods[pod].ip(family))
+
+        rules += [f"{ip} daddr {cluster.nodes[0].ip(family)} udp dport 30100 meta mark set 1 "
+                  f"dnat {ip} to {to('n2-a')}:{PORT}",
+                  f"{ip} daddr {vip(family, 1)} tcp dport {PORT} dnat {ip} to {to('n1-a')}:{PORT}"]
+    return ("table inet reference {\n"
+            "  chain prerouting { type nat hook prerouting priority dstnat; policy accept;\n"
+            + "".join(f"    {rule}\n" for rule in rules) + "  }\n"
+            "  chain postrouting { type nat hook postrouting priority srcnat; policy accept;\n"
+            "    meta mark 1 masquerade\n  }\n}\n")
 
 
 def test_two_nodes_and_an_external_client():
@@ -64,6 +86,20 @@ def test_two_nodes_and_an_external_client():
             answer = clients.probe(a, "connect", str(vip(family, 0)), str(PORT))
             assert answer["errno"] in UNREACHABLE
             assert cluster.escaped_packets(family) > before
+        # What a proxy's packet path does (kube-proxy's nftables mode, by
+        # hand): the topology carries it both ways, to either node's pod.
+        run(in_namespace(node1.netns, ["nft", "-f", "-"]), stdin=_reference_nat(cluster))
+        for family in cluster.families:
+            masqueraded = clients.ask(external, node1.ip(family), 30100, udp=True)
+            assert masqueraded.pods == {"n2-a": 1}, masqueraded.describe()
+            assert masqueraded.answers[0].seen_as == node1.ip(family)
+            assert masqueraded.answers[0].source == (str(node1.ip(family)), 30100)
+            kept = clients.ask(external, vip(family, 1), PORT)  # routed to node1 by ext
+            assert kept.pods == {"n1-a": 1}, kept.describe()
+            assert kept.answers[0].seen_as == external.ip(family)
+            second = cluster.external_source(family, second=True)  # only when bound to
+            bound = clients.ask(external, vip(family, 1), PORT, source=second)
+            assert bound.answers and bound.answers[0].seen_as == second, bound.describe()
     finally:
         problems = teardown.remove_run(names)
     assert problems == []
