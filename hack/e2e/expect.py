@@ -194,17 +194,19 @@ class CheckRun:
         ECONNREFUSED."""
         target = service.cluster_ip(family)
         udp = ["--udp"] if port.protocol == "UDP" else []
-
-        def problem(answer: dict) -> str | None:
-            if answer["ok"]:
-                return f"connected (peer {answer['peer']})"
-            if answer["errno"] != "ECONNREFUSED" or answer["seconds"] > 1.0:
-                return f"failed with {answer['errno']} after {answer['seconds']:.2f} s"
-            return None
-
         return self.eventually(f"{_where(target, port)} rejected with ECONNREFUSED within 1 s",
                           lambda: clients.probe(self.env.client, "connect", str(target),
-                                                str(port.port), *udp), problem)
+                                                str(port.port), *udp), refused_at_once)
+
+
+def refused_at_once(answer: dict) -> str | None:
+    """What is wrong with a probe.py connect answer, unless it was refused
+    (ECONNREFUSED) within 1 s."""
+    if answer["ok"]:
+        return f"connected (peer {answer['peer']})"
+    if answer["errno"] != "ECONNREFUSED" or answer["seconds"] > 1.0:
+        return f"failed with {answer['errno']} after {answer['seconds']:.2f} s"
+    return None
 
 
 def _where(ip: IPAddress | str, port: PortSpec) -> str:

@@ -20,10 +20,10 @@ import time
 from typing import Sequence
 
 from e2e.checks import (
-    DNS_UDP, ECHO_TCP, HTTP, Check, _await, _errors, _judge_restart_loop, _last_answers,
-    _loop_summary, _served, all_families, always, check, Applicability,
+    DNS_UDP, ECHO_TCP, HTTP, Applicability, Check, _judge_restart_loop, all_families, always,
+    check, follow_udp_socket, loop_served_since, loop_under_way, stop_backend,
 )
-from e2e.expect import CheckFailed, CheckRun
+from e2e.expect import CheckFailed, CheckRun, refused_at_once
 from e2e.proxy import BackendKind
 from e2e.statefile import ClusterState, EndpointRef, PortSpec, ServiceSpec
 from e2e.topology import WHOAMI_PORT, NodePortEnv, describe
@@ -169,17 +169,10 @@ def expect_refused(t: CheckRun, client: Pod, ip: IPAddress | str, port: int,
                    udp: bool = False) -> dict:
     """connect() (TCP) or the first exchange (connected UDP: the ICMP port
     unreachable) fails at once with ECONNREFUSED."""
-    def problem(answer: dict) -> str | None:
-        if answer["ok"]:
-            return f"connected (peer {answer['peer']})"
-        if answer["errno"] != "ECONNREFUSED" or answer["seconds"] > 1.0:
-            return f"failed with {answer['errno']} after {answer['seconds']:.2f} s"
-        return None
-
     return t.eventually(f"{_where(ip, port, udp)} from {client.name} rejected with "
                         "ECONNREFUSED within 1 s",
                         lambda: clients.probe(client, "connect", str(ip), str(port),
-                                              *(["--udp"] if udp else [])), problem)
+                                              *(["--udp"] if udp else [])), refused_at_once)
 
 
 def expect_dropped(t: CheckRun, client: Pod, ip: IPAddress | str, port: int,
@@ -556,25 +549,10 @@ def udp_stale_conntrack(t: CheckRun) -> None:
     cycle = ServiceSpec("udp-cycle", 12, (dataclasses.replace(DNS_UDP, node_port=31053),),
                         type="NodePort")
     t.apply(cycle.with_endpoints(*refs(env.cluster, [old])))
-    probes = {f: StreamingProbe(env.client, "dns-follow", str(node1.ip(f)), "31053",
-                                "--connected") for f in t.active()}
-
-    def answers_from(pod: Pod, family: Family, timeout: float) -> None:
-        probe = probes[family]
-        _await(probe, f"answers from {pod.name}",
-               lambda: _last_answers(probe, 3) == [pod.name] * 3, timeout,
-               lambda: f"last answers {_last_answers(probe, 5)}{_errors(probe)}")
-
-    try:
-        t.each_family("before the change", lambda f: answers_from(old, f, 5.0))
-        t.apply(cycle.with_endpoints(*refs(env.cluster, [new])))
-        changed = time.monotonic()
-        t.each_family(f"{old.name} replaced by {new.name} (same source port)",
-                      lambda f: answers_from(new, f, UDP_FOLLOW_TIMEOUT
-                                             - (time.monotonic() - changed)))
-    finally:
-        for probe in probes.values():
-            probe.stop()
+    follow_udp_socket(t, env.client, lambda f: [str(node1.ip(f)), "31053", "--connected"],
+                      old, new, lambda: t.apply(cycle.with_endpoints(*refs(env.cluster, [new]))),
+                      f"{old.name} replaced by {new.name} (same source port)",
+                      UDP_FOLLOW_TIMEOUT)
 
 
 # -- N18 ------------------------------------------------------------------
@@ -588,36 +566,15 @@ def restart(t: CheckRun) -> None:
     loops = {f: StreamingProbe(env.client, "http-loop", str(node1.ip(f)),
                                str(WEB_HTTP.node_port), str(node1.ip(f)),
                                str(WEB_ECHO.node_port)) for f in t.active()}
-    restarted = 0.0
-
-    def under_way(family: Family) -> None:
-        loop = loops[family]
-        _await(loop, "the client loop under way", lambda: len(_served(loop)) >= 10, 10.0,
-               lambda: _loop_summary(loop.lines()))
-
-    def served_again(family: Family) -> None:
-        loop = loops[family]
-        _await(loop, "ten new connections after the restart",
-               lambda: len(_served(loop, restarted)) >= 10, 20.0,
-               lambda: _loop_summary([line for line in loop.lines()
-                                      if line.get("t", 0) > restarted]))
-
     try:
-        t.each_family("before the restart", under_way)
+        t.each_family("before the restart", lambda f: loop_under_way(loops[f]))
         if not t.active():
             return
-        backend = env.control.backend_of(seat)
-        backend.signal(signal.SIGTERM)
-        code = backend.wait_exit(30.0)
-        if code != 0:
-            backend.stop()
-            for family in t.active():
-                t.fail(family, f"on SIGTERM {backend.name} "
-                               + ("did not exit within 30 s" if code is None
-                                  else f"exited with code {code}"))
+        stop_backend(t, env.control.backend_of(seat), signal.SIGTERM)
         restarted = time.monotonic()
         env.control.start_backend(seat)
-        t.each_family("after the restart", served_again)
+        t.each_family("after the restart", lambda f: loop_served_since(
+            loops[f], restarted, "ten new connections after the restart"))
     finally:
         lines = {f: loop.stop() for f, loop in loops.items()}
     for family in t.active():
