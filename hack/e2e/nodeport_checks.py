@@ -17,7 +17,7 @@ import dataclasses
 import json
 import signal
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from e2e.checks import (
     DNS_UDP, ECHO_TCP, HTTP, Applicability, Check, _judge_restart_loop, all_families, always,
@@ -68,7 +68,9 @@ def keeps_connections_across_restart(kind: BackendKind) -> str | None:
 
 
 def nodeport_check(name: str, upstream: str, translated: bool = False,
-                   not_applicable: Applicability = always):
+                   not_applicable: Applicability = always
+                   ) -> Callable[[Callable[[CheckRun], None]], Callable[[CheckRun], None]]:
+    """Register a check of this topology (every family of the cluster)."""
     return check(name, upstream, all_families, translated, not_applicable,
                  into=NODEPORT_CHECKS)
 

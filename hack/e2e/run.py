@@ -202,8 +202,8 @@ def _run_check(env: Env | NodePortEnv, check: Check, families: tuple[Family, ...
     for family, before in escaped.items():
         leaked = env.cluster.escaped_packets(family) - before
         if leaked:
-            t.fail(family, f"{leaked} packets to ClusterIPs left the pods untranslated "
-                           f"(counted in the node namespace)")
+            t.fail(family, f"{leaked} packets to service addresses left the pods "
+                           f"untranslated (counted in the node namespace)")
     seconds = time.monotonic() - began
     for family in families:
         report.add(Result(f"{check.name}/{family.value}", t.failures.get(family), seconds))

@@ -11,6 +11,7 @@ Every server pod runs the servers of lab/servers.py and lab/whoami_server.py
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from lab.names import RunNames
 from lab.pods import PodNetworkError
 from lab.procs import in_namespace, run, wait_until
 from lab.servers import start_servers, wait_listening
+
+log = logging.getLogger("e2e")
 
 WHOAMI_PORT = 7100
 WHOAMI = str(Path(__file__).resolve().parents[2] / "lab" / "whoami_server.py")
@@ -101,8 +104,8 @@ def build(cluster: MultiNodeCluster) -> None:
     for family in cluster.families:
         _check_network(cluster, servers, family)
     cluster.workdir.joinpath("topology.txt").write_text(describe(cluster))
-    print(f"e2e: nodeport cluster {cluster.names.tag} up in {time.monotonic() - began:.1f} s",
-          file=sys.stderr, flush=True)
+    log.info("nodeport cluster %s up in %.1f s (%s)", cluster.names.tag,
+             time.monotonic() - began, ", ".join(f.value for f in cluster.families))
 
 
 def _whoami_listening(pod: Pod) -> bool:
