@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The end-to-end suite (docs/e2e.md):
-#   hack/test_e2e.sh -i ipv4|ipv6|dual -b ebpf|userspace [-d] [-k]
+#   hack/test_e2e.sh -i ipv4|ipv6|dual -b ebpf|userspace [-t service|nodeport] [-d] [-k]
 #   hack/test_e2e.sh -a     every mode with every built-in backend
 # Needs root and hack/setup.sh. The logic lives in hack/e2e/ (Python).
 set -euo pipefail

@@ -1,5 +1,6 @@
-"""`hack/test_e2e.sh -i ipv4|ipv6|dual -b ebpf|userspace [-d] [-k]`, and `-a`
-for every mode with every backend this kpng-py has (what `make e2e` runs)."""
+"""`hack/test_e2e.sh -i ipv4|ipv6|dual -b ebpf|userspace [-t service|nodeport] [-d] [-k]`,
+and `-a` for every mode with every backend this kpng-py has (what `make e2e`
+runs)."""
 
 from __future__ import annotations
 
