@@ -1,6 +1,6 @@
 """`hack/test_e2e.sh -i ipv4|ipv6|dual -b ebpf|userspace [-t service|nodeport] [-d] [-k]`,
-and `-a` for every mode with every backend this kpng-py has (what `make e2e`
-runs)."""
+and `-a` for every topology and mode with every backend this kpng-py has (what
+`make e2e` runs)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="service: one node, the ClusterIP checks S1-S15 (default); "
                              "nodeport: two nodes and an external client, N0-N19")
     parser.add_argument("-a", "--all", action="store_true",
-                        help="every IP mode with every built-in backend, one after the other")
+                        help="every topology and IP mode with every built-in backend, one "
+                             "after the other")
     parser.add_argument("-d", "--debug", action="store_true",
                         help="after the checks, leave the cluster up (Ctrl-C tears it down)")
     parser.add_argument("-k", "--keep-logs", action="store_true",
@@ -71,21 +72,23 @@ def run_all(args: argparse.Namespace) -> int:
             print(f"e2e: kpng-py has no to-{required} backend", file=sys.stderr)
             if os.environ.get("CI") == "true":
                 failed_runs.append(f"{required} (missing)")
-    for backend in backends:
-        for ip in IP_MODES:
-            began = time.monotonic()
-            argv = [sys.executable, "-m", "e2e", "-i", ip, "-b", backend,
-                    "--logs-dir", str(args.logs_dir.resolve()),
-                    *(["-k"] if args.keep_logs else [])]
-            print(f"== e2e {backend} {ip}", flush=True)
-            code, passed, failed = _run_one(argv)
-            if code and not failed:
-                failed = 1  # the run itself failed (set-up, teardown, missing tool)
-            total_passed, total_failed = total_passed + passed, total_failed + failed
-            print(f"== e2e {backend} {ip}: {'ok' if code == 0 else 'FAILED'} "
-                  f"in {time.monotonic() - began:.0f} s", flush=True)
-            if code:
-                failed_runs.append(f"{backend} {ip}")
+    runs = [(topology, backend, ip) for topology in TOPOLOGIES for backend in backends
+            for ip in IP_MODES]
+    for topology, backend, ip in runs:
+        began = time.monotonic()
+        argv = [sys.executable, "-m", "e2e", "-t", topology, "-i", ip, "-b", backend,
+                "--logs-dir", str(args.logs_dir.resolve()),
+                *(["-k"] if args.keep_logs else [])]
+        label = " ".join(([] if topology == "service" else [topology]) + [backend, ip])
+        print(f"== e2e {label}", flush=True)
+        code, passed, failed = _run_one(argv)
+        if code and not failed:
+            failed = 1  # the run itself failed (set-up, teardown, missing tool)
+        total_passed, total_failed = total_passed + passed, total_failed + failed
+        print(f"== e2e {label}: {'ok' if code == 0 else 'FAILED'} "
+              f"in {time.monotonic() - began:.0f} s", flush=True)
+        if code:
+            failed_runs.append(label)
     if failed_runs:
         print(f"e2e: failed: {', '.join(failed_runs)}", flush=True)
     # The whole suite's count, last, as one line.
