@@ -21,6 +21,7 @@ from lab.procs import CommandError, run
 from lab.servers import WHOAMI_NAME
 
 PROBE = str(Path(__file__).with_name("probe.py"))
+PEER_PROBE = str(Path(__file__).with_name("peer_probe.py"))
 CONNECT_TIMEOUT = 2.0
 
 
@@ -99,12 +100,87 @@ def dns(client: Pod, ip: IPAddress | str, port: int = 53, tcp: bool = False,
 
 def probe(client: Pod, *args: str) -> dict:
     """One probe.py run; its JSON answer."""
-    done = _run_in(client, [sys.executable, PROBE, *args])
+    return _script_answer(client, PROBE, args)
+
+
+def peer_probe(client: Pod, *args: str) -> dict:
+    """One peer_probe.py run; its JSON answer."""
+    return _script_answer(client, PEER_PROBE, args)
+
+
+def _script_answer(client: Pod, script: str, args: tuple[str, ...]) -> dict:
+    done = _run_in(client, [sys.executable, script, *args])
     try:
         return json.loads(done.stdout.splitlines()[-1])
     except (IndexError, ValueError) as err:
-        raise CommandError(f"probe.py {' '.join(args)} printed no answer: "
+        raise CommandError(f"{Path(script).name} {' '.join(args)} printed no answer: "
                            f"{done.stderr.strip()[-500:]}") from err
+
+
+@dataclass(frozen=True)
+class PeerAnswer:
+    """One exchange with lab/whoami_server.py (peer_probe.py ask)."""
+
+    pod: str
+    seen_as: IPAddress  # the client's address as the pod saw it
+    peer: tuple[str, int] | None  # getpeername() (TCP, connected UDP)
+    source: tuple[str, int] | None  # recvfrom() (unconnected UDP)
+
+
+@dataclass
+class PeerSample:
+    """What `attempts` new sockets saw; `errors` are their errnos."""
+
+    attempts: int
+    answers: list[PeerAnswer] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)  # of each failed attempt
+
+    @property
+    def pods(self) -> Counter[str]:
+        return Counter(a.pod for a in self.answers)
+
+    @property
+    def failures(self) -> int:
+        return self.attempts - len(self.answers)
+
+    def describe(self) -> str:
+        got = ", ".join(f"{pod} x{n}" for pod, n in sorted(self.pods.items())) or "no answer"
+        seen = sorted({str(a.seen_as) for a in self.answers})
+        text = f"{self.attempts} attempts: {got}" + (f" (client seen as {', '.join(seen)})"
+                                                     if seen else "")
+        if self.errors:
+            errors = Counter(self.errors)
+            text += (f"; {len(self.errors)} failed ("
+                     + ", ".join(f"{e} x{n}" for e, n in sorted(errors.items()))
+                     + f", after {max(self.seconds):.1f} s at most)")
+        not_made = self.attempts - len(self.answers) - len(self.errors)
+        if not_made:
+            text += f"; {not_made} not made after that failure"
+        return text
+
+
+def ask(client: Pod, ip: IPAddress | str, port: int, attempts: int = 1, udp: bool = False,
+        connected: bool = False, source: IPAddress | None = None,
+        timeout: float = CONNECT_TIMEOUT, until_failure: bool = False) -> PeerSample:
+    """`attempts` new sockets from `client` each ask the whoami server behind
+    ip:port once (peer_probe.py ask); with `until_failure`, none after the
+    first that failed (the sample counts the attempts not made as failed)."""
+    args = ["ask", str(ip), str(port), "--count", str(attempts), "--timeout", str(timeout),
+            *(["--until-failure"] if until_failure else []),
+            *(["--udp"] if udp else []), *(["--connected"] if connected else []),
+            *(["--source", str(source)] if source is not None else [])]
+    sample = PeerSample(attempts)
+    for answer in peer_probe(client, *args)["answers"]:
+        if not answer["ok"]:
+            sample.errors.append(answer["errno"])
+            sample.seconds.append(answer["seconds"])
+            continue
+        sample.answers.append(PeerAnswer(
+            answer["pod"], ipaddress.ip_address(answer["seen_as"][0]),
+            tuple(answer["peer"]) if "peer" in answer else None,
+            tuple(answer["source"]) if "source" in answer else None))
+    return sample
 
 
 def _run_in(client: Pod, argv: list[str]) -> subprocess.CompletedProcess[str]:

@@ -129,74 +129,95 @@ class Cluster:
     def escaped_packets(self, family: Family) -> int:
         """Packets to the family's service CIDR that reached the node (i.e.
         left a pod untranslated) since the cluster was built."""
-        counter = ["nft", "-j", "list", "counter", "inet", _ESCAPES_TABLE, _escape_counter(family)]
-        out = run(in_namespace(self.node_netns, counter)).stdout
-        counters = [item["counter"] for item in json.loads(out)["nftables"] if "counter" in item]
-        return int(counters[0]["packets"])
+        return escape_count(self.node_netns, family)
 
     def _build_node(self) -> None:
-        ns = self.node_netns
-        run(["ip", "netns", "add", ns])
-        # No rate limit on ICMP errors: every escaped packet gets its error at
-        # once, so a client that should not have been sent there fails fast.
-        sysctl(ns, "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1",
-                "net.ipv4.icmp_ratelimit=0", "net.ipv6.icmp.ratelimit=0", *_NO_DAD)
-        bridge = self.names.bridge
-        commands = [
-            "link set lo up",
-            # No STP and no multicast snooping: ports forward at once and IPv6
-            # neighbour discovery works without an MLD querier.
-            f"link add {bridge} type bridge stp_state 0 forward_delay 0 mcast_snooping 0",
-            f"link set {bridge} up",
-        ]
-        for family in self.families:
-            plan = ADDRESSING[family]
-            commands.append(f"addr add {plan.gateway}/{plan.node_pod_cidr.prefixlen} "
-                            f"dev {bridge}{_nodad(family)}")
-            commands.append(f"route add prohibit {plan.service_cidr}")
-        _ip_batch(ns, commands)
-        run(in_namespace(ns, ["nft", "-f", "-"]), stdin=_escape_counter_ruleset())
+        build_node_netns(self.node_netns, self.names.bridge,
+                         [ADDRESSING[f] for f in self.families])
 
     def _add_pod(self, name: str, index: int) -> Pod:
         pod = Pod(name=name, index=index, netns=self.names.netns(name),
                   cgroup=self.names.cgroup / name,
                   ips=tuple(ADDRESSING[f].pod_ip(index) for f in self.families))
-        pod.cgroup.mkdir()
-        run(["ip", "netns", "add", pod.netns])
-        sysctl(pod.netns, *_NO_DAD)
-        veth = self.names.veth(index)
-        _ip_batch(self.node_netns, [
-            f"link add {veth} type veth peer name eth0 netns {pod.netns}",
-            f"link set {veth} master {self.names.bridge} up",
-        ])
-        commands = ["link set lo up", "link set eth0 up"]
-        for family in self.families:
-            plan = ADDRESSING[family]
-            commands.append(f"addr add {pod.ip(family)}/{plan.node_pod_cidr.prefixlen} "
-                            f"dev eth0{_nodad(family)}")
-            commands.append(f"route add default via {plan.gateway}")
-        _ip_batch(pod.netns, commands)
+        add_pod_netns(pod, self.node_netns, self.names.bridge, self.names.veth(index),
+                      [ADDRESSING[f] for f in self.families])
         return pod
 
 
+def build_node_netns(ns: str, bridge: str, plans: Sequence[Addressing],
+                     escape_rules: Sequence[str] = ()) -> None:
+    """A node's namespace: forwarding on, a bridge that is its pods' gateway
+    (one address per plan), `prohibit` routes for the service CIDRs and the
+    escape counters (plus `escape_rules`, see escape_counter_ruleset)."""
+    run(["ip", "netns", "add", ns])
+    # No rate limit on ICMP errors: every escaped packet gets its error at
+    # once, so a client that should not have been sent there fails fast.
+    sysctl(ns, "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1",
+           "net.ipv4.icmp_ratelimit=0", "net.ipv6.icmp.ratelimit=0", *NO_DAD)
+    commands = [
+        "link set lo up",
+        # No STP and no multicast snooping: ports forward at once and IPv6
+        # neighbour discovery works without an MLD querier.
+        f"link add {bridge} type bridge stp_state 0 forward_delay 0 mcast_snooping 0",
+        f"link set {bridge} up",
+    ]
+    for plan in plans:
+        commands.append(f"addr add {plan.gateway}/{plan.node_pod_cidr.prefixlen} "
+                        f"dev {bridge}{nodad(plan.family)}")
+        commands.append(f"route add prohibit {plan.service_cidr}")
+    ip_batch(ns, commands)
+    run(in_namespace(ns, ["nft", "-f", "-"]), stdin=escape_counter_ruleset(escape_rules))
+
+
+def add_pod_netns(pod: Pod, node_netns: str, bridge: str, veth: str,
+                  plans: Sequence[Addressing]) -> None:
+    """The pod's cgroup and namespace, on a veth (`veth` on the node's side)
+    to the node's bridge, one address per plan, the default route via the node."""
+    pod.cgroup.mkdir()
+    run(["ip", "netns", "add", pod.netns])
+    sysctl(pod.netns, *NO_DAD)
+    ip_batch(node_netns, [
+        f"link add {veth} type veth peer name eth0 netns {pod.netns}",
+        f"link set {veth} master {bridge} up",
+    ])
+    commands = ["link set lo up", "link set eth0 up"]
+    for plan in plans:
+        commands.append(f"addr add {pod.ip(plan.family)}/{plan.node_pod_cidr.prefixlen} "
+                        f"dev eth0{nodad(plan.family)}")
+        commands.append(f"route add default via {plan.gateway}")
+    ip_batch(pod.netns, commands)
+
+
 # Duplicate address detection would hold new IPv6 addresses back for a second.
-_NO_DAD = ("net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0")
+NO_DAD = ("net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0")
 
 
-def _nodad(family: Family) -> str:
+def nodad(family: Family) -> str:
     return " nodad" if family is Family.IPV6 else ""
 
 
-def _ip_batch(netns: str, commands: Sequence[str]) -> None:
+def ip_batch(netns: str, commands: Sequence[str]) -> None:
     run(["ip", "-n", netns, "-batch", "-"], stdin="\n".join(commands) + "\n")
 
 
-def _escape_counter(family: Family) -> str:
+def escape_count(netns: str, family: Family) -> int:
+    """The packets the escape counter of `family` in `netns` has counted (the
+    table `escape_counter_ruleset` made there)."""
+    counter = ["nft", "-j", "list", "counter", "inet", _ESCAPES_TABLE, escape_counter(family)]
+    out = run(in_namespace(netns, counter)).stdout
+    counters = [item["counter"] for item in json.loads(out)["nftables"] if "counter" in item]
+    return int(counters[0]["packets"])
+
+
+def escape_counter(family: Family) -> str:
     return f"to_service_cidr_{family.value}"
 
 
-def _escape_counter_ruleset() -> str:
-    v4, v6 = (_escape_counter(f) for f in (Family.IPV4, Family.IPV6))
+def escape_counter_ruleset(extra_rules: Sequence[str] = ()) -> str:
+    """The node's table of escape counters: packets to the service CIDRs, and
+    whatever else `extra_rules` count (rules naming `escape_counter(family)`)."""
+    v4, v6 = (escape_counter(f) for f in (Family.IPV4, Family.IPV6))
+    rules = "".join(f"    {rule}\n" for rule in extra_rules)
     return f"""
 table inet {_ESCAPES_TABLE} {{
   counter {v4} {{ }}
@@ -205,6 +226,6 @@ table inet {_ESCAPES_TABLE} {{
     type filter hook prerouting priority raw; policy accept;
     ip daddr {ADDRESSING[Family.IPV4].service_cidr} counter name {v4}
     ip6 daddr {ADDRESSING[Family.IPV6].service_cidr} counter name {v6}
-  }}
+{rules}  }}
 }}
 """

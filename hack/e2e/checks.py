@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from e2e.expect import CheckFailed, CheckRun
+from e2e.proxy import BackendKind
 from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, PortSpec, ServiceSpec
 from lab import clients
 from lab.clients import Sample, StreamingProbe, host_literal
 from lab.cluster import Family, Pod
-from lab.procs import wait_until
+from lab.procs import Proc, wait_until
 from lab.servers import ContainerPort
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,13 @@ def dual_only(families: tuple[Family, ...]) -> tuple[Family, ...]:
 
 
 FamilyFilter = Callable[[tuple[Family, ...]], tuple[Family, ...]]
+# Why a behaviour cannot apply to a backend (the check's result is then
+# "n/a: <why>", neither a pass nor a failure), or None when it applies.
+Applicability = Callable[[BackendKind], "str | None"]
+
+
+def always(kind: BackendKind) -> str | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -72,16 +80,19 @@ class Check:
     # Every packet of this check must be translated in the pod: none may
     # reach the node when the backend balances at the socket level.
     translated: bool = False
+    not_applicable: Applicability = always
 
 
 CHECKS: list[Check] = []
 
 
 def check(name: str, upstream: str, families: FamilyFilter = all_families,
-          translated: bool = False) -> Callable[[Callable[[CheckRun], None]],
-                                                Callable[[CheckRun], None]]:
+          translated: bool = False, not_applicable: Applicability = always,
+          into: list[Check] = CHECKS) -> Callable[[Callable[[CheckRun], None]],
+                                                  Callable[[CheckRun], None]]:
+    """Register the check in `into` (the service topology's CHECKS by default)."""
     def register(body: Callable[[CheckRun], None]) -> Callable[[CheckRun], None]:
-        CHECKS.append(Check(name, upstream, body, families, translated))
+        into.append(Check(name, upstream, body, families, translated, not_applicable))
         return body
     return register
 
@@ -306,8 +317,19 @@ def _udp_follows_new_endpoint(t: CheckRun, connected: bool) -> None:
     cycle = ServiceSpec("cycle", 7, (DNS_UDP,))
     t.apply(cycle.with_endpoints(old))
     extra = ["--connected"] if connected else []
-    probes = {f: StreamingProbe(t.env.client, "dns-follow", str(cycle.cluster_ip(f)),
-                                str(DNS_UDP.port), *extra) for f in t.active()}
+    follow_udp_socket(t, t.env.client,
+                      lambda f: [str(cycle.cluster_ip(f)), str(DNS_UDP.port), *extra],
+                      old, new, lambda: t.apply(cycle.with_endpoints(new)),
+                      f"{old.name} replaced by {new.name}", UDP_FOLLOW_TIMEOUT)
+
+
+def follow_udp_socket(t: CheckRun, client: Pod, target: Callable[[Family], list[str]],
+                      old: Pod, new: Pod, replace: Callable[[], None], step: str,
+                      timeout: float) -> None:
+    """One UDP socket per family (probe.py dns-follow `target(family)`) is
+    answered by `old`; after `replace()` (old's endpoint replaced by new's),
+    by `new` within `timeout` seconds."""
+    probes = {f: StreamingProbe(client, "dns-follow", *target(f)) for f in t.active()}
 
     def answers_from(pod: Pod, family: Family, timeout: float) -> None:
         probe = probes[family]
@@ -319,10 +341,10 @@ def _udp_follows_new_endpoint(t: CheckRun, connected: bool) -> None:
         t.each_family("before the change", lambda f: answers_from(old, f, 5.0))
         # The pod cycles: its replacement has another address. The old server
         # keeps answering: only the proxy can move the socket on.
-        t.apply(cycle.with_endpoints(new))
+        replace()
         changed = time.monotonic()
-        t.each_family(f"{old.name} replaced by {new.name}", lambda f: answers_from(
-            new, f, UDP_FOLLOW_TIMEOUT - (time.monotonic() - changed)))
+        t.each_family(step, lambda f: answers_from(
+            new, f, timeout - (time.monotonic() - changed)))
     finally:
         for probe in probes.values():
             probe.stop()
@@ -420,36 +442,21 @@ def _restart(t: CheckRun, signum: signal.Signals) -> None:
                                str(echo.cluster_ip(f)), str(ECHO_TCP.port))
              for f in t.active()}
 
-    def under_way(family: Family) -> None:
-        loop = loops[family]
-        _await(loop, "the client loop under way", lambda: len(_served(loop)) >= 10, 10.0,
-               lambda: _loop_summary(loop.lines()))
-
     def served_and_changed(family: Family) -> None:
         """Ten new connections after the restart, none to the pod removed
         while the backend was down."""
-        loop = loops[family]
-        _await(loop, f"ten new connections after the restart, none to {srv[2].name} "
-                     f"(removed while the backend was down)",
-               lambda: len(_served(loop, restarted)) >= 10
-               and srv[2].name not in _served(loop, restarted)[-10:], 20.0,
-               lambda: _loop_summary([line for line in loop.lines()
-                                      if line.get("t", 0) > restarted]))
+        loop_served_since(loops[family], restarted,
+                          f"ten new connections after the restart, none to {srv[2].name} "
+                          f"(removed while the backend was down)",
+                          lambda served: srv[2].name not in served[-10:])
 
     try:
-        t.each_family("before the restart", under_way)
+        t.each_family("before the restart", lambda f: loop_under_way(loops[f]))
         if not t.active():
             return
         backend = control.backend
         assert backend is not None
-        backend.signal(signum)
-        code = backend.wait_exit(30.0)
-        if code is None or (signum == signal.SIGTERM and code != 0):
-            backend.stop()
-            for family in t.active():
-                t.fail(family, f"on {signum.name} the backend "
-                               + ("did not exit within 30 s" if code is None
-                                  else f"exited with code {code}"))
+        stop_backend(t, backend, signum)
         # While no backend runs, the service changes: the new process must
         # pick that up too.
         control.write_while_backend_down(control.state.with_service(web.with_endpoints(*srv[:2])))
@@ -460,6 +467,34 @@ def _restart(t: CheckRun, signum: signal.Signals) -> None:
         lines = {f: loop.stop() for f, loop in loops.items()}
     for family in t.active():
         _judge_restart_loop(t, family, lines[family])
+
+
+def loop_under_way(loop: StreamingProbe) -> None:
+    """The restart loop (probe.py http-loop) has ten new connections served."""
+    _await(loop, "the client loop under way", lambda: len(_served(loop)) >= 10, 10.0,
+           lambda: _loop_summary(loop.lines()))
+
+
+def loop_served_since(loop: StreamingProbe, since: float, what: str,
+                      also: Callable[[list[str]], bool] = lambda served: True) -> None:
+    """Ten new connections of the restart loop served after `since` (and
+    `also` true of the pods that served them)."""
+    _await(loop, what, lambda: len(_served(loop, since)) >= 10 and also(_served(loop, since)),
+           20.0, lambda: _loop_summary([line for line in loop.lines()
+                                        if line.get("t", 0) > since]))
+
+
+def stop_backend(t: CheckRun, backend: Proc, signum: signal.Signals) -> None:
+    """Send `signum`; the backend must exit within 30 s, on SIGTERM with code
+    0: otherwise it is killed and every active family fails."""
+    backend.signal(signum)
+    code = backend.wait_exit(30.0)
+    if code is None or (signum == signal.SIGTERM and code != 0):
+        backend.stop()
+        for family in t.active():
+            t.fail(family, f"on {signum.name} the backend ({backend.name}) "
+                           + ("did not exit within 30 s" if code is None
+                              else f"exited with code {code}"))
 
 
 def _loop_summary(lines: list[dict]) -> str:

@@ -1,5 +1,6 @@
-"""`hack/test_e2e.sh -i ipv4|ipv6|dual -b ebpf|userspace [-d] [-k]`, and `-a`
-for every mode with every backend this kpng-py has (what `make e2e` runs)."""
+"""`hack/test_e2e.sh -i ipv4|ipv6|dual -b ebpf|userspace [-t service|nodeport] [-d] [-k]`,
+and `-a` for every topology and mode with every backend this kpng-py has (what
+`make e2e` runs)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from e2e.checks import CHECKS
 from e2e.proxy import BACKENDS
-from e2e.run import Options, run
+from e2e.run import TOPOLOGIES, Options, run
 
 ROOT = Path(__file__).resolve().parents[2]
 IP_MODES = ("ipv4", "ipv6", "dual")
@@ -30,8 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "clients, the built-in brain and a backend. See docs/e2e.md.")
     parser.add_argument("-i", "--ip", choices=IP_MODES, help="IP families of the cluster")
     parser.add_argument("-b", "--backend", choices=sorted(BACKENDS), help="backend under test")
+    parser.add_argument("-t", "--topology", choices=sorted(TOPOLOGIES), default="service",
+                        help="service: one node, the ClusterIP checks S1-S15 (default); "
+                             "nodeport: two nodes and an external client, N0-N19")
     parser.add_argument("-a", "--all", action="store_true",
-                        help="every IP mode with every built-in backend, one after the other")
+                        help="every topology and IP mode with every built-in backend, one "
+                             "after the other")
     parser.add_argument("-d", "--debug", action="store_true",
                         help="after the checks, leave the cluster up (Ctrl-C tears it down)")
     parser.add_argument("-k", "--keep-logs", action="store_true",
@@ -43,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed$")
+_SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed(?:, \d+ n/a)?$")
 
 
 def _run_one(argv: list[str]) -> tuple[int, int, int]:
@@ -68,21 +72,23 @@ def run_all(args: argparse.Namespace) -> int:
             print(f"e2e: kpng-py has no to-{required} backend", file=sys.stderr)
             if os.environ.get("CI") == "true":
                 failed_runs.append(f"{required} (missing)")
-    for backend in backends:
-        for ip in IP_MODES:
-            began = time.monotonic()
-            argv = [sys.executable, "-m", "e2e", "-i", ip, "-b", backend,
-                    "--logs-dir", str(args.logs_dir.resolve()),
-                    *(["-k"] if args.keep_logs else [])]
-            print(f"== e2e {backend} {ip}", flush=True)
-            code, passed, failed = _run_one(argv)
-            if code and not failed:
-                failed = 1  # the run itself failed (set-up, teardown, missing tool)
-            total_passed, total_failed = total_passed + passed, total_failed + failed
-            print(f"== e2e {backend} {ip}: {'ok' if code == 0 else 'FAILED'} "
-                  f"in {time.monotonic() - began:.0f} s", flush=True)
-            if code:
-                failed_runs.append(f"{backend} {ip}")
+    runs = [(topology, backend, ip) for topology in TOPOLOGIES for backend in backends
+            for ip in IP_MODES]
+    for topology, backend, ip in runs:
+        began = time.monotonic()
+        argv = [sys.executable, "-m", "e2e", "-t", topology, "-i", ip, "-b", backend,
+                "--logs-dir", str(args.logs_dir.resolve()),
+                *(["-k"] if args.keep_logs else [])]
+        label = " ".join(([] if topology == "service" else [topology]) + [backend, ip])
+        print(f"== e2e {label}", flush=True)
+        code, passed, failed = _run_one(argv)
+        if code and not failed:
+            failed = 1  # the run itself failed (set-up, teardown, missing tool)
+        total_passed, total_failed = total_passed + passed, total_failed + failed
+        print(f"== e2e {label}: {'ok' if code == 0 else 'FAILED'} "
+              f"in {time.monotonic() - began:.0f} s", flush=True)
+        if code:
+            failed_runs.append(label)
     if failed_runs:
         print(f"e2e: failed: {', '.join(failed_runs)}", flush=True)
     # The whole suite's count, last, as one line.
@@ -96,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="e2e: %(message)s", stream=sys.stderr)
     if args.list:
-        for check in CHECKS:
+        for check in TOPOLOGIES[args.topology].checks:
             print(f"{check.name}: {check.upstream}")
         return 0
     if args.all:
@@ -105,4 +111,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_all(args)
     if not (args.ip and args.backend):
         parser.error("-i and -b are required (or -a)")
-    return run(Options(args.ip, args.backend, args.debug, args.keep_logs, args.logs_dir))
+    return run(Options(args.ip, args.backend, args.debug, args.keep_logs, args.logs_dir,
+                       args.topology))

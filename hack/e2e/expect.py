@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 
 from e2e.proxy import BackendKind, ControlPlane, SyncError
 from e2e.statefile import ClusterState, PortSpec, ServiceSpec
@@ -53,10 +53,24 @@ class Env:
         return next(s for s in self.base_state.services if s.name == name)
 
 
+class CheckEnv(Protocol):
+    """What CheckRun needs of a topology's environment (Env, or the NodePort
+    topology's e2e.topology.NodePortEnv)."""
+
+    @property
+    def control(self) -> ControlPlane: ...
+
+    @property
+    def client(self) -> Pod: ...  # the default client of expectations
+
+    @property
+    def kind(self) -> BackendKind: ...
+
+
 class CheckRun:
     """One check's run: its families, their verdicts so far, its actions."""
 
-    def __init__(self, env: Env, families: Sequence[Family]) -> None:
+    def __init__(self, env: Env | CheckEnv, families: Sequence[Family]) -> None:
         self.env = env
         self.families = tuple(families)
         self.failures: dict[Family, str] = {}
@@ -180,17 +194,19 @@ class CheckRun:
         ECONNREFUSED."""
         target = service.cluster_ip(family)
         udp = ["--udp"] if port.protocol == "UDP" else []
-
-        def problem(answer: dict) -> str | None:
-            if answer["ok"]:
-                return f"connected (peer {answer['peer']})"
-            if answer["errno"] != "ECONNREFUSED" or answer["seconds"] > 1.0:
-                return f"failed with {answer['errno']} after {answer['seconds']:.2f} s"
-            return None
-
         return self.eventually(f"{_where(target, port)} rejected with ECONNREFUSED within 1 s",
                           lambda: clients.probe(self.env.client, "connect", str(target),
-                                                str(port.port), *udp), problem)
+                                                str(port.port), *udp), refused_at_once)
+
+
+def refused_at_once(answer: dict) -> str | None:
+    """What is wrong with a probe.py connect answer, unless it was refused
+    (ECONNREFUSED) within 1 s."""
+    if answer["ok"]:
+        return f"connected (peer {answer['peer']})"
+    if answer["errno"] != "ECONNREFUSED" or answer["seconds"] > 1.0:
+        return f"failed with {answer['errno']} after {answer['seconds']:.2f} s"
+    return None
 
 
 def _where(ip: IPAddress | str, port: PortSpec) -> str:

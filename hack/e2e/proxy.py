@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from e2e.statefile import LOCAL_NODE, ClusterState, write_atomically
-from kpng_py.registry import LabSupport, kpng_py_command, lab_backends
+from kpng_py.registry import LabPlaces, LabSupport, kpng_py_command, lab_backends
 from lab.cluster import Cluster
+from lab.multinode import MultiNodeCluster
 from lab.names import RunNames
 from lab.procs import JsonLog, Proc, run, wait_until
 
@@ -39,13 +41,19 @@ class BackendKind:
     lab: LabSupport
 
     def sink_args(self, names: RunNames) -> list[str]:
-        return [self.sink, *self.lab.flags(names.places)]
+        return self.sink_args_at(names.places)
+
+    def sink_args_at(self, places: LabPlaces) -> list[str]:
+        return [self.sink, *self.lab.flags(places)]
 
     def inspect(self, names: RunNames) -> list[str]:
         return self.lab.inspect(names.places)
 
     def dataplane_cleanup(self, names: RunNames) -> None:
-        command = self.lab.cleanup(names.places)
+        self.dataplane_cleanup_at(names.places)
+
+    def dataplane_cleanup_at(self, places: LabPlaces) -> None:
+        command = self.lab.cleanup(places)
         if command is not None:
             run(command)
 
@@ -67,19 +75,39 @@ class SyncError(Exception):
     """The backend did not apply a change set in time, or brain or backend died."""
 
 
-class ControlPlane:
-    """Brain, backend and the state file between them."""
+@dataclass(frozen=True)
+class Seat:
+    """Where one backend runs: the node it serves (`--node-name`), the places
+    of its dataplane, and how a process is started in its node's namespace."""
 
-    def __init__(self, cluster: Cluster, kind: BackendKind, state: ClusterState) -> None:
+    node_name: str
+    places: LabPlaces
+    spawn: Callable[[str, Sequence[str]], Proc]
+    label: str = "backend"  # its log is <label>.log, <label>-2.log after a restart...
+
+
+@dataclass
+class _Running:
+    proc: Proc
+    log: JsonLog
+    starts: int
+
+
+class ControlPlane:
+    """Brain, backends (one per seat; by default one on the cluster's node)
+    and the state file between them. The brain runs where the first seat is."""
+
+    def __init__(self, cluster: Cluster | MultiNodeCluster, kind: BackendKind,
+                 state: ClusterState, seats: Sequence[Seat] = ()) -> None:
         self.cluster = cluster
         self.kind = kind
         self.state = state
         self.state_path = cluster.workdir / "state.yaml"
         self.socket = cluster.workdir / "brain.sock"
+        self.seats = tuple(seats) or (Seat(LOCAL_NODE, cluster.names.places,
+                                           cluster.spawn_on_node),)
         self.brain: Proc | None = None
-        self.backend: Proc | None = None
-        self._backend_log: JsonLog | None = None
-        self._starts = 0
+        self._running: dict[str, _Running] = {}  # by seat label
         self.synced_at = 0.0  # time.monotonic() when the last awaited sync was seen
 
     # -- processes --------------------------------------------------------
@@ -87,11 +115,12 @@ class ControlPlane:
         write_atomically(self.state_path, self.state.to_yaml())
         # Every save is atomic (write_atomically), so the brain need not wait
         # the default settle time for a half-written file.
-        self.brain = self.cluster.spawn_on_node("brain", kpng_py(
+        self.brain = self.seats[0].spawn("brain", kpng_py(
             "file", "-i", str(self.state_path), "--settle", str(ATOMIC_SAVES_SETTLE_SECONDS),
             "to-api", "--listen", f"unix://{self.socket}"))
         wait_until("brain socket", self._brain_listening, 30.0)
-        self.start_backend()
+        for seat in self.seats:
+            self.start_backend(seat)
 
     def _brain_listening(self) -> bool:
         assert self.brain is not None
@@ -99,20 +128,31 @@ class ControlPlane:
             raise RuntimeError(self.brain.describe_exit())
         return self.socket.is_socket()
 
-    def start_backend(self) -> None:
-        """(Re)start the backend and wait for its first applied change set."""
-        self._starts += 1
-        name = "backend" if self._starts == 1 else f"backend-{self._starts}"
-        self.backend = self.cluster.spawn_on_node(name, kpng_py(
-            "local", "--api", f"unix://{self.socket}", "--node-name", LOCAL_NODE,
-            *self.kind.sink_args(self.cluster.names)))
-        self._backend_log = JsonLog(self.backend.log)
-        self.wait_sync(0, START_TIMEOUT)
+    @property
+    def backend(self) -> Proc | None:
+        """The first seat's backend process."""
+        running = self._running.get(self.seats[0].label)
+        return running.proc if running else None
+
+    def backend_of(self, seat: Seat) -> Proc:
+        return self._running[seat.label].proc
+
+    def start_backend(self, seat: Seat | None = None) -> None:
+        """(Re)start a seat's backend (the first's by default) and wait for
+        its first applied change set."""
+        seat = seat or self.seats[0]
+        starts = self._running[seat.label].starts + 1 if seat.label in self._running else 1
+        name = seat.label if starts == 1 else f"{seat.label}-{starts}"
+        proc = seat.spawn(name, kpng_py(
+            "local", "--api", f"unix://{self.socket}", "--node-name", seat.node_name,
+            *self.kind.sink_args_at(seat.places)))
+        self._running[seat.label] = _Running(proc, JsonLog(proc.log), starts)
+        self.wait_sync(0, START_TIMEOUT, seat)
 
     def stop(self) -> list[str]:
-        """Stop backend then brain; returns complaints (e.g. a crash seen now)."""
+        """Stop backends then brain; returns complaints (e.g. a crash seen now)."""
         problems = []
-        for proc in (self.backend, self.brain):
+        for proc in [r.proc for r in self._running.values()] + [self.brain]:
             if proc is None:
                 continue
             if not proc.running():
@@ -125,36 +165,47 @@ class ControlPlane:
     # -- state ------------------------------------------------------------
     @property
     def syncs(self) -> int:
-        assert self._backend_log is not None
-        self._backend_log.poll()
-        return self._backend_log.syncs
+        """Change sets the first seat's backend applied."""
+        return self.syncs_of(self.seats[0])
 
-    def wait_sync(self, after: int, timeout: float = SYNC_TIMEOUT) -> None:
-        """Wait until the backend applied more than `after` change sets."""
-        backend = self.backend
-        assert backend is not None
+    def syncs_of(self, seat: Seat) -> int:
+        running = self._running.get(seat.label)
+        if running is None:  # never started
+            return 0
+        running.log.poll()
+        return running.log.syncs
+
+    def wait_sync(self, after: int, timeout: float = SYNC_TIMEOUT,
+                  seat: Seat | None = None) -> None:
+        """Wait until a seat's backend (the first's by default) applied more
+        than `after` change sets."""
+        seat = seat or self.seats[0]
+        backend = self.backend_of(seat)
         deadline = time.monotonic() + timeout
-        while self.syncs <= after:
+        while self.syncs_of(seat) <= after:
             if not backend.running():
                 raise SyncError(f"backend died: {backend.describe_exit()}")
             if self.brain is not None and not self.brain.running():
                 raise SyncError(f"brain died: {self.brain.describe_exit()}")
             if time.monotonic() > deadline:
                 raise SyncError(
-                    f"the backend applied no change set within {timeout} s after the state "
-                    f"file changed; brain log:\n{self.brain.log_tail() if self.brain else ''}"
+                    f"the backend {backend.name} applied no change set within {timeout} s "
+                    f"after the state file changed; brain log:\n"
+                    f"{self.brain.log_tail() if self.brain else ''}"
                     f"\nbackend log:\n{backend.log_tail()}")
             time.sleep(0.02)
         self.synced_at = time.monotonic()
 
     def apply(self, state: ClusterState) -> None:
-        """Write `state` and wait for the backend to apply it."""
+        """Write `state` and wait for every backend to apply it (every change
+        the checks make shows in every node's view)."""
         if state.to_yaml() == self.state.to_yaml():
             return
-        before = self.syncs
+        before = {seat.label: self.syncs_of(seat) for seat in self.seats}
         self.state = state
         write_atomically(self.state_path, state.to_yaml())
-        self.wait_sync(before)
+        for seat in self.seats:
+            self.wait_sync(before[seat.label], seat=seat)
 
     def write_while_backend_down(self, state: ClusterState) -> None:
         """Change the state while no backend runs (the next start picks it up)."""

@@ -12,14 +12,18 @@ from typing import TextIO
 @dataclass(frozen=True)
 class Result:
     name: str
-    failure: str | None  # None: passed
+    failure: str | None  # None: passed, or not applicable
     seconds: float
+    # Why the behaviour cannot apply to this backend: neither passed nor failed.
+    not_applicable: str | None = None
 
     @property
     def passed(self) -> bool:
-        return self.failure is None
+        return self.failure is None and self.not_applicable is None
 
     def line(self) -> str:
+        if self.not_applicable is not None:
+            return f"N/A  {self.name}: {self.not_applicable}"
         if self.passed:
             return f"PASS {self.name}"
         # One line per check: the details' line breaks become " | ".
@@ -39,24 +43,32 @@ class Report:
 
     @property
     def failed(self) -> int:
-        return sum(not r.passed for r in self.results)
+        return sum(r.failure is not None for r in self.results)
 
     @property
     def passed(self) -> int:
         return sum(r.passed for r in self.results)
 
+    @property
+    def not_applicable(self) -> int:
+        return sum(r.not_applicable is not None for r in self.results)
+
     def summary(self) -> str:
-        return f"{self.passed} passed, {self.failed} failed"
+        text = f"{self.passed} passed, {self.failed} failed"
+        return text + (f", {self.not_applicable} n/a" if self.not_applicable else "")
 
     def junit(self, path: Path) -> None:
         counts = {"tests": str(len(self.results)), "failures": str(self.failed), "errors": "0"}
         root = ET.Element("testsuites", counts)
-        suite = ET.SubElement(root, "testsuite", counts, name=self.suite, skipped="0",
+        suite = ET.SubElement(root, "testsuite", counts, name=self.suite,
+                              skipped=str(self.not_applicable),
                               time=f"{time.monotonic() - self._started:.3f}")
         for result in self.results:
             case = ET.SubElement(suite, "testcase", classname=self.suite, name=result.name,
                                  time=f"{result.seconds:.3f}")
-            if result.failure is not None:
+            if result.not_applicable is not None:
+                ET.SubElement(case, "skipped", message=f"n/a: {result.not_applicable}")
+            elif result.failure is not None:
                 failure = ET.SubElement(case, "failure",
                                         message=result.failure.splitlines()[0][:500])
                 failure.text = result.failure

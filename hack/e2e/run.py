@@ -14,14 +14,19 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
+from e2e import nodeport_checks, topology
 from e2e.checks import CHECKS, Check, base_state
 from e2e.expect import CheckFailed, CheckRun, Env
-from e2e.proxy import BACKENDS, ControlPlane, SyncError
+from e2e.proxy import BACKENDS, BackendKind, ControlPlane, SyncError
+from e2e.topology import NodePortEnv
+from kpng_py.registry import LabPlaces
 from e2e.report import Report, Result
 from e2e.statefile import ClusterState
 from lab import clients, procs, teardown
 from lab.cluster import Cluster, Family, families_of_mode
+from lab.multinode import MultiNodeCluster
 from lab.names import CGROUP2_ROOT, RunNames
 from lab.pods import PodNetworkError, build_cluster
 
@@ -35,10 +40,36 @@ class Options:
     debug: bool  # leave the cluster up until a signal
     keep_logs: bool
     logs_root: Path
+    topology: str = "service"  # a key of TOPOLOGIES
+
+    @property
+    def run_name(self) -> str:
+        """`<backend>-<mode>`, `nodeport-<backend>-<mode>`: logs and JUnit names."""
+        prefix = "" if self.topology == "service" else f"{self.topology}-"
+        return f"{prefix}{self.backend}-{self.ip_mode}"
 
     @property
     def suite(self) -> str:
-        return f"e2e-{self.backend}-{self.ip_mode}"
+        return f"e2e-{self.run_name}"
+
+
+@dataclass
+class Built:
+    """What set-up made so far: what the end of the run stops and removes."""
+
+    cluster: Cluster | MultiNodeCluster | None = None
+    control: ControlPlane | None = None
+
+
+@dataclass(frozen=True)
+class Topology:
+    checks: list[Check]
+    # Builds the cluster and starts the proxy (filling in `built` as it
+    # goes); the checks' environment.
+    set_up: Callable[[Built, RunNames, tuple[Family, ...], BackendKind], "Env | NodePortEnv"]
+    # Where its backends keep their dataplanes (inspect, clean-up).
+    places: Callable[[RunNames], list[LabPlaces]]
+    poke_help: Callable[["Env | NodePortEnv"], str]
 
 
 class SetupError(Exception):
@@ -56,26 +87,49 @@ def _interrupt(signum: int, _frame: object) -> None:
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def _set_up_service_topology(built: Built, names: RunNames, families: tuple[Family, ...],
+                             kind: BackendKind) -> Env:
+    cluster = built.cluster = Cluster(names, families, names.make_workdir())
+    servers, client = build_cluster(cluster)
+    control = built.control = ControlPlane(cluster, kind, base_state(cluster.families, servers))
+    _start_control_plane(control)
+    return Env(cluster, control, kind, servers, client, control.state)
+
+
+def _set_up_nodeport_topology(built: Built, names: RunNames, families: tuple[Family, ...],
+                              kind: BackendKind) -> NodePortEnv:
+    cluster = built.cluster = MultiNodeCluster(names, families, names.make_workdir())
+    topology.build(cluster)
+    state = nodeport_checks.base_state(cluster)
+    control = built.control = topology.control_plane(cluster, kind, state)
+    _start_control_plane(control)
+    return NodePortEnv(cluster, control, kind, state)
+
+
+TOPOLOGIES = {
+    "service": Topology(CHECKS, _set_up_service_topology, lambda names: [names.places],
+                        lambda env: _poke_help(env)),
+    "nodeport": Topology(nodeport_checks.NODEPORT_CHECKS, _set_up_nodeport_topology,
+                         topology.nodeport_places, lambda env: nodeport_checks.poke_help(env)),
+}
+
+
 def run(options: Options) -> int:
     report = Report(options.suite, sys.stdout)
     names = RunNames.for_this_process()
     kind = BACKENDS[options.backend]
-    cluster: Cluster | None = None
-    control: ControlPlane | None = None
+    chosen = TOPOLOGIES[options.topology]
+    built = Built()
     started = time.monotonic()
     previous = {s: signal.signal(s, _interrupt) for s in _STOP_SIGNALS}
     try:
         _preflight()
         for line in teardown.remove_stale_runs(_stale_dataplane_cleanup):
             log.info(line)
-        cluster = Cluster(names, families_of_mode(options.ip_mode), names.make_workdir())
-        servers, client = build_cluster(cluster)
-        control = ControlPlane(cluster, kind, base_state(cluster.families, servers))
-        _start_control_plane(control)
-        env = Env(cluster, control, kind, servers, client, control.state)
-        run_checks(env, report)
+        env = chosen.set_up(built, names, families_of_mode(options.ip_mode), kind)
+        run_checks(env, chosen.checks, report)
         if options.debug:
-            _wait_while_debugging(env)
+            _wait_while_debugging(chosen.poke_help(env))
     except Interrupted as err:
         report.add(Result("interrupted", str(err), time.monotonic() - started))
     except Exception as err:  # checks catch their own: this is the cluster or the proxy
@@ -86,7 +140,7 @@ def run(options: Options) -> int:
         # A second Ctrl-C must not leave half a cluster behind.
         for s in _STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
-        _finish(options, names, cluster, control, report)
+        _finish(options, names, chosen, built, report)
         for s, handler in previous.items():
             signal.signal(s, handler)
     return 0 if report.failed == 0 else 1
@@ -103,8 +157,10 @@ def _preflight() -> None:
 
 
 def _stale_dataplane_cleanup(names: RunNames) -> None:
+    """A dead run's dataplanes, whichever topology and backend it ran."""
     for kind in BACKENDS.values():
-        kind.dataplane_cleanup(names)
+        for places in {p for t in TOPOLOGIES.values() for p in t.places(names)}:
+            kind.dataplane_cleanup_at(places)
 
 
 def _start_control_plane(control: ControlPlane) -> None:
@@ -114,15 +170,22 @@ def _start_control_plane(control: ControlPlane) -> None:
              time.monotonic() - began)
 
 
-def run_checks(env: Env, report: Report) -> None:
-    for check in CHECKS:
+def run_checks(env: Env | NodePortEnv, checks: list[Check], report: Report) -> None:
+    for check in checks:
         families = check.families(env.families)
-        if families:
-            _run_check(env, check, families, report)
-            _restore_shared_services(env)
+        if not families:
+            continue
+        why_not = check.not_applicable(env.kind)
+        if why_not is not None:
+            for family in families:
+                report.add(Result(f"{check.name}/{family.value}", None, 0.0, why_not))
+            continue
+        _run_check(env, check, families, report)
+        _restore_shared_services(env)
 
 
-def _run_check(env: Env, check: Check, families: tuple[Family, ...], report: Report) -> None:
+def _run_check(env: Env | NodePortEnv, check: Check, families: tuple[Family, ...],
+               report: Report) -> None:
     watch_escapes = check.translated and env.kind.translates_in_pod
     escaped = {f: env.cluster.escaped_packets(f) for f in families} if watch_escapes else {}
     t = CheckRun(env, families)
@@ -139,14 +202,14 @@ def _run_check(env: Env, check: Check, families: tuple[Family, ...], report: Rep
     for family, before in escaped.items():
         leaked = env.cluster.escaped_packets(family) - before
         if leaked:
-            t.fail(family, f"{leaked} packets to ClusterIPs left the pods untranslated "
-                           f"(counted in the node namespace)")
+            t.fail(family, f"{leaked} packets to service addresses left the pods "
+                           f"untranslated (counted in the node namespace)")
     seconds = time.monotonic() - began
     for family in families:
         report.add(Result(f"{check.name}/{family.value}", t.failures.get(family), seconds))
 
 
-def _restore_shared_services(env: Env) -> None:
+def _restore_shared_services(env: Env | NodePortEnv) -> None:
     state: ClusterState = env.control.state
     for service in env.base_state.services:
         state = state.with_service(service)
@@ -186,9 +249,9 @@ def _poke_help(env: Env) -> str:
     return "\n".join(lines)
 
 
-def _wait_while_debugging(env: Env) -> None:
+def _wait_while_debugging(help_text: str) -> None:
     """Until Ctrl-C or SIGTERM: here they are the way to end, not a failure."""
-    print(_poke_help(env), file=sys.stderr, flush=True)
+    print(help_text, file=sys.stderr, flush=True)
     try:
         while True:
             signal.pause()
@@ -196,25 +259,36 @@ def _wait_while_debugging(env: Env) -> None:
         log.info("%s: tearing down", stop)
 
 
-def _finish(options: Options, names: RunNames, cluster: Cluster | None,
-            control: ControlPlane | None, report: Report) -> None:
-    logs = options.logs_root / f"{options.backend}-{options.ip_mode}"
+def _finish(options: Options, names: RunNames, chosen: Topology, built: Built,
+            report: Report) -> None:
+    logs = options.logs_root / options.run_name
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
     problems: list[str] = []
-    if control is not None:
-        dataplane = procs.run(control.kind.inspect(names), check=False)
-        (logs / "dataplane.txt").write_text(dataplane.stdout + dataplane.stderr)
-        problems += control.stop()
-    if cluster is not None:
-        for path in [*cluster.workdir.glob("*.log"), cluster.workdir / "state.yaml"]:
+    kind = BACKENDS[options.backend]
+    if built.control is not None:
+        every = chosen.places(names)
+        with open(logs / "dataplane.txt", "w") as out:
+            for places in every:
+                dataplane = procs.run(kind.lab.inspect(places), check=False)
+                out.write((f"== {places.node_netns}\n" if len(every) > 1 else "")
+                          + dataplane.stdout + dataplane.stderr)
+        problems += built.control.stop()
+    if built.cluster is not None:
+        workdir = built.cluster.workdir
+        for path in [*workdir.glob("*.log"), *workdir.glob("*.txt"), workdir / "state.yaml"]:
             if path.exists():
                 shutil.copy(path, logs / path.name)
-    problems += teardown.remove_run(names, BACKENDS[options.backend].dataplane_cleanup)
+
+    def dataplane_cleanup(_: RunNames) -> None:
+        for places in chosen.places(names):
+            kind.dataplane_cleanup_at(places)
+
+    problems += teardown.remove_run(names, dataplane_cleanup)
     if problems:
         report.add(Result("teardown", "\n".join(problems), 0.0))
     (logs / "checks.txt").write_text("".join(r.line() + "\n" for r in report.results))
-    junit = options.logs_root / f"junit-{options.backend}-{options.ip_mode}.xml"
+    junit = options.logs_root / f"junit-{options.run_name}.xml"
     report.junit(junit)
     print(report.summary(), flush=True)
     if options.keep_logs or report.failed:
@@ -222,4 +296,3 @@ def _finish(options: Options, names: RunNames, cluster: Cluster | None,
     else:
         shutil.rmtree(logs)
         log.info("JUnit: %s", junit)
-

@@ -35,6 +35,7 @@ class PortSpec:
     port: int
     target: ContainerPort | None = None
     target_number: int = 0
+    node_port: int = 0  # type NodePort / LoadBalancer: the port on every node
 
     def backend_port(self, pod: Pod) -> int:
         return self.target.number(pod) if self.target else self.target_number
@@ -46,6 +47,8 @@ class PortSpec:
             out["targetportname"] = self.target.value
         else:
             out["targetport"] = self.target_number
+        if self.node_port:
+            out["nodeport"] = self.node_port
         return out
 
 
@@ -70,6 +73,12 @@ class ServiceSpec:
     internal_traffic_local: bool = False
     # None: every family of the cluster; else a single-stack service.
     only_family: Family | None = None
+    external_ips: tuple[IPAddress, ...] = ()
+    lb_ips: tuple[IPAddress, ...] = ()  # status.loadBalancer.ingress
+    external_traffic_local: bool = False  # externalTrafficPolicy: Local
+    health_check_node_port: int = 0
+    source_ranges: tuple[str, ...] = ()  # loadBalancerSourceRanges (filter the LB IPs)
+    labels: tuple[tuple[str, str], ...] = ()
 
     def cluster_ip(self, family: Family) -> IPAddress:
         return ADDRESSING[family].service_ip(self.ip_index)
@@ -92,6 +101,8 @@ class ServiceSpec:
     def to_yaml(self, cluster_families: tuple[Family, ...]) -> dict[str, Any]:
         families = self.families(cluster_families)
         service: dict[str, Any] = {"namespace": "default", "name": self.name, "type": self.type}
+        if self.labels:
+            service["labels"] = dict(self.labels)
         if self.headless:
             service["ips"] = {"headless": True}
         else:
@@ -101,8 +112,28 @@ class ServiceSpec:
             service["sessionaffinity"] = {"clientip": {"timeoutseconds": self.affinity_timeout}}
         if self.internal_traffic_local:
             service["internaltraffictolocal"] = True
+        external = self._external_yaml(families)
+        service["ips"].update(external.pop("ips", {}))
+        service.update(external)
         return {"service": service,
                 "endpoints": [self._endpoint_yaml(e, families) for e in self.endpoints]}
+
+    def _external_yaml(self, families: tuple[Family, ...]) -> dict[str, Any]:
+        """ExternalIPs, LB IPs, their filter, eTP and the health check port."""
+        out: dict[str, Any] = {}
+        external = [ip for ip in self.external_ips if ip_family(ip) in families]
+        lb = [ip for ip in self.lb_ips if ip_family(ip) in families]
+        ips = {"externalips": _ip_set(external), "loadbalancerips": _ip_set(lb)}
+        if any(ips.values()):
+            out["ips"] = {key: value for key, value in ips.items() if value}
+        if self.source_ranges and lb:
+            out["ipfilters"] = [{"targetips": _ip_set(lb),
+                                 "sourceranges": list(self.source_ranges)}]
+        if self.external_traffic_local:
+            out["externaltraffictolocal"] = True
+        if self.health_check_node_port:
+            out["healthchecknodeport"] = self.health_check_node_port
+        return out
 
     def _endpoint_yaml(self, ref: EndpointRef, families: tuple[Family, ...]) -> dict[str, Any]:
         endpoint: dict[str, Any] = {"ips": _ip_set(ref.pod.ip(f) for f in families)}
@@ -126,6 +157,7 @@ def _ip_set(ips) -> dict[str, list[str]]:
 class ClusterState:
     families: tuple[Family, ...]
     services: tuple[ServiceSpec, ...] = field(default=())
+    nodes: tuple[str, ...] = (LOCAL_NODE, REMOTE_NODE)
 
     def with_service(self, service: ServiceSpec) -> ClusterState:
         """Create or update (by name)."""
@@ -138,7 +170,7 @@ class ClusterState:
 
     def to_yaml(self) -> str:
         nodes = [{"name": n, "topology": {"node": n, "zone": ZONE}}
-                 for n in (LOCAL_NODE, REMOTE_NODE)]
+                 for n in self.nodes]
         body = {"nodes": nodes,
                 "services": [s.to_yaml(self.families)
                              for s in sorted(self.services, key=lambda s: s.name)]}

@@ -5,16 +5,24 @@ own there, so that nothing under tests/ imports the harness."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import yaml
 
+from e2e import nodeport_checks
 from e2e.checks import ALT, DNS_TCP, DNS_UDP, HTTP, base_state
+from e2e.cli import _SUMMARY
+from e2e.proxy import BACKENDS
 from e2e.report import Report, Result
 from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, ServiceSpec
+from e2e.topology import nodeport_places, pod_names
 from lab.cluster import ADDRESSING, Family, Pod, families_of_mode
+from lab.multinode import MultiNodeCluster, node_names, vip
+from lab.names import RunNames, owner_pid
 
 
 def _pods(families: tuple[Family, ...]) -> tuple[Pod, ...]:
@@ -116,3 +124,110 @@ def test_report_lines_summary_and_junit(tmp_path, capsys):
     failure = cases[1].find("failure")
     assert failure is not None and failure.get("message") == "step: refused"
 
+
+
+def test_not_applicable_is_neither_a_pass_nor_a_failure(tmp_path, capsys):
+    report = Report("e2e-nodeport-userspace-ipv4", sys.stdout)
+    report.add(Result("N1/nodeport-from-outside/ipv4", None, 1.0))
+    report.add(Result("N7/external-local-keeps-source/ipv4", None, 0.0,
+                      "userspace proxies do not keep the client's address"))
+    assert capsys.readouterr().out.splitlines()[1] == (
+        "N/A  N7/external-local-keeps-source/ipv4: userspace proxies do not keep the "
+        "client's address")
+    assert (report.passed, report.failed, report.not_applicable) == (1, 0, 1)
+    assert report.summary() == "1 passed, 0 failed, 1 n/a"
+    assert _SUMMARY.match(report.summary()) and _SUMMARY.match("3 passed, 1 failed")
+    report.junit(tmp_path / "junit.xml")
+    suite = ET.parse(tmp_path / "junit.xml").getroot().find("testsuite")
+    assert suite is not None and suite.get("skipped") == "1" and suite.get("failures") == "0"
+    skipped = suite.findall("testcase")[1].find("skipped")
+    assert skipped is not None and skipped.get("message", "").startswith("n/a: userspace")
+
+
+def _multinode(mode: str) -> MultiNodeCluster:
+    """A NodePort cluster's plan as build() lays it out, without a kernel."""
+    names = RunNames(4194304)
+    cluster = MultiNodeCluster(names, families_of_mode(mode), Path("/nonexistent"))
+    cluster.nodes = tuple(node_names(names, i, cluster.families) for i in (1, 2))
+    index = 0
+    for node in cluster.nodes:
+        for name in pod_names(node.index):
+            cluster.pods[name] = Pod(name, index, names.netns(name), node.cgroup / name,
+                                     tuple(node.plan(f).pod_ip(index) for f in cluster.families))
+            cluster.node_of[name] = node
+            index += 1
+    return cluster
+
+
+def test_multinode_addressing_names_and_places():
+    cluster = _multinode("dual")
+    node1, node2 = cluster.nodes
+    assert str(node1.plan(Family.IPV4).node_pod_cidr) == "10.244.1.0/24"
+    assert str(node2.plan(Family.IPV6).node_pod_cidr) == "fd00:10:244:2::/64"
+    assert str(node1.ip(Family.IPV4)) == "172.18.0.11" and str(node2.ip(Family.IPV6)) == (
+        "fd00:172:18::c")
+    for family in Family:
+        assert node1.plan(family).node_pod_cidr.subnet_of(ADDRESSING[family].cluster_pod_cidr)
+        assert not node1.plan(family).node_pod_cidr.overlaps(node2.plan(family).node_pod_cidr)
+        assert vip(family, 13) not in ADDRESSING[family].service_cidr
+    assert max(len(n) for n in (node1.bridge, node1.service_interface)) <= 15
+    assert all(owner_pid(p.name) == 4194304 for p in (node1.cgroup, node1.bpffs_dir))
+    assert all(owner_pid(ns) == 4194304 for ns in (node1.netns, cluster.pods["n2-srv1"].netns))
+    assert node1.host.cgroup.parent == node1.cgroup  # the host client is seen by node1's hooks
+    assert nodeport_places(RunNames(4194304)) == [node1.places, node2.places]
+
+
+def test_nodeport_state_carries_node_ports_vips_and_policies():
+    cluster = _multinode("dual")
+    state = nodeport_checks.base_state(cluster)
+    body = yaml.safe_load(state.to_yaml())
+    assert [n["name"] for n in body["nodes"]] == ["node1", "node2"]
+    local = _service(state, "local")["service"]
+    assert local["type"] == "LoadBalancer" and local["externaltraffictolocal"] is True
+    assert local["healthchecknodeport"] == 31200
+    assert local["ips"]["loadbalancerips"] == {"v4": ["172.19.0.11"], "v6": ["fd00:172:19::b"]}
+    assert "externalips" not in local["ips"]
+    assert [p["nodeport"] for p in local["ports"]] == [30200, 30200]
+    nodes = {e["podname"]: e["topology"]["node"] for e in _service(state, "local")["endpoints"]}
+    assert nodes == {"n1-srv0": "node1", "n1-srv1": "node1", "n2-srv0": "node2"}
+    ranged = ServiceSpec("ranged", 8, nodeport_checks.who(30800), type="LoadBalancer",
+                         external_ips=nodeport_checks.vips(8), lb_ips=nodeport_checks.vips(9),
+                         source_ranges=("172.18.0.100/32",),
+                         labels=(("service.kubernetes.io/service-proxy-name", "other"),))
+    v4_only = yaml.safe_load(ClusterState(families_of_mode("ipv4"), (ranged,)).to_yaml())
+    service = v4_only["services"][0]["service"]
+    assert service["ips"] == {"clusterips": {"v4": ["10.96.0.18"]},
+                              "externalips": {"v4": ["172.19.0.18"]},
+                              "loadbalancerips": {"v4": ["172.19.0.19"]}}
+    assert service["ipfilters"] == [{"targetips": {"v4": ["172.19.0.19"]},
+                                     "sourceranges": ["172.18.0.100/32"]}]
+    assert service["labels"] == {"service.kubernetes.io/service-proxy-name": "other"}
+
+
+def test_the_brain_reads_the_nodeport_state(tmp_path):
+    """The built-in brain takes the file the NodePort checks write (strict:
+    an unknown key or a wrong type would refuse it)."""
+    path = tmp_path / "state.yaml"
+    path.write_text(nodeport_checks.base_state(_multinode("dual")).to_yaml())
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("kpng-py")), "file", "-i", str(path), "to-local",
+         "--node-name", "node2", "--exit-after", "1", "--healthz-bind-address", "",
+         "--metrics-bind-address", "", "to-print"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    synced = json.loads(done.stdout.splitlines()[0])
+    assert sorted(p["name"] for p in synced["servicePorts"]) == [
+        "default/local:who-tcp", "default/local:who-udp", "default/np:who-tcp",
+        "default/np:who-udp", "default/web:echo-tcp", "default/web:http"]
+
+
+def test_not_applicable_declarations():
+    userspace = BACKENDS.get("userspace")
+    ebpf = BACKENDS.get("ebpf")
+    if userspace is not None:
+        assert nodeport_checks.keeps_client_address(userspace) is not None
+    if ebpf is not None:
+        assert nodeport_checks.keeps_client_address(ebpf) is None
+    n7 = next(c for c in nodeport_checks.NODEPORT_CHECKS if c.name.startswith("N7/"))
+    assert n7.not_applicable is nodeport_checks.keeps_client_address
+    assert all(c.name.split("/")[0] != "N12" for c in nodeport_checks.NODEPORT_CHECKS)
