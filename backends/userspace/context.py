@@ -108,8 +108,10 @@ class NodeAddresses:
         """Where a node port of `family` listens, in a stable order."""
         return sorted(ip for ip in self._allowed if ip.version == family)
 
-    def local_sources(self) -> frozenset[IPAddress]:
-        return self._local | self.service_addresses
+    @property
+    def local(self) -> frozenset[IPAddress]:
+        """The node's own addresses (not those of the backend's interface)."""
+        return self._local
 
     def is_local(self, address: IPAddress) -> bool:
         """Whether a client at `address` is on the node (a process of the host

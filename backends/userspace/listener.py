@@ -59,8 +59,10 @@ class Listener:
                 self._filtered = False
             return
         try:
+            # A host process dialling this address comes from it, or from
+            # an address of the node it bound.
             attach_source_filter(self._sock, self.address.version,
-                                 self._ctx.node_addresses.local_sources())
+                                 self._ctx.node_addresses.local | {self.address})
         except (OSError, ValueError) as err:
             # Unfiltered, outside clients are still turned away by the proxy
             # (TCP: reset after accept; UDP: dropped).

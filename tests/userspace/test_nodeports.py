@@ -9,7 +9,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from typing import Callable
