@@ -182,8 +182,8 @@ class HealthCheckNodePorts:
         self._thread: threading.Thread | None = None
 
     def start(self, local: LocalAddressSet, health: ProxyHealth | None) -> None:
-        """Start the servers' thread; `health` None: the proxy counts as
-        healthy (a caller without /healthz)."""
+        """Start the servers' thread. `health` None (no one said what
+        /healthz says): every answer says the proxy is not healthy."""
         self._health = health
         self._addresses = self._flag.allowed(local)
         loop = self._loop = asyncio.new_event_loop()
@@ -192,7 +192,7 @@ class HealthCheckNodePorts:
         self._thread.start()
 
     def proxy_healthy(self) -> bool:
-        return self._health is None or self._health.status()[0]
+        return self._health is not None and self._health.status()[0]
 
     @property
     def serving(self) -> dict[ServiceName, HealthCheckService]:

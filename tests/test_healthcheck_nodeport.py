@@ -188,3 +188,16 @@ def test_the_answer_carries_what_healthz_says():
         assert _get(port)[0] == 200
     finally:
         checks.close()
+
+
+def test_without_anyone_saying_what_healthz_says_the_proxy_is_not_healthy():
+    checks = HealthCheckNodePorts(Metrics(), NodePortAddresses())
+    checks.start(LOCAL, None)
+    try:
+        port = _free_port()
+        checks.apply(ServicePortChanges(added=(_port(port, _endpoint("10.0.0.1")),),
+                                        full=True))
+        status, _, body = _get(port)
+        assert status == 503 and body["serviceProxyHealthy"] is False
+    finally:
+        checks.close()
