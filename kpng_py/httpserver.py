@@ -78,9 +78,12 @@ class BoundedHTTPServer:
     """Serves GET on a few paths from one thread, with bounded connections."""
 
     def __init__(self, name: str, routes: Mapping[str, Handler], metrics: Metrics,
-                 limits: ConnectionLimits = ConnectionLimits()) -> None:
+                 limits: ConnectionLimits = ConnectionLimits(),
+                 any_path: Handler | None = None) -> None:
         self.name = name
         self._routes = dict(routes)
+        # What answers a path not in `routes` (None: 404).
+        self._any_path = any_path
         self._dropped = metrics.http_connections_dropped
         self._limits = limits
         # Open connections (and the task serving each), oldest first.
@@ -119,15 +122,25 @@ class BoundedHTTPServer:
             loop.close()
 
     async def _serve(self, stopped: asyncio.Future[None], sock: socket.socket) -> None:
-        server = await asyncio.start_server(self._connection, sock=sock,
-                                            limit=self._limits.max_request_bytes)
+        server = await self.serve_socket(sock)
         async with server:
             await stopped
             server.close()
-            serving = list(self._open.values())
-            for task in serving:
-                task.cancel()
-            await asyncio.gather(*serving, return_exceptions=True)
+            await self.close_connections()
+
+    async def serve_socket(self, sock: socket.socket) -> asyncio.Server:
+        """Serve a bound socket on the running loop (for servers whose sockets
+        come and go on a loop of their owner's, instead of `start`); the
+        owner closes the asyncio server, then `close_connections`."""
+        return await asyncio.start_server(self._connection, sock=sock,
+                                          limit=self._limits.max_request_bytes)
+
+    async def close_connections(self) -> None:
+        """End every open connection (on the loop that serves them)."""
+        serving = list(self._open.values())
+        for task in serving:
+            task.cancel()
+        await asyncio.gather(*serving, return_exceptions=True)
 
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
@@ -192,7 +205,7 @@ class BoundedHTTPServer:
         return line
 
     def _respond(self, method: str, path: str) -> Response:
-        handler = self._routes.get(path)
+        handler = self._routes.get(path, self._any_path)
         if handler is None:
             return _text(HTTPStatus.NOT_FOUND)
         if method != "GET":

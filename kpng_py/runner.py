@@ -88,10 +88,15 @@ def watch(config: ClientConfig, sink: OpsSink, metrics: Metrics, exit_after: int
 
 
 def _backend_pipeline(backend: Backend, metrics: Metrics, observability: Observability,
-                      limits: Limits) -> tuple[OpsSink, ChangeSetApplier]:
+                      limits: Limits, dataplane: object) -> tuple[OpsSink, ChangeSetApplier]:
     """Change sets to `backend`, reported to /healthz; and the applier (which
-    tells /healthz what the dataplane did; close it before the backend)."""
+    tells /healthz what the dataplane did; close it before the backend).
+    A `dataplane` (the backend itself, unwrapped) with `use_health` is handed
+    what /healthz says, before its setup: healthCheckNodePort answers carry it."""
     health = observability.start(metrics)
+    use_health = getattr(dataplane, "use_health", None)
+    if use_health is not None:
+        use_health(health)
     applier = ChangeSetApplier(backend, NodeState(Skips(metrics), limits), metrics, listener=health)
     return HealthSink(ApplierSink(applier), health), applier
 
@@ -102,7 +107,7 @@ def run_backend(config: ClientConfig, backend: Backend, metrics: Metrics,
     """`kpng-py local ... to-<backend>`. The backend is set up while the
     client connects and receives the first change set (setup_alongside.py)."""
     alongside = SetUpAlongside(backend)
-    sink, applier = _backend_pipeline(alongside, metrics, observability, limits)
+    sink, applier = _backend_pipeline(alongside, metrics, observability, limits, backend)
     client = _watch_client(config, sink, metrics, exit_after)
     with Termination(client.stop):  # from the start: a backend's setup may take seconds
         alongside.start(on_failure=client.stop)
@@ -121,7 +126,7 @@ def run_in_process(source: ChangeSetSource, node_name: str, backend: Backend,
     sets for `node_name` go straight to the applier, without gRPC. As over the
     wire, the next change set is asked for only once `apply` has returned.
     Runs until `stop` is set (or `exit_after` change sets were applied)."""
-    sink, applier = _backend_pipeline(backend, metrics, observability, limits)
+    sink, applier = _backend_pipeline(backend, metrics, observability, limits, backend)
     backend.setup()
     try:
         asyncio.run(_apply_until_stopped(source.open_stream(), node_name, sink, applier,

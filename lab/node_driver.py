@@ -23,6 +23,7 @@ import sys
 
 from backends.userspace import cli
 from kpng_py.backend import BackendSetupError
+from kpng_py.health import SyncHealth
 from kpng_py.logs import setup_logging
 from kpng_py.metrics import Metrics
 
@@ -39,6 +40,10 @@ def main() -> None:
     setup_logging("json", verbosity=0)
     metrics = Metrics()
     backend = cli.BACKEND.create(parser.parse_args(), metrics)
+    # What /healthz would say (healthCheckNodePort answers carry it): current
+    # after each applied change set, as the applier reports it.
+    health = SyncHealth(timeout=3600)
+    backend.use_health(health)
     try:
         backend.setup()
     except BackendSetupError as err:
@@ -59,6 +64,7 @@ def main() -> None:
                 logging.exception("apply failed")
                 print(f"error: {err!r}", flush=True)
             else:
+                health.changeset_applied()
                 print("applied", flush=True)
     finally:
         backend.close()

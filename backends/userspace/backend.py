@@ -1,10 +1,14 @@
 """The userspace backend: change sets in, addresses and listeners out.
 
-Addresses are changed with netlink from the caller's thread; listeners live
-on an asyncio loop (uvloop when installed) in a thread of their own, and
-`apply` waits until the loop has applied the change. Order per change set:
-new ClusterIPs first, then listeners, then ClusterIPs no longer used, so a
-client never finds a ClusterIP it may use missing.
+Service addresses (ClusterIPs, ExternalIPs, LB IPs) are changed with netlink
+from the caller's thread; listeners live on an asyncio loop (uvloop when
+installed) in a thread of their own, and `apply` waits until the loop has
+applied the change. Order per change set: new addresses first, then
+listeners, then addresses no longer used, so a client never finds an address
+it may use missing. Node ports listen on each allowed node address
+(`--nodeport-addresses`), followed live (`LocalAddressFollower`, whose
+callbacks run on the loop too); healthCheckNodePorts are served by
+kpng_py.healthcheck_nodeport.
 
 Bad input and bad neighbours cost only what they touch: a ClusterIP that
 `kpng_py.decode.address_problem` refuses is dropped (guard.py); one the
@@ -21,34 +25,41 @@ import logging
 import resource
 import threading
 from collections import Counter
+from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, TypeVar
 
 from backends.userspace.addresses import ClusterIPAddresses
 from backends.userspace.context import (
     MAX_HOUSEKEEPING_INTERVAL,
     Housekeeping,
+    NodeAddresses,
     ProxyConfig,
     ProxyContext,
     ProxyStats,
 )
 from backends.userspace.guard import ClusterIPGuard
 from backends.userspace.listener import Listener
-from backends.userspace.picker import EndpointPicker
+from backends.userspace.picker import FrontendPickers
 from backends.userspace.tcp import TcpListener
 from backends.userspace.udp import UdpListener
 from kpng_py.aio import new_event_loop
+from kpng_py.healthcheck_nodeport import HealthCheckNodePorts, ProxyHealth
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
 from kpng_py.model import (
-    ServicePortChanges,
+    Endpoint,
     Frontend,
+    FrontendKind,
     IPAddress,
+    IPFamily,
     Protocol,
     ServicePort,
+    ServicePortChanges,
     ServicePortName,
     family_of,
     format_host_port,
 )
+from kpng_py.nodeport_addresses import LocalAddressFollower, LocalAddressSet
 from kpng_py.skips import Skips
 
 log = logging.getLogger(__name__)
@@ -69,63 +80,104 @@ def raise_open_files_limit() -> None:
         log.info("raised the open files limit", extra=fields(before=soft, after=hard))
 
 
+def external_endpoints(port: ServicePort, family: IPFamily) -> tuple[Endpoint, ...]:
+    """Endpoints traffic from outside the node may use (Scopes.External)."""
+    return tuple(ep for ep in port.endpoints if ep.external and ep.family == family)
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """One listener a service port needs: its frontend, the address it binds
+    (the frontend's own, or one node address for a node port) and the
+    endpoints of each side (`external` None: a ClusterIP, all clients alike)."""
+
+    frontend: Frontend
+    address: IPAddress
+    cluster: tuple[Endpoint, ...]
+    external: tuple[Endpoint, ...] | None
+
+    @property
+    def key(self) -> tuple[Frontend, IPAddress, bool]:
+        return (self.frontend, self.address, self.external is None)
+
+
 class ServicePortListeners:
-    """The listeners of one service port: one per frontend
-    (`ServicePort.frontends()`, as every backend serves) whose ClusterIP has
-    endpoints of its own family and is on the interface. No endpoints, no
+    """The listeners of one service port: for each frontend
+    (`ServicePort.frontends()`, as every backend serves) with endpoints of
+    its own family, one on its address (on the interface), or for a node
+    port one on each allowed node address of its family. No endpoints, no
     listener: the kernel refuses clients."""
 
     def __init__(self, ctx: ProxyContext, name: ServicePortName) -> None:
         self._ctx = ctx
         self.name = name
-        self._listeners: dict[Frontend, Listener] = {}
-        # Why a listener could not be opened, per frontend: logged and counted
-        # once, not again by each retry that fails the same way.
-        self._listen_errors: dict[Frontend, str] = {}
+        self.port: ServicePort | None = None
+        self._listeners: dict[tuple[Frontend, IPAddress, bool], Listener] = {}
+        # Why a listener could not be opened: logged and counted once, not
+        # again by each retry that fails the same way.
+        self._listen_errors: dict[tuple[Frontend, IPAddress, bool], str] = {}
+
+    def _wanted(self, port: ServicePort) -> list[_Wanted]:
+        wanted = []
+        for frontend in port.frontends():
+            family = family_of(frontend.ip)
+            cluster = port.cluster_endpoints(family)
+            external = (None if port.frontend_kind(frontend) is FrontendKind.CLUSTER_IP
+                        else external_endpoints(port, family))
+            if not (cluster or external):
+                continue
+            addresses = (self._ctx.node_addresses.node_port_addresses(family)
+                         if frontend.is_node_port else [frontend.ip])
+            wanted.extend(_Wanted(frontend, address, cluster, external) for address in addresses)
+        return wanted
 
     def update(self, port: ServicePort, on_interface: Callable[[IPAddress], bool]) -> bool:
-        """Listen as `port` says; False while a listener it needs is missing
-        (its ClusterIP is not on the interface, or it cannot listen), for
-        the backend to try again with the next change set."""
-        wanted = {frontend: endpoints for frontend in port.frontends()
-                  if not frontend.is_node_port
-                  and (endpoints := port.cluster_endpoints(family_of(frontend.ip)))}
-        for frontend in self._listeners.keys() - wanted.keys():
-            self._listeners.pop(frontend).close()
-        for frontend in self._listen_errors.keys() - wanted.keys():
-            del self._listen_errors[frontend]
+        """Listen as `port` says, on the node addresses known now; False while
+        a listener it needs is missing (its address is not on the interface,
+        or it cannot listen), for the backend to try again with the next
+        change set."""
+        self.port = port
+        wanted = {w.key: w for w in self._wanted(port)}
+        for key in self._listeners.keys() - wanted.keys():
+            self._listeners.pop(key).close()
+        for key in self._listen_errors.keys() - wanted.keys():
+            del self._listen_errors[key]
         complete = True
-        for frontend, endpoints in wanted.items():
-            listener = self._listeners.get(frontend)
+        for key, want in wanted.items():
+            listener = self._listeners.get(key)
             if listener is not None:
-                listener.update(endpoints, port.affinity_timeout_seconds)
-            elif not (on_interface(frontend.ip) and self._open(frontend, port, endpoints)):
+                listener.update(want.cluster, want.external, port.affinity_timeout_seconds)
+            elif not ((want.frontend.is_node_port or on_interface(want.address))
+                      and self._open(want, port)):
                 complete = False
         return complete
 
-    def _open(self, frontend: Frontend, port: ServicePort, endpoints: tuple) -> bool:
-        address = format_host_port(frontend.ip, frontend.port)
+    def _open(self, want: _Wanted, port: ServicePort) -> bool:
+        frontend = want.frontend
+        address = format_host_port(want.address, frontend.port)
         label = f"{self.name}/{frontend.protocol.value} {address}"
-        picker = EndpointPicker(label, endpoints, port.affinity_timeout_seconds)
-        listener = _LISTENERS[frontend.protocol](self._ctx, label, frontend.ip, frontend.port,
-                                                 picker)
+        pickers = FrontendPickers(label, want.cluster, want.external,
+                                  port.affinity_timeout_seconds,
+                                  self._ctx.node_addresses.is_local)
+        listener = _LISTENERS[frontend.protocol](self._ctx, label, want.address, frontend.port,
+                                                 pickers)
         try:
             listener.start()
         except OSError as err:
-            # E.g. another process holding this ClusterIP:port: keep the rest
+            # E.g. another process holding this address:port: keep the rest
             # working; each later change set tries again.
             error = err.strerror or str(err)
-            if self._listen_errors.get(frontend) != error:
-                self._listen_errors[frontend] = error
+            if self._listen_errors.get(want.key) != error:
+                self._listen_errors[want.key] = error
                 self._ctx.stats.error("listen")
                 log.error("cannot listen; this service port is not served on this address "
                           "until a later change set can", extra=fields(
                               service_port=str(self.name), listener=label, error=error))
             return False
-        if self._listen_errors.pop(frontend, None) is not None:
+        if self._listen_errors.pop(want.key, None) is not None:
             log.info("listening after an earlier failure", extra=fields(
                 service_port=str(self.name), listener=label))
-        self._listeners[frontend] = listener
+        self._listeners[want.key] = listener
         return True
 
     def close(self) -> None:
@@ -183,7 +235,14 @@ class UserspaceBackend:
         self._loop_thread = _LoopThread()
         interval = min(MAX_HOUSEKEEPING_INTERVAL, config.udp_idle_timeout / 4)
         self._ctx = ProxyContext(self._loop_thread.loop, config, self._stats,
-                                 Housekeeping(self._loop_thread.loop, interval))
+                                 Housekeeping(self._loop_thread.loop, interval),
+                                 NodeAddresses(config.nodeport_addresses))
+        # The node's own addresses (not those of the backend's interface),
+        # followed live; and the healthCheckNodePort servers on them.
+        self._follower = LocalAddressFollower(self._node_addresses_changed,
+                                              ignore_interfaces=(config.interface,))
+        self._health_checks = HealthCheckNodePorts(metrics, config.nodeport_addresses)
+        self._health: ProxyHealth | None = None
         # What is programmed: the service ports, and how many use each ClusterIP.
         self._ports: dict[ServicePortName, ServicePortListeners] = {}
         self._address_users: Counter[IPAddress] = Counter()
@@ -191,11 +250,35 @@ class UserspaceBackend:
         # with the version to listen for when trying again.
         self._incomplete: dict[ServicePortName, ServicePort] = {}
 
+    def use_health(self, health: ProxyHealth) -> None:
+        """What /healthz says, for the healthCheckNodePort answers (before setup)."""
+        self._health = health
+
     def setup(self) -> None:
         raise_open_files_limit()
         self._addresses.setup()
         self._loop_thread.start()
         self._loop_thread.call(self._ctx.housekeeping.start)
+        local = self._follower.start()
+        self._loop_thread.call(lambda: self._ctx.node_addresses.set(local))
+        self._health_checks.start(local, self._health)
+        log.info("node ports listen on the allowed node addresses", extra=fields(
+            nodeport_addresses=str(self.config.nodeport_addresses),
+            addresses=sorted(map(str, self.config.nodeport_addresses.allowed(local)))))
+
+    def _node_addresses_changed(self, local: LocalAddressSet) -> None:
+        """From the follower's thread: node ports move to the new addresses
+        (on the loop, between two change sets' listener work), and so do the
+        health-check servers."""
+        self._loop_thread.call(lambda: self._move_node_ports(local))
+        self._health_checks.addresses_changed(local)
+
+    def _move_node_ports(self, local: LocalAddressSet) -> None:
+        self._ctx.node_addresses.set(local)
+        holds = self._addresses.holds
+        for listeners in self._ports.values():
+            if listeners.port is not None:
+                self._track(listeners.port, listeners.update(listeners.port, holds))
 
     def apply(self, changes: ServicePortChanges) -> None:
         changes = self._guard.filter(changes)
@@ -213,6 +296,7 @@ class UserspaceBackend:
             self._addresses.add((appeared | self._addresses.failed) - vanished)
             self._loop_thread.call(lambda: self._apply_listeners(changes))
             self._addresses.remove(vanished)
+        self._health_checks.apply(changes)
         self._stats.cluster_ips.set(len(self._addresses.present))
 
     def _count_address_users(self, changes: ServicePortChanges) -> tuple[set[IPAddress], set[IPAddress]]:
@@ -245,6 +329,7 @@ class UserspaceBackend:
             listeners = self._ports.pop(name, None)
             if listeners is not None:
                 listeners.close()
+        self._ctx.node_addresses.service_addresses = frozenset(self._addresses.present)
         holds = self._addresses.holds
         current = changes.current()
         for port in current:
@@ -274,6 +359,8 @@ class UserspaceBackend:
                 connection.close()
             self._ctx.housekeeping.stop()
 
+        self._follower.stop()
+        self._health_checks.close()
         if self._loop_thread.loop.is_running():
             self._loop_thread.call(close_all)
         self._loop_thread.stop()

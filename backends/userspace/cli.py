@@ -8,6 +8,7 @@ import argparse
 from backends.userspace.context import MARKER, ProxyConfig
 from kpng_py.cli import _positive_float, _size
 from kpng_py.metrics import Metrics
+from kpng_py.nodeport_addresses import add_nodeport_addresses_flag
 from kpng_py.registry import BackendSpec, LabPlaces, LabSupport
 
 # Linux's IFNAMSIZ less the terminating NUL.
@@ -59,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tcp-pipe-size", type=_pipe_size, default=defaults.pipe_size,
                         help="capacity of each splice pipe, i.e. bytes moved per event-loop "
                              "wake-up, per connection and direction (default: 1M)")
+    add_nodeport_addresses_flag(parser)
 
 
 def create(args: argparse.Namespace, metrics: Metrics):
@@ -70,6 +72,7 @@ def create(args: argparse.Namespace, metrics: Metrics):
         tcp_connect_timeout=args.tcp_connect_timeout,
         tcp_connect_attempts=args.tcp_connect_attempts,
         pipe_size=args.tcp_pipe_size,
+        nodeport_addresses=args.nodeport_addresses,
     )
     return UserspaceBackend(config, metrics)
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kpng_py.metrics import Metrics
+from kpng_py.model import IPAddress, IPFamily
+from kpng_py.nodeport_addresses import LocalAddressSet, NodePortAddresses
 
 # The interface the backend creates (and marks as its own) by default.
 DEFAULT_INTERFACE = "kpng-py0"
@@ -28,6 +30,8 @@ class ProxyConfig:
     # Capacity of each splice pipe (one per TCP direction): the most bytes
     # moved per wake-up of the event loop.
     pipe_size: int = 1 << 20
+    # Where node ports and healthCheckNodePorts answer (`--nodeport-addresses`).
+    nodeport_addresses: NodePortAddresses = NodePortAddresses()
 
 
 class ProxyStats:
@@ -84,12 +88,45 @@ class Housekeeping:
                     self._items.discard(item)
 
 
+class NodeAddresses:
+    """The node's addresses as the listeners see them (used on the loop only):
+    where node ports listen, and which clients are on the node."""
+
+    def __init__(self, flag: NodePortAddresses) -> None:
+        self._flag = flag
+        self._local: frozenset[IPAddress] = frozenset()
+        self._allowed: frozenset[IPAddress] = frozenset()
+        # The service addresses on the backend's interface: local too, so a
+        # host process dialling an ExternalIP comes from one.
+        self.service_addresses: frozenset[IPAddress] = frozenset()
+
+    def set(self, local: LocalAddressSet) -> None:
+        self._local = local.addresses
+        self._allowed = self._flag.allowed(local)
+
+    def node_port_addresses(self, family: IPFamily) -> list[IPAddress]:
+        """Where a node port of `family` listens, in a stable order."""
+        return sorted(ip for ip in self._allowed if ip.version == family)
+
+    @property
+    def local(self) -> frozenset[IPAddress]:
+        """The node's own addresses (not those of the backend's interface)."""
+        return self._local
+
+    def is_local(self, address: IPAddress) -> bool:
+        """Whether a client at `address` is on the node (a process of the host
+        network namespace; pods have addresses of their own)."""
+        return (address.is_loopback or address in self._local
+                or address in self.service_addresses)
+
+
 @dataclass
 class ProxyContext:
     loop: asyncio.AbstractEventLoop
     config: ProxyConfig
     stats: ProxyStats
     housekeeping: Housekeeping
+    node_addresses: NodeAddresses
     # Established TCP relays: they outlive their listener, so the backend
     # closes them on shutdown.
     connections: set[Closeable] = field(default_factory=set)

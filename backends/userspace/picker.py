@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from backends.userspace.maglev import MaglevTable, table_size
 from kpng_py.logs import fields
@@ -136,3 +136,51 @@ class EndpointPicker:
             return 0
         self.affinity.expire(now)
         return len(self.affinity)
+
+
+class FrontendPickers:
+    """Endpoint choice for one listener, by where the client is.
+
+    A ClusterIP serves every client from the cluster endpoints (Internal
+    scope). A node port, ExternalIP or load-balancer IP serves clients on the
+    node the same way (N9: "exactly like a ClusterIP"), and clients from
+    outside from the External-scope endpoints (with eTP=Local the brain
+    leaves only local ones there). A userspace proxy sees no more of the
+    client than its address: `is_local` says whether it is the node's.
+    """
+
+    def __init__(self, name: str, cluster: tuple[Endpoint, ...],
+                 external: tuple[Endpoint, ...] | None, affinity_timeout: int,
+                 is_local: Callable[[IPAddress], bool]) -> None:
+        self.inside = EndpointPicker(name, cluster, affinity_timeout)
+        # None for a ClusterIP: everyone is served from the cluster endpoints.
+        self.outside = (None if external is None
+                        else EndpointPicker(f"{name} (external)", external, affinity_timeout))
+        self._is_local = is_local
+
+    @property
+    def drops_outside(self) -> bool:
+        """Clients from outside have no endpoint (eTP=Local, none on this
+        node): their packets are dropped (N8), not refused."""
+        return self.outside is not None and not self.outside.endpoints
+
+    @property
+    def has_affinity(self) -> bool:
+        return self.inside.affinity is not None
+
+    def for_client(self, address: IPAddress) -> EndpointPicker:
+        if self.outside is None or self._is_local(address):
+            return self.inside
+        return self.outside
+
+    def update(self, cluster: tuple[Endpoint, ...], external: tuple[Endpoint, ...] | None,
+               affinity_timeout: int) -> set[Endpoint]:
+        """New endpoints and affinity setting; the endpoints that went from
+        either side."""
+        gone = self.inside.update(cluster, affinity_timeout)
+        if self.outside is not None and external is not None:
+            gone |= self.outside.update(external, affinity_timeout)
+        return gone
+
+    def expire(self, now: float) -> int:
+        return self.inside.expire(now) + (0 if self.outside is None else self.outside.expire(now))

@@ -1,9 +1,12 @@
-"""Sockets of the proxy: listeners bound to a ClusterIP, upstream sockets."""
+"""Sockets of the proxy: listeners bound to a frontend address, upstream
+sockets, and the filter that drops clients from outside (N8)."""
 
 from __future__ import annotations
 
+import ctypes
 import socket
 import struct
+from typing import Iterable
 
 from kpng_py.model import IPAddress
 
@@ -54,3 +57,69 @@ def reset(sock: socket.socket) -> None:
     except OSError:
         pass
     sock.close()
+
+
+# Classic BPF (linux/filter.h): a socket filter that drops what does not come
+# from the node itself. On a listening TCP socket it sees the SYN, so a
+# dropped client gets no SYN-ACK and no reset: its connect times out (N8).
+SO_ATTACH_FILTER = 26
+SO_DETACH_FILTER = 27
+_SKF_NET_OFF = -0x100000  # offsets from the IP header (the socket sees TCP/UDP)
+_LD_W_ABS = 0x20          # BPF_LD | BPF_W | BPF_ABS
+_JEQ_K = 0x15             # BPF_JMP | BPF_JEQ | BPF_K
+_AND_K = 0x54             # BPF_ALU | BPF_AND | BPF_K
+_JA = 0x05                # BPF_JMP | BPF_JA
+_RET_K = 0x06             # BPF_RET | BPF_K
+_ACCEPT = 0xFFFFFFFF
+_MAX_INSNS = 4096         # BPF_MAXINSNS
+# Where the source address starts in each family's header.
+_SOURCE_OFFSET = {4: 12, 6: 8}
+
+_Insn = tuple[int, int, int, int]
+
+
+def _source_filter(version: int, sources: list[bytes]) -> list[_Insn]:
+    """Accept from `sources` (packed addresses of one family) and from
+    loopback (127/8, ::1); drop everything else. Each address is a block of
+    (load word, compare) pairs ending in a jump to the final accept: a
+    mismatch skips to the next block. (`ja` takes a 32-bit offset, where a
+    conditional jump takes 8 bits: the program's size is the only limit.)"""
+    addresses = [[int.from_bytes(a[i:i + 4], "big") for i in range(0, len(a), 4)]
+                 for a in sources]
+    if version == 6:
+        addresses.append([0, 0, 0, 1])
+    base = _SKF_NET_OFF + _SOURCE_OFFSET[version]
+    tail: list[_Insn] = []
+    if version == 4:
+        tail = [(_LD_W_ABS, 0, 0, base & 0xFFFFFFFF), (_AND_K, 0, 0, 0xFF000000),
+                (_JEQ_K, 1, 0, 0x7F000000)]
+    size = sum(2 * len(words) + 1 for words in addresses) + len(tail) + 2
+    if size > _MAX_INSNS:
+        raise ValueError(f"{len(sources)} node addresses are too many for one socket filter")
+    accept = size - 1
+    program: list[_Insn] = []
+    for words in addresses:
+        for i, word in enumerate(words):
+            program.append((_LD_W_ABS, 0, 0, (base + 4 * i) & 0xFFFFFFFF))
+            rest = 2 * (len(words) - i - 1) + 1  # instructions left in this block
+            program.append((_JEQ_K, 0, rest, word))
+        program.append((_JA, 0, 0, accept - len(program) - 1))
+    return program + tail + [(_RET_K, 0, 0, 0), (_RET_K, 0, 0, _ACCEPT)]
+
+
+def attach_source_filter(sock: socket.socket, version: int,
+                         sources: Iterable[IPAddress]) -> None:
+    """Drop packets to `sock` unless they come from `sources` or loopback."""
+    program = _source_filter(version, sorted(ip.packed for ip in sources
+                                             if ip.version == version))
+    code = b"".join(struct.pack("HBBI", *insn) for insn in program)
+    buffer = ctypes.create_string_buffer(code)
+    fprog = struct.pack("HP", len(program), ctypes.addressof(buffer))
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+
+
+def detach_filter(sock: socket.socket) -> None:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
+    except OSError:  # ENOENT: none attached
+        pass

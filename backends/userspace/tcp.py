@@ -19,7 +19,7 @@ import socket
 
 from backends.userspace.context import ProxyContext
 from backends.userspace.listener import Listener
-from backends.userspace.picker import EndpointPicker
+from backends.userspace.picker import FrontendPickers
 from backends.userspace.sockets import reset, sockaddr, socket_family
 from kpng_py.logs import fields
 from kpng_py.model import IPAddress
@@ -164,8 +164,8 @@ class TcpListener(Listener):
     KIND = socket.SOCK_STREAM
 
     def __init__(self, ctx: ProxyContext, name: str, address: IPAddress, port: int,
-                 picker: EndpointPicker) -> None:
-        super().__init__(ctx, name, address, port, picker)
+                 pickers: FrontendPickers) -> None:
+        super().__init__(ctx, name, address, port, pickers)
         self._connecting: set[asyncio.Task] = set()
 
     def _on_readable(self, sock: socket.socket) -> None:
@@ -213,7 +213,8 @@ class TcpListener(Listener):
         them; None if all failed."""
         config = self._ctx.config
         now = self._loop.time()
-        for endpoint in self.picker.candidates(client_ip, client_port, now,
+        picker = self.picker_for(client_ip)
+        for endpoint in picker.candidates(client_ip, client_port, now,
                                                config.tcp_connect_attempts):
             sock = socket.socket(socket_family(endpoint.ip), socket.SOCK_STREAM)
             sock.setblocking(False)
@@ -230,8 +231,8 @@ class TcpListener(Listener):
                 log.debug("endpoint connect failed", extra=fields(
                     listener=self.name, endpoint=str(endpoint), error=repr(err)))
                 continue
-            self.picker.served(client_ip, endpoint, self._loop.time())
-            if self.picker.affinity is not None:
+            picker.served(client_ip, endpoint, self._loop.time())
+            if picker.affinity is not None:
                 self._ctx.housekeeping.watch(self)
             return sock
         return None

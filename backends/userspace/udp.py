@@ -18,7 +18,7 @@ import socket
 
 from backends.userspace.context import ProxyContext
 from backends.userspace.listener import Listener
-from backends.userspace.picker import EndpointPicker
+from backends.userspace.picker import FrontendPickers
 from backends.userspace.sockets import sockaddr, socket_family
 from kpng_py.logs import fields
 from kpng_py.model import Endpoint, IPAddress
@@ -50,21 +50,23 @@ class UdpListener(Listener):
     KIND = socket.SOCK_DGRAM
 
     def __init__(self, ctx: ProxyContext, name: str, address: IPAddress, port: int,
-                 picker: EndpointPicker) -> None:
-        super().__init__(ctx, name, address, port, picker)
+                 pickers: FrontendPickers) -> None:
+        super().__init__(ctx, name, address, port, pickers)
         self._sessions: dict[ClientAddress, _Session] = {}
         # One receive buffer for the listener and its sessions: the loop runs
         # one callback at a time and each sends what it read before returning.
         self._buffer = bytearray(_MAX_DATAGRAM)
         self._view = memoryview(self._buffer)
 
-    def update(self, endpoints: tuple[Endpoint, ...], affinity_timeout: int) -> None:
+    def update(self, cluster: tuple[Endpoint, ...], external: tuple[Endpoint, ...] | None,
+               affinity_timeout: int) -> set[Endpoint]:
         """Sessions to endpoints that went end: the client's next datagram
         opens one to a live endpoint."""
-        gone = self.picker.update(endpoints, affinity_timeout)
+        gone = super().update(cluster, external, affinity_timeout)
         if gone:
             for session in [s for s in self._sessions.values() if s.endpoint in gone]:
                 self._end(session)
+        return gone
 
     def close(self) -> None:
         for session in list(self._sessions.values()):
@@ -105,7 +107,8 @@ class UdpListener(Listener):
         `listening` (sessions end before it closes)."""
         client_ip = ipaddress.ip_address(client[0])
         now = self._loop.time()
-        candidates = self.picker.candidates(client_ip, client[1], now, 1)
+        picker = self.picker_for(client_ip)
+        candidates = picker.candidates(client_ip, client[1], now, 1)
         if not candidates:
             return None
         endpoint = candidates[0]
@@ -122,7 +125,7 @@ class UdpListener(Listener):
         session = _Session(client, endpoint, sock, now)
         self._sessions[client] = session
         self._loop.add_reader(sock.fileno(), self._on_endpoint_datagrams, session, listening)
-        self.picker.served(client_ip, endpoint, now)
+        picker.served(client_ip, endpoint, now)
         self._ctx.stats.udp_sessions.inc()
         self._ctx.housekeeping.watch(self)
         return session

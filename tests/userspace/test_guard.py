@@ -4,6 +4,7 @@ interface or a listener (no root needed)."""
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import replace
 
 import pytest
 
@@ -65,3 +66,16 @@ def test_the_old_side_of_an_update_is_filtered_alike_and_good_ports_pass_unchang
     assert changes.added == (good,)
     stripped = (ipaddress.ip_address("fd00:10:96::7"),)
     assert [p.cluster_ips for p in (*changes.updated[0], *changes.removed)] == [stripped] * 3
+
+
+def test_refused_external_and_load_balancer_ips_are_dropped_like_cluster_ips():
+    guard, metrics = _guard()
+    port = replace(service_port("lb", Protocol.TCP, (GOOD,), 80),
+                   external_ips=(ipaddress.ip_address("127.0.0.1"),
+                                 ipaddress.ip_address("192.0.2.10")),
+                   load_balancer_ips=(ipaddress.ip_address("0.0.0.0"),))
+    kept = guard.filter(ServicePortChanges(added=(port,), full=True)).added[0]
+    assert kept.external_ips == (ipaddress.ip_address("192.0.2.10"),)
+    assert kept.load_balancer_ips == ()
+    assert kept.cluster_ips == (ipaddress.ip_address(GOOD),)
+    assert _skipped(metrics, "special-ip") == 2

@@ -8,9 +8,15 @@ from typing import Iterator
 
 import pytest
 
-from backends.userspace.context import Housekeeping, ProxyConfig, ProxyContext, ProxyStats
+from backends.userspace.context import (
+    Housekeeping,
+    NodeAddresses,
+    ProxyConfig,
+    ProxyContext,
+    ProxyStats,
+)
 from backends.userspace.listener import Listener
-from backends.userspace.picker import EndpointPicker
+from backends.userspace.picker import FrontendPickers
 from backends.userspace.tcp import TcpListener
 from backends.userspace.udp import UdpListener
 from kpng_py.metrics import Metrics
@@ -24,15 +30,18 @@ LOOPBACK = ipaddress.ip_address("127.0.0.1")
 @pytest.fixture
 def ctx() -> Iterator[ProxyContext]:
     loop = asyncio.new_event_loop()
-    yield ProxyContext(loop, ProxyConfig(), ProxyStats(Metrics()), Housekeeping(loop, 1.0))
+    config = ProxyConfig()
+    yield ProxyContext(loop, config, ProxyStats(Metrics()), Housekeeping(loop, 1.0),
+                       NodeAddresses(config.nodeport_addresses))
     loop.close()
 
 
 @pytest.mark.parametrize("kind", [TcpListener, UdpListener])
 def test_a_closed_listener_has_nothing_left_to_expire(ctx, kind: type[Listener]):
-    listener = kind(ctx, "test", LOOPBACK, 0, EndpointPicker("test", EP, affinity_timeout=100))
+    pickers = FrontendPickers("test", EP, None, 100, ctx.node_addresses.is_local)
+    listener = kind(ctx, "test", LOOPBACK, 0, pickers)
     listener.start()
-    listener.picker.served(CLIENT, EP[0], now=0)
+    listener.picker_for(CLIENT).served(CLIENT, EP[0], now=0)
     assert listener.expire(now=1)
     # Its affinity can serve no new flow: housekeeping may drop it at once.
     listener.close()
