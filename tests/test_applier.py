@@ -25,6 +25,7 @@ from kpng_py.model import ServicePortChanges, ServicePort
 from kpng_py.runner import ApplierSink
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState
+from lab.procs import wait_until
 from tests.streams.build import endpoint, port, reset, service, set_endpoint, set_service, sync
 
 WAIT = 30.0  # liveness bound: generous, the machine is shared
@@ -272,7 +273,8 @@ def test_healthz_is_503_while_applies_fail_past_the_timeout_and_200_after(
     assert get_healthz(server.port) == 503
     backend.broken.clear()
     backend.wait_for(lambda: backend.calls[-1][2])  # a retry, not a change set, heals it
-    assert get_healthz(server.port) == 200
+    # The backend records its success before the applier tells /healthz.
+    wait_until("/healthz 200 after the retry", lambda: get_healthz(server.port) == 200, WAIT)
     assert len(backend.held["default/web:http"].cluster_endpoints()) == 2
 
 
