@@ -20,6 +20,7 @@ from kpng_py.metrics import Metrics
 from kpng_py.model import (
     ServicePortChanges,
     Endpoint,
+    IPFamily,
     Protocol,
     ServicePort,
     ServicePortName,
@@ -60,20 +61,30 @@ def programmer(datapath: Datapath, metrics: Metrics | None = None,
 def service_port(name: str, vips: Sequence[str], port: int, backends: Sequence[int] = (),
                  protocol: str = "TCP", target_port: int = 8080, affinity: int = 0,
                  port_name: str = "", families: Sequence[int] = (4, 6),
-                 local_only: Sequence[int] | None = None) -> ServicePort:
-    """A ClusterIP service port whose endpoints are backend numbers of the lab
-    (in each family of `families`). With local_only, only those backends have
-    Scopes.Internal (internalTrafficPolicy Local as the brain computes it)."""
+                 local_only: Sequence[int] | None = None, node_port: int = 0,
+                 external_ips: Sequence[str] = (), lb_ips: Sequence[str] = ()) -> ServicePort:
+    """A service port whose endpoints are backend numbers of the lab (in each
+    family of `families`). With local_only, only those backends have
+    Scopes.Internal (internalTrafficPolicy Local as the brain computes it).
+    It is a ClusterIP service, a NodePort one with `node_port` (in the
+    families of its ClusterIPs, as decode sets them), a LoadBalancer one
+    with `lb_ips`."""
     endpoints = tuple(
         Endpoint(backend_ip(i, family), target_port,
                  local=local_only is None or i in local_only,
                  internal=local_only is None or i in local_only)
         for i in backends for family in families)
+    cluster_ips = tuple(ipaddress.ip_address(v) for v in vips)
     return ServicePort(
         name=ServicePortName("default", name, port_name, Protocol(protocol)),
-        type="ClusterIP", cluster_ips=tuple(ipaddress.ip_address(v) for v in vips),
-        port=port, target_port=target_port, affinity_timeout_seconds=affinity,
-        internal_traffic_local=local_only is not None, endpoints=endpoints)
+        type="LoadBalancer" if lb_ips else "NodePort" if node_port else "ClusterIP",
+        cluster_ips=cluster_ips, port=port, target_port=target_port,
+        affinity_timeout_seconds=affinity, internal_traffic_local=local_only is not None,
+        endpoints=endpoints, node_port=node_port,
+        external_ips=tuple(ipaddress.ip_address(v) for v in external_ips),
+        load_balancer_ips=tuple(ipaddress.ip_address(v) for v in lb_ips),
+        node_port_families=tuple(dict.fromkeys(IPFamily(ip.version) for ip in cluster_ips))
+        if node_port else ())
 
 
 def added(*ports: ServicePort, full: bool = False) -> ServicePortChanges:
