@@ -168,9 +168,13 @@ class StoredFrontend:
 
     @property
     def kind(self) -> FrontendKind | None:
-        """The kind of frontend its flags say (None: flags no programmer
-        writes)."""
-        return maps.kind_of_flags(self.master.flags)
+        """The kind of frontend its flags say; None when they say what no
+        programmer writes: two kinds, or a node port at another address than
+        the wildcard (or the wildcard, which only node ports have, without
+        the flag)."""
+        kind = maps.kind_of_flags(self.master.flags)
+        wildcard = self.vip.ip.is_unspecified
+        return kind if wildcard == (kind is FrontendKind.NODE_PORT) else None
 
     def backend_ids(self) -> list[int | None]:
         """The backend id of slots 1..count; None where a slot is missing."""

@@ -114,8 +114,8 @@ def brain_ops(service: localv1.Service,
 
 
 def programmed_frontends(dump: dict) -> dict[tuple, tuple]:
-    """(vip, port, protocol) -> (backend addresses, affinity timeout), from an
-    `ebpf dump`, after checking that every map entry belongs to a frontend:
+    """(vip, port, protocol) -> (backend addresses, affinity timeout, kind),
+    from an `ebpf dump`, after checking that every map entry belongs to a frontend:
     slots 1..count, each naming its own backend entry of that service, and
     nothing else in either map."""
     frontends = {}
@@ -127,7 +127,7 @@ def programmed_frontends(dump: dict) -> dict[tuple, tuple]:
             backend_ids[slot["backendId"]] += 1
         frontends[(svc["vip"], svc["port"], svc["protocol"])] = (
             sorted(slot["address"] for slot in svc["backends"]),
-            svc["affinityTimeoutSeconds"])
+            svc["affinityTimeoutSeconds"], svc["kind"])
     assert not [b for b, n in backend_ids.items() if n > 1], "a backend entry in two slots"
     assert len({svc["serviceId"] for svc in dump["services"]}) == len(dump["services"])
     entries = {pin: counts["entries"] for pin, counts in dump["maps"].items()}

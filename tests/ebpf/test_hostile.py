@@ -234,7 +234,7 @@ def test_a_failed_map_write_is_counted_right_and_the_next_full_change_set_repair
         assert brain.entries(maps.SERVICES.pin) == len(services) == 5
         assert brain.entries(maps.BACKENDS.pin) == 3
         assert programmed_frontends(read_dump(brain.backend._datapath.config.bpffs_dir)) == {
-            ("10.96.43.1", 80, "TCP"): ([at(1), at(2)], 0),
-            ("10.96.43.2", 80, "TCP"): ([at(3)], 0)}
+            ("10.96.43.1", 80, "TCP"): ([at(1), at(2)], 0, "ClusterIP"),
+            ("10.96.43.2", 80, "TCP"): ([at(3)], 0, "ClusterIP")}
         assert served(client, "10.96.43.1", 4) == {at(1), at(2)}
         assert served(client, "10.96.43.2", 4) == {at(3)}
