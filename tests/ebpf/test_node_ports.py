@@ -14,7 +14,9 @@ at connect() or sendto()."""
 from __future__ import annotations
 
 import errno
+import logging
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -22,13 +24,14 @@ import pytest
 
 from backends.ebpf.backend import EbpfBackend
 from backends.ebpf.dump import read_dump
+from backends.ebpf.loader import cleanup
 from backends.ebpf.node_addresses import AddressFollower
 from backends.ebpf.stale_udp import in_netns
 from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePortChanges
 from kpng_py.nodeport_addresses import LocalAddressFollower, LocalAddressSet, NodePortAddresses
 from kpng_py.skips import Skips
-from lab.socket_lab import Agent, Lab
+from lab.socket_lab import Agent, Lab, unique_bpffs_dir
 from tests.ebpf.conftest import datapath_config
 from tests.ebpf.helpers import added, removed, service_port, updated
 from tests.ebpf.test_datapath import served_by, vips
@@ -276,3 +279,25 @@ def test_node_ports_keep_answering_after_close_and_a_restart_adopts_the_addresse
     assert tcp_served(agent, NODE_V4, 30088, 4) in served_by([4], 4)  # no process
     with node_backend(the_lab, NodePortAddresses.parse("fd00::/16")):
         assert node_addresses(the_lab) == {NODE_V6}  # the difference, written at setup
+
+
+def test_a_node_addresses_map_too_small_is_logged_and_counted_not_raised(
+        the_lab: Lab, caplog: pytest.LogCaptureFixture) -> None:
+    """Four local addresses, room for two: setup goes on, the error names the
+    flag, the map holds what fitted."""
+    metrics = Metrics()
+    config = replace(datapath_config(the_lab, node_addresses=2), bpffs_dir=unique_bpffs_dir())
+    ebpf = EbpfBackend(config, metrics, Skips(metrics), follower=follower_in(the_lab))
+    try:
+        with caplog.at_level(logging.ERROR):
+            ebpf.setup()
+        assert [getattr(r, "kpng_fields", {}).get("map_size_flag") for r in caplog.records
+                if "node-port addresses" in r.getMessage()] == ["--map-size-node-addresses"]
+        assert metrics.registry.get_sample_value(
+            "kpng_py_dataplane_errors_total", {"kind": "node-addresses"}) == 1
+        assert metrics.registry.get_sample_value(
+            "kpng_py_map_entries", {"map": "node_addresses"}) == 2
+        assert len(read_dump(config.bpffs_dir)["nodeAddresses"]) == 2
+    finally:
+        ebpf.close()
+        cleanup(config.bpffs_dir)
