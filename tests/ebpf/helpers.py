@@ -10,11 +10,13 @@ import ipaddress
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from backends.ebpf import maps
 from backends.ebpf.loader import Datapath, DatapathConfig, cleanup
+from backends.ebpf.node_addresses import FollowerFactory
 from backends.ebpf.programmer import Capacity, ServiceProgrammer
+from backends.ebpf.stale_udp import in_netns
 from kpng_py.api import localv1
 from kpng_py.metrics import Metrics
 from kpng_py.model import (
@@ -25,9 +27,10 @@ from kpng_py.model import (
     ServicePort,
     ServicePortName,
 )
+from kpng_py.nodeport_addresses import LocalAddressFollower, LocalAddressSet
 from kpng_py.skips import Skips
 from lab.cgroups import cgroup
-from lab.socket_lab import backend_ip, unique_bpffs_dir
+from lab.socket_lab import Lab, backend_ip, unique_bpffs_dir
 from tests.support.kernel import require_root_bpf
 
 
@@ -46,6 +49,26 @@ def loaded(bpffs_dir: Path | None = None, **sizes: int) -> Iterator[Datapath]:
                 datapath.close()
         finally:
             cleanup(bpffs_dir)
+
+
+class FollowerIn:
+    """The real LocalAddressFollower, started (and so following) in another
+    network namespace: a backend in the test process follows the lab's node
+    (its client netns), never the machine's own addresses."""
+
+    def __init__(self, netns: Path, on_change: Callable[[LocalAddressSet], None]) -> None:
+        self._netns = netns
+        self._follower = LocalAddressFollower(on_change)
+
+    def start(self) -> LocalAddressSet:
+        return in_netns(self._netns, self._follower.start)
+
+    def stop(self) -> None:
+        self._follower.stop()
+
+
+def follower_in(lab: Lab) -> FollowerFactory:
+    return lambda on_change: FollowerIn(Path("/run/netns") / lab.node.name, on_change)
 
 
 def programmer(datapath: Datapath, metrics: Metrics | None = None,

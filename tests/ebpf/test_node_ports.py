@@ -17,23 +17,20 @@ import errno
 import logging
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
 
 from backends.ebpf.backend import EbpfBackend
 from backends.ebpf.dump import read_dump
 from backends.ebpf.loader import cleanup
-from backends.ebpf.node_addresses import AddressFollower
-from backends.ebpf.stale_udp import in_netns
 from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePortChanges
-from kpng_py.nodeport_addresses import LocalAddressFollower, LocalAddressSet, NodePortAddresses
+from kpng_py.nodeport_addresses import NodePortAddresses
 from kpng_py.skips import Skips
 from lab.socket_lab import Agent, Lab, unique_bpffs_dir
 from tests.ebpf.conftest import datapath_config
-from tests.ebpf.helpers import added, removed, service_port, updated
+from tests.ebpf.helpers import added, follower_in, removed, service_port, updated
 from tests.ebpf.test_datapath import served_by, vips
 from tests.support.process import wait_until
 
@@ -47,25 +44,6 @@ NODE_DIALS = [pytest.param(4, NODE_V4, 4, id="ipv4"),
               pytest.param(4, "127.0.0.1", 4, id="loopback-ipv4"),  # N3: translated
               pytest.param(6, "::1", 6, id="loopback-ipv6")]
 EXTERNAL_IP, LB_IP = "203.0.113.7", "198.51.100.7"  # on no interface of the node
-
-
-class FollowerIn:
-    """The real LocalAddressFollower, started (and so following) in another
-    network namespace."""
-
-    def __init__(self, netns: Path, on_change: Callable[[LocalAddressSet], None]) -> None:
-        self._netns = netns
-        self._follower = LocalAddressFollower(on_change)
-
-    def start(self) -> LocalAddressSet:
-        return in_netns(self._netns, self._follower.start)
-
-    def stop(self) -> None:
-        self._follower.stop()
-
-
-def follower_in(lab: Lab) -> Callable[[Callable[[LocalAddressSet], None]], AddressFollower]:
-    return lambda on_change: FollowerIn(Path("/run/netns") / lab.node.name, on_change)
 
 
 @contextmanager
