@@ -14,7 +14,6 @@ so far, and gives each frontend to the port whose claim on it is the oldest
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -86,9 +85,9 @@ class OldestClaimOwns:
             owners.setdefault(frontend, name)
         published = {}
         for p in claiming:
-            owned = tuple(f.ip for f in p.frontends() if owners[f] == p.name)
+            owned = {f for f in p.frontends() if owners[f] == p.name}
             if owned:
-                published[p.name] = replace(p, cluster_ips=owned)
+                published[p.name] = p.only_frontends(owned)
         return published
 
 

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Mapping
 
 from backends.ebpf import maps
 from backends.ebpf.loader import Datapath, DatapathConfig
+from backends.ebpf.node_addresses import AddressFollower, FollowerFactory, NodeAddressMap
 from backends.ebpf.programmer import Capacity, ServiceProgrammer
 from backends.ebpf.stale_udp import StaleUdpTerminator
 from backends.ebpf.usage import CachedCount
+from kpng_py.backend import BackendSetupError
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePortChanges
+from kpng_py.nodeport_addresses import LocalAddressFollower, LocalAddressSet, NodePortAddresses
 from kpng_py.skips import Skips
 
 log = logging.getLogger(__name__)
@@ -24,17 +28,28 @@ class BackendNotReadyError(RuntimeError):
 
 
 class EbpfBackend:
-    """setup: adopt the pinned maps and load fresh programs. The first apply
-    (a full change set) reconciles the maps, then swaps the programs in; later
-    applies only write map entries. close leaves the datapath in place."""
+    """setup: adopt the pinned maps and load fresh programs, and start
+    following the node's addresses (node_addresses: those `nodeport_addresses`
+    allows, rewritten from the follower's thread on every change). The first
+    apply (a full change set) reconciles the maps, then swaps the programs in;
+    later applies only write map entries. close stops the follower and leaves
+    the datapath in place."""
 
-    def __init__(self, config: DatapathConfig, metrics: Metrics, skips: Skips) -> None:
+    def __init__(self, config: DatapathConfig, metrics: Metrics, skips: Skips,
+                 nodeport_addresses: NodePortAddresses = NodePortAddresses(),
+                 follower: FollowerFactory = LocalAddressFollower) -> None:
         self._config = config
         self._metrics = metrics
         self._skips = skips
+        self._nodeport_addresses = nodeport_addresses
+        self._make_follower = follower
         self._datapath: Datapath | None = None
         self._programmer: ServiceProgrammer | None = None
         self._terminator: StaleUdpTerminator | None = None
+        self._node_addresses: NodeAddressMap | None = None
+        self._follower: AddressFollower | None = None
+        # apply() and the follower's callbacks, one at a time.
+        self._lock = threading.Lock()
         self._attached = False
 
     def setup(self) -> None:
@@ -52,16 +67,58 @@ class EbpfBackend:
         for spec in maps.MAP_SPECS:
             self._metrics.map_capacity.labels(spec.pin).set(
                 self._datapath.maps[spec.pin].info().max_entries)
-        for spec in (maps.SERVICES, maps.BACKENDS):  # the maps this process writes
+        for spec in (maps.SERVICES, maps.BACKENDS, maps.NODE_ADDRESSES):  # written here
             self._metrics.map_writes.labels(spec.pin)
         for spec in (maps.REVERSE_NAT, maps.AFFINITY):  # written by the datapath
             self._metrics.map_entries.labels(spec.pin).set_function(
                 CachedCount(self._datapath.maps[spec.pin].count))
+        self._node_addresses = NodeAddressMap(self._datapath.maps[maps.NODE_ADDRESSES.pin])
+        self._follow_node_addresses()
         log.info("eBPF datapath loaded", extra=fields(
             bpffs_dir=config.bpffs_dir, cgroup=config.cgroup,
+            nodeport_addresses=str(self._nodeport_addresses),
             seconds=round(time.monotonic() - started, 3)))
 
+    def _follow_node_addresses(self) -> None:
+        """The first scan is written before any callback (they wait for the
+        lock), so the map never goes back to an older set."""
+        follower = self._make_follower(self._on_local_addresses)
+        with self._lock:
+            try:
+                local = follower.start()
+            except OSError as err:
+                raise BackendSetupError(f"cannot follow the node's addresses for node ports "
+                                        f"(netlink): {err}") from err
+            self._follower = follower
+            self._write_node_addresses(local)
+
+    def _on_local_addresses(self, local: LocalAddressSet) -> None:
+        """The follower's callback, on its thread."""
+        with self._lock:
+            self._write_node_addresses(local)
+
+    def _write_node_addresses(self, local: LocalAddressSet) -> None:
+        """node_addresses := the allowed local addresses. A failure is logged
+        and counted, never raised: the follower's thread must go on, and the
+        next change writes the whole difference again."""
+        if self._node_addresses is None:  # closed meanwhile
+            return
+        try:
+            written = self._node_addresses.set_to(self._nodeport_addresses.allowed(local))
+        except OSError as err:
+            self._metrics.dataplane_errors.labels("node-addresses").inc()
+            log.error("cannot write the node-port addresses; node ports answer on those "
+                      "the map holds", extra=fields(error=err,
+                                                    map_size_flag=maps.NODE_ADDRESSES.size_flag))
+        else:
+            self._metrics.map_writes.labels(maps.NODE_ADDRESSES.pin).inc(written)
+        self._metrics.map_entries.labels(maps.NODE_ADDRESSES.pin).set(len(self._node_addresses))
+
     def apply(self, changes: ServicePortChanges) -> None:
+        with self._lock:
+            self._apply(changes)
+
+    def _apply(self, changes: ServicePortChanges) -> None:
         datapath, programmer, terminator = self._loaded()
         try:
             writes = programmer.apply(changes)
@@ -97,6 +154,11 @@ class EbpfBackend:
                      extra=fields(sockets=destroyed, backends=len(removed_udp)))
 
     def close(self) -> None:
-        if self._datapath is not None:
-            self._datapath.close()
-            self._datapath = None
+        if self._follower is not None:
+            self._follower.stop()  # outside the lock: its last callback may hold it
+            self._follower = None
+        with self._lock:
+            self._node_addresses = None
+            if self._datapath is not None:
+                self._datapath.close()
+                self._datapath = None

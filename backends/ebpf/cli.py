@@ -15,6 +15,7 @@ from backends.ebpf.maps import DEFAULT_PIN_DIR, MAP_SPECS
 from backends.ebpf.privileges import privilege_hint
 from kpng_py.backend import Backend, BackendSetupError
 from kpng_py.metrics import Metrics
+from kpng_py.nodeport_addresses import add_nodeport_addresses_flag
 from kpng_py.registry import BackendSpec, LabPlaces, LabSupport, ToolCommand, kpng_py_command
 
 
@@ -36,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cgroup v2 directory whose processes (and descendants') get the "
                              "services (default: the cgroup2 mount, i.e. the whole node)")
     _add_bpffs_dir_flag(parser)
+    add_nodeport_addresses_flag(parser)
     for spec in MAP_SPECS:
         parser.add_argument(spec.size_flag, type=_entries, default=spec.default_size,
                             dest=f"map_size_{spec.pin}", metavar="ENTRIES",
@@ -51,7 +53,7 @@ def create(args: argparse.Namespace, metrics: Metrics) -> Backend:
         bpffs_dir=args.bpffs_dir,
         cgroup=args.cgroup or default_cgroup(),
         map_sizes={spec.pin: getattr(args, f"map_size_{spec.pin}") for spec in MAP_SPECS})
-    return EbpfBackend(config, metrics, Skips(metrics))
+    return EbpfBackend(config, metrics, Skips(metrics), args.nodeport_addresses)
 
 
 def _add_tool_arguments(tool: argparse.ArgumentParser) -> None:
@@ -135,8 +137,8 @@ def _versions() -> dict[str, str]:
 
 BACKEND = BackendSpec(
     name="ebpf",
-    help="ClusterIP services for the processes of a cgroup, translated at the socket "
-         "(cgroup sock_addr eBPF programs)",
+    help="services (ClusterIPs, ExternalIPs, load-balancer IPs, node ports) for the processes "
+         "of a cgroup, translated at the socket (cgroup sock_addr eBPF programs)",
     add_arguments=add_arguments,
     create=create,
     lab=LabSupport(

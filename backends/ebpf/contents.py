@@ -27,7 +27,7 @@ from backends.ebpf.maps import (
     ServiceKey,
     ServiceValue,
 )
-from kpng_py.model import IPAddress, Protocol, format_host_port
+from kpng_py.model import FrontendKind, IPAddress, Protocol, format_host_port
 
 IPPROTO = {Protocol.TCP: socket.IPPROTO_TCP, Protocol.UDP: socket.IPPROTO_UDP}
 PROTOCOL_OF = {number: protocol for protocol, number in IPPROTO.items()}
@@ -67,7 +67,8 @@ class HostPort:
 
 @dataclass(frozen=True)
 class FrontendKeys:
-    """What a socket dials: ClusterIP, port, protocol.
+    """What a socket dials: a frontend's address (ClusterIP, ExternalIP,
+    load-balancer IP, or the wildcard of a node port), port, protocol.
 
     Two frontends are the same exactly when their map keys are: 10.96.0.10
     and ::ffff:10.96.0.10, or fd00::1%a and fd00::1%b, are different
@@ -107,15 +108,17 @@ class Programmed:
     service_id: int
     slots: tuple[int, ...]  # backend id of slot i+1; 0 where a recovered slot was missing
     affinity_timeout: int
+    kind_flag: int = 0  # maps.KIND_FLAGS of the frontend's kind
 
     def master(self) -> ServiceValue:
         return ServiceValue(id=self.service_id, count=len(self.slots),
                             affinity_timeout=self.affinity_timeout,
-                            flags=maps.SVC_F_AFFINITY if self.affinity_timeout else 0)
+                            flags=(maps.SVC_F_AFFINITY if self.affinity_timeout else 0)
+                            | self.kind_flag)
 
     def same_master(self, other: Programmed) -> bool:
-        return (self.service_id, len(self.slots), self.affinity_timeout) == (
-            other.service_id, len(other.slots), other.affinity_timeout)
+        return (self.service_id, len(self.slots), self.affinity_timeout, self.kind_flag) == (
+            other.service_id, len(other.slots), other.affinity_timeout, other.kind_flag)
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,16 @@ class StoredFrontend:
     def affinity_timeout(self) -> int:
         """The timeout the datapath applies: none without the affinity flag."""
         return self.master.affinity_timeout if self.master.flags & maps.SVC_F_AFFINITY else 0
+
+    @property
+    def kind(self) -> FrontendKind | None:
+        """The kind of frontend its flags say; None when they say what no
+        programmer writes: two kinds, or a node port at another address than
+        the wildcard (or the wildcard, which only node ports have, without
+        the flag)."""
+        kind = maps.kind_of_flags(self.master.flags)
+        wildcard = self.vip.ip.is_unspecified
+        return kind if wildcard == (kind is FrontendKind.NODE_PORT) else None
 
     def backend_ids(self) -> list[int | None]:
         """The backend id of slots 1..count; None where a slot is missing."""
@@ -235,7 +248,8 @@ class Contents:
             slots = tuple(self._backend_of(backend_id, service_id)
                           for backend_id in stored.backend_ids())
             strays += stored.slot_keys(s for s in stored.slots if s > stored.master.count)
-            frontends[frontend] = Programmed(service_id, slots, stored.affinity_timeout)
+            frontends[frontend] = Programmed(service_id, slots, stored.affinity_timeout,
+                                             stored.master.flags & maps.SVC_F_KINDS)
             named.update((backend_id, self.backends[backend_id]) for backend_id in slots
                          if backend_id)
         unnamed: dict[FrontendKeys, list[int]] = {}

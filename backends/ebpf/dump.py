@@ -3,6 +3,11 @@
 The maps are the only place a VIP is visible (translation happens before a
 packet exists, so captures show backend addresses only). This reads them
 directly, without BCC, from any process.
+
+Each frontend's kind (ClusterIP, ExternalIP, LoadBalancerIP, NodePort) comes
+from its master entry's kind flag (LB_SVC_F_*): the key alone tells a node
+port (its wildcard address) but not a ClusterIP from an ExternalIP or an LB
+IP. A master whose flags name more than one kind shows `unknown`.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from pathlib import Path
 from backends.ebpf import maps
 from backends.ebpf.contents import Contents, StoredBackend, StoredFrontend, read_contents
 from backends.ebpf.libbpf import BpfMap
+from backends.ebpf.mapaccess import MapAccess
+from backends.ebpf.maps import NodeAddressKey, NodeAddressValue
 from backends.ebpf.loader import pinned_links
 from kpng_py.backend import BackendSetupError
 from kpng_py.model import format_host_port
@@ -41,6 +48,7 @@ def _read(bpffs_dir: Path, opened: dict[str, BpfMap]) -> dict:
     return {
         "bpffsDir": str(bpffs_dir),
         "services": services_of(contents),
+        "nodeAddresses": node_addresses_of(opened[maps.NODE_ADDRESSES.pin]),
         "maps": {pin: {"entries": len(bpf_map), "capacity": bpf_map.info().max_entries}
                  for pin, bpf_map in opened.items()},
         "links": [{"hook": link.hook, "linkId": link.link_id, "progId": link.prog_id,
@@ -53,12 +61,19 @@ def services_of(contents: Contents) -> list[dict]:
     return [_service(stored, contents) for stored in contents.frontends]
 
 
+def node_addresses_of(node_addresses: MapAccess[NodeAddressKey, NodeAddressValue]) -> list[str]:
+    """The node-port addresses, IPv4 first, in order."""
+    ips = (key.ip for key, _ in node_addresses.items())
+    return [str(ip) for ip in sorted(ips, key=lambda ip: (ip.version, int(ip)))]
+
+
 def _service(stored: StoredFrontend, contents: Contents) -> dict:
-    protocol, vip = stored.protocol, stored.vip
+    protocol, vip, kind = stored.protocol, stored.vip, stored.kind
     return {
         "vip": str(vip.ip),
         "port": vip.port,
         "protocol": protocol.value if protocol else str(stored.proto),
+        "kind": kind.value if kind else "unknown",
         "serviceId": stored.master.id,
         "count": stored.master.count,
         "affinityTimeoutSeconds": stored.affinity_timeout,
@@ -80,11 +95,12 @@ def format_text(dump: dict) -> str:
                     if svc["affinityTimeoutSeconds"] else "")
         state = f"{svc['count']} backends" if svc["count"] else "no endpoints: rejects"
         vip = format_host_port(ipaddress.ip_address(svc["vip"]), svc["port"])
-        lines.append(f"{vip}/{svc['protocol']} "
+        lines.append(f"{vip}/{svc['protocol']} {svc['kind']} "
                      f"service {svc['serviceId']}: {state}{affinity}")
         for backend in svc["backends"]:
             lines.append(f"  slot {backend['slot']}: backend {backend['backendId']} "
                          f"{backend['address'] or '(missing)'}")
+    lines += [f"node-port address {ip}" for ip in dump["nodeAddresses"]]
     for pin, counts in dump["maps"].items():
         lines.append(f"map {pin}: {counts['entries']} of {counts['capacity']} entries")
     for link in dump["links"]:

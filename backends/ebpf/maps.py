@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kpng_py.model import IPAddress, format_host_port
+from kpng_py.model import FrontendKind, IPAddress, format_host_port
 
 if TYPE_CHECKING:
     from backends.ebpf.libbpf import MapInfo
@@ -99,6 +99,22 @@ class ServiceValue(ct.Structure):
 
 # Master entry flags (LB_SVC_F_*).
 SVC_F_AFFINITY = 0x1
+SVC_F_EXTERNAL_IP = 0x2
+SVC_F_LOAD_BALANCER_IP = 0x4
+SVC_F_NODE_PORT = 0x8
+# The kind flag of each kind of frontend (a ClusterIP has none).
+KIND_FLAGS = {FrontendKind.CLUSTER_IP: 0, FrontendKind.EXTERNAL_IP: SVC_F_EXTERNAL_IP,
+              FrontendKind.LOAD_BALANCER_IP: SVC_F_LOAD_BALANCER_IP,
+              FrontendKind.NODE_PORT: SVC_F_NODE_PORT}
+SVC_F_KINDS = SVC_F_EXTERNAL_IP | SVC_F_LOAD_BALANCER_IP | SVC_F_NODE_PORT
+_KIND_OF_FLAG = {flag: kind for kind, flag in KIND_FLAGS.items()}
+
+
+def kind_of_flags(flags: int) -> FrontendKind | None:
+    """The kind of frontend a master's flags say; None when they set more
+    than one kind bit (no programmer writes that)."""
+    return _KIND_OF_FLAG.get(flags & SVC_F_KINDS)
+
 
 BackendKey = ct.c_uint32
 
@@ -119,6 +135,26 @@ class RevNatValue(ct.Structure):
     """struct lb_revnat_value (24 bytes)."""
 
     _fields_ = [("vip", L4Addr), ("service_id", ct.c_uint32)]
+
+
+class NodeAddressKey(ct.Structure):
+    """struct lb_node_address_key (16 bytes)."""
+
+    _fields_ = [("addr", ct.c_uint32 * 4)]
+
+    @classmethod
+    def of(cls, ip: IPAddress) -> NodeAddressKey:
+        return cls.from_buffer_copy(packed_address(ip))
+
+    @property
+    def ip(self) -> IPAddress:
+        return unpacked_address(bytes(self.addr))
+
+
+class NodeAddressValue(ct.Structure):
+    """struct lb_node_address_value (4 bytes)."""
+
+    _fields_ = [("flags", ct.c_uint32)]
 
 
 class AffinityKey(ct.Structure):
@@ -143,6 +179,8 @@ MIRRORS: dict[str, type[ct.Structure]] = {
     "lb_backend": BackendValue,
     "lb_revnat_key": RevNatKey,
     "lb_revnat_value": RevNatValue,
+    "lb_node_address_key": NodeAddressKey,
+    "lb_node_address_value": NodeAddressValue,
     "lb_affinity_key": AffinityKey,
     "lb_affinity_value": AffinityValue,
 }
@@ -184,4 +222,7 @@ REVERSE_NAT = MapSpec("reverse_nat", RevNatKey, RevNatValue, BPF_MAP_TYPE_LRU_HA
                       "KPNG_REVNAT_MAX", 131072)
 AFFINITY = MapSpec("affinity", AffinityKey, AffinityValue, BPF_MAP_TYPE_LRU_HASH, 0,
                    "KPNG_AFFINITY_MAX", 65536)
-MAP_SPECS = (SERVICES, BACKENDS, REVERSE_NAT, AFFINITY)
+# A node has a few addresses; room for many interfaces' worth.
+NODE_ADDRESSES = MapSpec("node_addresses", NodeAddressKey, NodeAddressValue, BPF_MAP_TYPE_HASH,
+                         BPF_F_NO_PREALLOC, "KPNG_NODE_ADDRESSES_MAX", 1024)
+MAP_SPECS = (SERVICES, BACKENDS, REVERSE_NAT, AFFINITY, NODE_ADDRESSES)

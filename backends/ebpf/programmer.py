@@ -1,8 +1,12 @@
 """ServicePort changes -> map writes, in an order that leaves no gap.
 
-Every ClusterIP of a service port is a *frontend* (VIP, port, protocol): one
-master entry in `services` (slot 0: service id, backend count, affinity) and
-one slot per backend (slots 1..count: backend id). Every (frontend, endpoint)
+Every frontend of a service port (its ClusterIPs, ExternalIPs and
+load-balancer IPs at its port; its node port at the wildcard address of each
+family, which the programs look up for node addresses) is a key (address,
+port, protocol): one master entry in `services` (slot 0: service id, backend
+count, affinity, the kind of frontend) and one slot per backend (slots
+1..count: backend id). Clients on the node use the cluster endpoints through
+every kind of frontend. Every (frontend, endpoint)
 pair has its own backend id in `backends`, so services that share an endpoint
 never share an entry.
 
@@ -27,7 +31,7 @@ import time
 import types
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from backends.ebpf import maps
 from backends.ebpf.contents import (
@@ -65,27 +69,36 @@ _SLOT_VALUE = struct.Struct("=IIII")
 _BACKEND_KEY_SIZE = _U32.size
 _SERVICE_KEY_SIZE = ct.sizeof(ServiceKey)
 
-# Each frontend of a service port: its backends (packed lb_l4addr) and
-# affinity timeout.
-FrontendSpecs = dict[FrontendKeys, tuple[tuple[bytes, ...], int]]
+class FrontendSpec(NamedTuple):
+    """What a frontend's entries hold: its backends (packed lb_l4addr), its
+    affinity timeout and the flag of its kind (maps.KIND_FLAGS)."""
+
+    targets: tuple[bytes, ...]
+    affinity_timeout: int
+    kind_flag: int
+
+
+FrontendSpecs = dict[FrontendKeys, FrontendSpec]
 
 
 def frontend_keys(port: ServicePort) -> tuple[FrontendKeys, ...]:
-    """The frontend of each ClusterIP of a service port."""
+    """The keys of each frontend of a service port, in `frontends()` order."""
     return tuple(FrontendKeys(HostPort(frontend.ip, frontend.port), frontend.protocol)
                  for frontend in port.frontends())
 
 
 def frontends_of(port: ServicePort, keys: Sequence[FrontendKeys] | None = None) -> FrontendSpecs:
-    """Each ClusterIP's frontend (`keys`, when they are known) with its
-    backends (the endpoints of its family that ClusterIP traffic may use)
-    and affinity timeout."""
+    """Each frontend (`keys`: `frontend_keys(port)`, when they are known) with
+    its backends (the endpoints of its family that cluster traffic may use),
+    affinity timeout and kind."""
     endpoints = port.cluster_endpoints()
     return {
-        frontend: (tuple(packed_l4addr(ep.ip, ep.port) for ep in endpoints
-                         if ep.ip.version == frontend.vip.ip.version),
-                   port.affinity_timeout_seconds)
-        for frontend in (frontend_keys(port) if keys is None else keys)
+        keys_of: FrontendSpec(tuple(packed_l4addr(ep.ip, ep.port) for ep in endpoints
+                                    if ep.ip.version == keys_of.vip.ip.version),
+                              port.affinity_timeout_seconds,
+                              maps.KIND_FLAGS[port.frontend_kind(frontend)])
+        for frontend, keys_of in zip(port.frontends(),
+                                     frontend_keys(port) if keys is None else keys)
     }
 
 
@@ -395,13 +408,13 @@ class ServiceProgrammer:
         for port in changes.removed:
             self._remove_port(port, keep=(), writes=writes)
         for old, new in changes.updated:
-            self._remove_port(old, keep=frontends_of(new), writes=writes)
+            self._remove_port(old, keep=frontend_keys(new), writes=writes)
         return list(changes.current())
 
     def _remove_port(self, port: ServicePort, keep: Iterable[FrontendKeys],
                      writes: MapWrites) -> None:
         self._waiting.pop(port.name, None)
-        for frontend in set(frontends_of(port)) - set(keep):
+        for frontend in set(frontend_keys(port)) - set(keep):
             # Unowned: recovered from the maps, not yet claimed by a full change set.
             if frontend in self._frontends and self._owners.get(frontend, port.name) == port.name:
                 self._remove_frontend(frontend, writes)
@@ -449,9 +462,9 @@ class ServiceProgrammer:
                                  f"frontend {frontend} is already programmed for service port "
                                  f"{owner}, which keeps it"))
         no_room = self._capacity_problem(fitting)
-        for frontend, (targets, affinity_timeout) in fitting.items():
+        for frontend, spec in fitting.items():
             if not no_room:
-                self._program_frontend(frontend, targets, affinity_timeout, writes)
+                self._program_frontend(frontend, spec, writes)
             elif frontend in self._unnamed:  # kept as it was, without what no slot names
                 self._drop_unnamed(frontend, set(), writes)
             if frontend in self._frontends:  # programmed now, or kept as it was
@@ -472,9 +485,9 @@ class ServiceProgrammer:
         """Why the port does not fit, counting every entry this change set adds
         before it deletes any (the maps hold both during the update)."""
         services_needed = backends_needed = service_ids_needed = 0
-        for frontend, (targets, _) in specs.items():
+        for frontend, (targets, _, _) in specs.items():
             if len(targets) > MAX_SLOTS:
-                return (f"{frontend} has {len(targets)} endpoints; a ClusterIP holds at most "
+                return (f"{frontend} has {len(targets)} endpoints; a frontend holds at most "
                         f"{MAX_SLOTS}")
             old = self._frontends.get(frontend)
             old_slots = len(old.slots) if old else 0
@@ -498,18 +511,18 @@ class ServiceProgrammer:
                         f"from the next one, which retries the port")
         return ""
 
-    def _program_frontend(self, frontend: FrontendKeys, targets: tuple[bytes, ...],
-                          affinity_timeout: int, writes: MapWrites) -> None:
+    def _program_frontend(self, frontend: FrontendKeys, spec: FrontendSpec,
+                          writes: MapWrites) -> None:
         old = self._frontends.get(frontend)
         service_id = old.service_id if old else self._service_ids.allocate()
-        wanted = [self._backend_id(service_id, target, writes) for target in targets]
+        wanted = [self._backend_id(service_id, target, writes) for target in spec.targets]
         previous = old.slots if old else ()
         slots = assign_slots(previous, wanted)
         for index, backend_id in enumerate(slots):
             if index >= len(previous) or previous[index] != backend_id:
                 writes.slot_keys += frontend.packed_key(index + 1)
                 writes.slot_values += _SLOT_VALUE.pack(backend_id, 0, 0, 0)
-        new = Programmed(service_id, tuple(slots), affinity_timeout)
+        new = Programmed(service_id, tuple(slots), spec.affinity_timeout, spec.kind_flag)
         if old is None or not old.same_master(new):
             writes.master_keys += frontend.packed_key(0)
             writes.master_values += bytes(new.master())

@@ -28,7 +28,7 @@ import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Protocol
+from typing import Callable, Iterable, Iterator, Protocol, TypeVar
 
 from backends.ebpf.contents import HostPort, reached_through
 from backends.ebpf.mapaccess import MapAccess
@@ -36,6 +36,7 @@ from backends.ebpf.maps import RevNatKey, RevNatValue, unpacked_address
 from kpng_py.logs import fields
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
@@ -87,33 +88,43 @@ def namespaces_of_cgroup(cgroup: Path) -> dict[tuple[int, int], Path]:
     return found
 
 
-def open_diag_socket(netns: Path) -> socket.socket:
-    """A sock_diag netlink socket in another network namespace. setns() moves
-    only the calling thread, so a short-lived thread enters the namespace and
-    creates the socket, which stays bound to that namespace."""
-    result: list[socket.socket | OSError] = []
+def in_netns(netns: Path, call: Callable[[], T]) -> T:
+    """`call()` in another network namespace, on a short-lived thread
+    (setns() moves only the calling thread): sockets it creates stay bound
+    to that namespace, threads it starts stay in it. Its exception, an
+    OSError from setns included, is raised here."""
+    result: list[T] = []
+    failure: list[Exception] = []
 
-    def enter_and_open() -> None:
+    def enter_and_call() -> None:
         try:
             fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 if _libc.setns(fd, CLONE_NEWNET) != 0:
                     code = ct.get_errno()
                     raise OSError(code, f"setns {netns}: {os.strerror(code)}")
-                sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
-                sock.settimeout(_NETLINK_TIMEOUT)
-                result.append(sock)
             finally:
                 os.close(fd)
-        except OSError as err:
-            result.append(err)
+            result.append(call())
+        except Exception as err:  # noqa: BLE001 - raised again in the caller
+            failure.append(err)
 
-    thread = threading.Thread(target=enter_and_open, name="kpng-netns")
+    thread = threading.Thread(target=enter_and_call, name="kpng-netns")
     thread.start()
     thread.join()
-    if isinstance(result[0], OSError):
-        raise result[0]
+    if failure:
+        raise failure[0]
     return result[0]
+
+
+def open_diag_socket(netns: Path) -> socket.socket:
+    """A sock_diag netlink socket in another network namespace."""
+    def open_socket() -> socket.socket:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
+        sock.settimeout(_NETLINK_TIMEOUT)
+        return sock
+
+    return in_netns(netns, open_socket)
 
 
 def _request(sock: socket.socket, msg_type: int, flags: int, family: int, states: int,

@@ -14,10 +14,12 @@ from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePortChanges
 from kpng_py.skips import Skips
 from lab.socket_lab import Agent, Lab, lab
+from tests.ebpf.helpers import follower_in
 from tests.support.kernel import require_root_bpf
 
 # Small maps: LRU maps are preallocated, and tests never need many entries.
-TEST_MAP_SIZES = {"services": 4096, "backends": 4096, "reverse_nat": 4096, "affinity": 1024}
+TEST_MAP_SIZES = {"services": 4096, "backends": 4096, "reverse_nat": 4096, "affinity": 1024,
+                  "node_addresses": 64}
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,8 @@ def metrics() -> Metrics:
 @pytest.fixture(scope="module")
 def backend(the_lab: Lab, metrics: Metrics) -> Iterator[EbpfBackend]:
     """A loaded and attached backend, starting from an empty full sync."""
-    ebpf = EbpfBackend(datapath_config(the_lab), metrics, Skips(metrics))
+    ebpf = EbpfBackend(datapath_config(the_lab), metrics, Skips(metrics),
+                       follower=follower_in(the_lab))
     ebpf.setup()
     ebpf.apply(ServicePortChanges(full=True))
     yield ebpf

@@ -10,23 +10,27 @@ import ipaddress
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from backends.ebpf import maps
 from backends.ebpf.loader import Datapath, DatapathConfig, cleanup
+from backends.ebpf.node_addresses import FollowerFactory
 from backends.ebpf.programmer import Capacity, ServiceProgrammer
+from backends.ebpf.stale_udp import in_netns
 from kpng_py.api import localv1
 from kpng_py.metrics import Metrics
 from kpng_py.model import (
     ServicePortChanges,
     Endpoint,
+    IPFamily,
     Protocol,
     ServicePort,
     ServicePortName,
 )
+from kpng_py.nodeport_addresses import LocalAddressFollower, LocalAddressSet
 from kpng_py.skips import Skips
 from lab.cgroups import cgroup
-from lab.socket_lab import backend_ip, unique_bpffs_dir
+from lab.socket_lab import Lab, backend_ip, unique_bpffs_dir
 from tests.support.kernel import require_root_bpf
 
 
@@ -47,6 +51,26 @@ def loaded(bpffs_dir: Path | None = None, **sizes: int) -> Iterator[Datapath]:
             cleanup(bpffs_dir)
 
 
+class FollowerIn:
+    """The real LocalAddressFollower, started (and so following) in another
+    network namespace: a backend in the test process follows the lab's node
+    (its client netns), never the machine's own addresses."""
+
+    def __init__(self, netns: Path, on_change: Callable[[LocalAddressSet], None]) -> None:
+        self._netns = netns
+        self._follower = LocalAddressFollower(on_change)
+
+    def start(self) -> LocalAddressSet:
+        return in_netns(self._netns, self._follower.start)
+
+    def stop(self) -> None:
+        self._follower.stop()
+
+
+def follower_in(lab: Lab) -> FollowerFactory:
+    return lambda on_change: FollowerIn(Path("/run/netns") / lab.node.name, on_change)
+
+
 def programmer(datapath: Datapath, metrics: Metrics | None = None,
                skips: Skips | None = None) -> ServiceProgrammer:
     """A programmer as a fresh process would make one: recovering from the maps."""
@@ -60,20 +84,30 @@ def programmer(datapath: Datapath, metrics: Metrics | None = None,
 def service_port(name: str, vips: Sequence[str], port: int, backends: Sequence[int] = (),
                  protocol: str = "TCP", target_port: int = 8080, affinity: int = 0,
                  port_name: str = "", families: Sequence[int] = (4, 6),
-                 local_only: Sequence[int] | None = None) -> ServicePort:
-    """A ClusterIP service port whose endpoints are backend numbers of the lab
-    (in each family of `families`). With local_only, only those backends have
-    Scopes.Internal (internalTrafficPolicy Local as the brain computes it)."""
+                 local_only: Sequence[int] | None = None, node_port: int = 0,
+                 external_ips: Sequence[str] = (), lb_ips: Sequence[str] = ()) -> ServicePort:
+    """A service port whose endpoints are backend numbers of the lab (in each
+    family of `families`). With local_only, only those backends have
+    Scopes.Internal (internalTrafficPolicy Local as the brain computes it).
+    It is a ClusterIP service, a NodePort one with `node_port` (in the
+    families of its ClusterIPs, as decode sets them), a LoadBalancer one
+    with `lb_ips`."""
     endpoints = tuple(
         Endpoint(backend_ip(i, family), target_port,
                  local=local_only is None or i in local_only,
                  internal=local_only is None or i in local_only)
         for i in backends for family in families)
+    cluster_ips = tuple(ipaddress.ip_address(v) for v in vips)
     return ServicePort(
         name=ServicePortName("default", name, port_name, Protocol(protocol)),
-        type="ClusterIP", cluster_ips=tuple(ipaddress.ip_address(v) for v in vips),
-        port=port, target_port=target_port, affinity_timeout_seconds=affinity,
-        internal_traffic_local=local_only is not None, endpoints=endpoints)
+        type="LoadBalancer" if lb_ips else "NodePort" if node_port else "ClusterIP",
+        cluster_ips=cluster_ips, port=port, target_port=target_port,
+        affinity_timeout_seconds=affinity, internal_traffic_local=local_only is not None,
+        endpoints=endpoints, node_port=node_port,
+        external_ips=tuple(ipaddress.ip_address(v) for v in external_ips),
+        load_balancer_ips=tuple(ipaddress.ip_address(v) for v in lb_ips),
+        node_port_families=tuple(dict.fromkeys(IPFamily(ip.version) for ip in cluster_ips))
+        if node_port else ())
 
 
 def added(*ports: ServicePort, full: bool = False) -> ServicePortChanges:
@@ -103,8 +137,8 @@ def brain_ops(service: localv1.Service,
 
 
 def programmed_frontends(dump: dict) -> dict[tuple, tuple]:
-    """(vip, port, protocol) -> (backend addresses, affinity timeout), from an
-    `ebpf dump`, after checking that every map entry belongs to a frontend:
+    """(vip, port, protocol) -> (backend addresses, affinity timeout, kind),
+    from an `ebpf dump`, after checking that every map entry belongs to a frontend:
     slots 1..count, each naming its own backend entry of that service, and
     nothing else in either map."""
     frontends = {}
@@ -116,7 +150,7 @@ def programmed_frontends(dump: dict) -> dict[tuple, tuple]:
             backend_ids[slot["backendId"]] += 1
         frontends[(svc["vip"], svc["port"], svc["protocol"])] = (
             sorted(slot["address"] for slot in svc["backends"]),
-            svc["affinityTimeoutSeconds"])
+            svc["affinityTimeoutSeconds"], svc["kind"])
     assert not [b for b, n in backend_ids.items() if n > 1], "a backend entry in two slots"
     assert len({svc["serviceId"] for svc in dump["services"]}) == len(dump["services"])
     entries = {pin: counts["entries"] for pin, counts in dump["maps"].items()}

@@ -3,7 +3,8 @@ pinned ones (test_map_properties.py, root and BPF) or the dict fakes
 (test_programmer_fake.py, anywhere).
 
 Hypothesis drives generated streams (services over both families, TCP and UDP
-ports, affinity, endpoints coming and going with their scopes, bad values,
+ports, affinity, ExternalIPs, load-balancer IPs and node ports, endpoints
+coming and going with their scopes, bad values,
 reconnects with deletes missed while disconnected, backend restarts) through
 the state model and the eBPF programmer into the maps. Services draw their
 ClusterIPs from one small pool, with other spellings of the same map keys
@@ -65,20 +66,48 @@ PROFILES = {
 V4_CLUSTER_IPS = ["10.96.0.1", "10.96.0.2", "10.96.0.999"]
 V6_CLUSTER_IPS = ["fd00::1", "fd00::2", "::ffff:10.96.0.1", "fd00::1%a", "fd00::1%b"]
 PORT_NUMBERS = {"": 80, "http": 8080, "dns": 53}
+# ExternalIPs and LB IPs from pools that overlap each other and the ClusterIPs;
+# node ports shared by two port names (TCP and UDP on one node port too).
+EXTERNAL_IPS = ["192.0.2.10", "10.96.0.1"]
+LB_IPS = ["198.51.100.1", "2001:db8::1", "192.0.2.10"]
+NODE_PORTS = {"": 30080, "http": 30081, "dns": 30080}
+TYPES = ["ClusterIP", "NodePort", "LoadBalancer"]
+# The address of a node-port frontend in the maps, by to-print's family.
+NODE_PORT_VIPS = {"IPv4": "0.0.0.0", "IPv6": "::"}
+
+
+def with_node_port(mapping: L.PortMapping, name: str) -> L.PortMapping:
+    mapping.NodePort = NODE_PORTS[name]
+    return mapping
+
+
+def typed_service(name: str, v4: list[str], v6: list[str], ports: list[tuple], itl: bool,
+                  affinity: dict, kind: str, external_ips: list[str],
+                  lb_ips: list[str]) -> L.Service:
+    svc = service(name, v4=v4, v6=v6, Type=kind,
+                  ports=[with_node_port(port(n, PORT_NUMBERS[n], proto, target, target_name), n)
+                         if kind != "ClusterIP" else port(n, PORT_NUMBERS[n], proto, target,
+                                                          target_name)
+                         for n, proto, target, target_name in ports],
+                  InternalTrafficToLocal=itl, **affinity)
+    for ip in external_ips:
+        (svc.IPs.ExternalIPs.V6 if ":" in ip else svc.IPs.ExternalIPs.V4).append(ip)
+    for ip in lb_ips if kind == "LoadBalancer" else ():
+        (svc.IPs.LoadBalancerIPs.V6 if ":" in ip else svc.IPs.LoadBalancerIPs.V4).append(ip)
+    return svc
+
 
 service_ports = st.lists(
     st.tuples(st.sampled_from(sorted(PORT_NUMBERS)), st.sampled_from([L.TCP, L.UDP]),
               st.sampled_from([0, 9000]), st.sampled_from(["", "web"])),
     unique_by=lambda p: p[:2], min_size=1, max_size=3)
 services = st.builds(
-    lambda name, v4, v6, ports, itl, affinity: service(
-        name, v4=v4, v6=v6,
-        ports=[port(n, PORT_NUMBERS[n], proto, target, target_name)
-               for n, proto, target, target_name in ports],
-        InternalTrafficToLocal=itl, **affinity),
+    typed_service,
     st.sampled_from(SERVICES), st.lists(st.sampled_from(V4_CLUSTER_IPS), max_size=1),
     st.lists(st.sampled_from(V6_CLUSTER_IPS), max_size=1), service_ports, st.booleans(),
-    st.sampled_from([{}, {"ClientIP": L.ClientIPAffinity(TimeoutSeconds=30)}]))
+    st.sampled_from([{}, {"ClientIP": L.ClientIPAffinity(TimeoutSeconds=30)}]),
+    st.sampled_from(TYPES), st.lists(st.sampled_from(EXTERNAL_IPS), max_size=1),
+    st.lists(st.sampled_from(LB_IPS), max_size=2))
 
 # Mostly endpoints that ClusterIP traffic may use, so that slots come and go.
 endpoints = st.builds(
@@ -124,21 +153,34 @@ def _family(address: str) -> int:
     return 6 if address.startswith("[") else 4
 
 
+def _printed_frontends(sp: dict) -> dict[tuple, str]:
+    """(vip, port, protocol) -> kind of each frontend of a printed service
+    port (the first list an address is in, as ServicePort.frontend_kind)."""
+    frontends: dict[tuple, str] = {}
+    for field, kind in (("clusterIPs", "ClusterIP"), ("externalIPs", "ExternalIP"),
+                        ("loadBalancerIPs", "LoadBalancerIP")):
+        for vip in sp.get(field, ()):
+            frontends.setdefault((vip, sp["port"], sp["protocol"]), kind)
+    for family in sp.get("nodePortFamilies", ()):
+        frontends[(NODE_PORT_VIPS[family], sp["nodePort"], sp["protocol"])] = "NodePort"
+    return frontends
+
+
 def printed_frontends(line: dict) -> dict[tuple, tuple]:
-    """(vip, port, protocol) -> (backend addresses, affinity), from `to-print`."""
+    """(vip, port, protocol) -> (backend addresses, affinity, kind), from
+    `to-print`."""
     return {
-        (vip, sp["port"], sp["protocol"]): (
-            sorted(ep for ep in sp["endpoints"]
-                   if _family(ep) == ipaddress.ip_address(vip).version),
-            sp["affinityTimeoutSeconds"])
-        for sp in line["servicePorts"] for vip in sp["clusterIPs"]
+        frontend: (sorted(ep for ep in sp["endpoints"]
+                          if _family(ep) == ipaddress.ip_address(frontend[0]).version),
+                   sp["affinityTimeoutSeconds"], kind)
+        for sp in line["servicePorts"] for frontend, kind in _printed_frontends(sp).items()
     }
 
 
 def printed_owners(line: dict) -> dict[tuple, str]:
     """(vip, port, protocol) -> the service port `to-print` shows it for."""
-    return {(vip, sp["port"], sp["protocol"]): sp["name"]
-            for sp in line["servicePorts"] for vip in sp["clusterIPs"]}
+    return {frontend: sp["name"]
+            for sp in line["servicePorts"] for frontend in _printed_frontends(sp)}
 
 
 class MapMachine(StreamMachine):

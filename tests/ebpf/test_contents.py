@@ -39,6 +39,18 @@ def test_a_master_is_adopted_with_its_slots_and_everything_else_is_a_stray() -> 
         frontend("10.96.0.11", 443, Protocol.TCP): Programmed(9, (), 0),  # no affinity flag
         # Slot 2 is missing, slot 3 names no backend: both to be rewritten.
         frontend("fd00::10", 53, Protocol.UDP): Programmed(8, (201, 0, 0), 30),
+        # Each kind keeps its flag. Flags no programmer writes are adopted as
+        # they are: the next change set with the frontend rewrites its master
+        # (the kind is part of it), a full one without it deletes it.
+        frontend("203.0.113.7", 80, Protocol.TCP): Programmed(12, (), 0, maps.SVC_F_EXTERNAL_IP),
+        frontend("198.51.100.7", 80, Protocol.TCP): Programmed(
+            13, (), 0, maps.SVC_F_LOAD_BALANCER_IP),
+        frontend("0.0.0.0", 30080, Protocol.TCP): Programmed(14, (), 0, maps.SVC_F_NODE_PORT),
+        frontend("::", 30080, Protocol.TCP): Programmed(15, (), 0, maps.SVC_F_NODE_PORT),
+        frontend("10.96.0.15", 80, Protocol.TCP): Programmed(
+            16, (), 0, maps.SVC_F_NODE_PORT | maps.SVC_F_EXTERNAL_IP),
+        frontend("10.96.0.16", 80, Protocol.TCP): Programmed(17, (), 0, maps.SVC_F_NODE_PORT),
+        frontend("::", 30081, Protocol.UDP): Programmed(18, (), 0),
     }
     assert sorted(recovered.backends) == [101, 102, 111, 201]
     assert recovered.stray_backends == (300,)

@@ -5,7 +5,9 @@ entry, bypassing the programmer, so that it holds what a crash or a
 neighbour can leave: a missing slot, a slot naming a missing backend or
 another service's, slots above a master's count or without a master, an
 unknown protocol, an affinity timeout without its flag, a service id of 0
-or used twice, a backend no slot names."""
+or used twice, a backend no slot names, kind flags that disagree with
+each other or with the address; and a frontend of each kind, with the
+node-port addresses."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from tests.ebpf.helpers import loaded
 pytestmark = pytest.mark.kernel
 
 EXPECTED = Path(__file__).parent / "dump"
-SIZES = {"services": 64, "backends": 32, "reverse_nat": 16, "affinity": 8}
+SIZES = {"services": 64, "backends": 32, "reverse_nat": 16, "affinity": 8, "node_addresses": 4}
 TCP, UDP, SCTP = 6, 17, 132
 # Written in this order (the dump sorts by address, port and protocol).
 SERVICES = [
@@ -44,7 +46,15 @@ SERVICES = [
     ("10.96.0.14", 80, TCP, 0, 7, 1, 0, 0),  # service id 7 twice
     ("10.96.0.14", 80, TCP, 1, 102, 0, 0, 0),
     ("10.96.0.99", 80, TCP, 1, 101, 0, 0, 0),  # no master
+    ("203.0.113.7", 80, TCP, 0, 12, 0, 0, maps.SVC_F_EXTERNAL_IP),
+    ("198.51.100.7", 80, TCP, 0, 13, 0, 0, maps.SVC_F_LOAD_BALANCER_IP),
+    ("0.0.0.0", 30080, TCP, 0, 14, 0, 0, maps.SVC_F_NODE_PORT),
+    ("::", 30080, TCP, 0, 15, 0, 0, maps.SVC_F_NODE_PORT | maps.SVC_F_AFFINITY),
+    ("10.96.0.15", 80, TCP, 0, 16, 0, 0, maps.SVC_F_NODE_PORT | maps.SVC_F_EXTERNAL_IP),
+    ("10.96.0.16", 80, TCP, 0, 17, 0, 0, maps.SVC_F_NODE_PORT),  # not at the wildcard
+    ("::", 30081, UDP, 0, 18, 0, 0, 0),  # at the wildcard, without the flag
 ]
+NODE_ADDRESSES = ["fd00::5", "10.0.0.5", "127.0.0.1"]
 BACKENDS = [
     # (id, address, port, service id)
     (101, "10.244.0.2", 8080, 7),
@@ -69,10 +79,17 @@ def write_state(services: MapAccess, backends: MapAccess) -> None:
         for _, ip, port, service_id in BACKENDS])
 
 
+def write_node_addresses(node_addresses: MapAccess) -> None:
+    node_addresses.put_many([maps.NodeAddressKey.of(ipaddress.ip_address(ip))
+                             for ip in NODE_ADDRESSES],
+                            [maps.NodeAddressValue() for _ in NODE_ADDRESSES])
+
+
 @pytest.fixture(scope="module")
 def dumped() -> Iterator[tuple[Path, dict]]:
     with loaded(**SIZES) as datapath:
         write_state(datapath.maps[maps.SERVICES.pin], datapath.maps[maps.BACKENDS.pin])
+        write_node_addresses(datapath.maps[maps.NODE_ADDRESSES.pin])
         yield datapath.config.bpffs_dir, read_dump(datapath.config.bpffs_dir)
 
 

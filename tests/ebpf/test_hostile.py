@@ -28,7 +28,7 @@ from kpng_py.state import NodeState
 from lab.cgroups import cgroup
 from lab.socket_lab import Agent, Lab, backend_ip, target, unique_bpffs_dir
 from tests.ebpf.conftest import TEST_MAP_SIZES
-from tests.ebpf.helpers import programmed_frontends
+from tests.ebpf.helpers import follower_in, programmed_frontends
 from tests.streams.build import delete, endpoint, port, reset, service, set_endpoint, set_service
 from tests.streams.build import sync as sync_op
 
@@ -159,7 +159,7 @@ def own_backend(the_lab: Lab, **sizes: int) -> Iterator[tuple[Brain, Agent]]:
     metrics = Metrics()
     with cgroup() as group:
         config = DatapathConfig(unique_bpffs_dir(), group.path, {**TEST_MAP_SIZES, **sizes})
-        ebpf = EbpfBackend(config, metrics, Skips(metrics))
+        ebpf = EbpfBackend(config, metrics, Skips(metrics), follower=follower_in(the_lab))
         try:
             ebpf.setup()
             ebpf.apply(ServicePortChanges(full=True))
@@ -234,7 +234,7 @@ def test_a_failed_map_write_is_counted_right_and_the_next_full_change_set_repair
         assert brain.entries(maps.SERVICES.pin) == len(services) == 5
         assert brain.entries(maps.BACKENDS.pin) == 3
         assert programmed_frontends(read_dump(brain.backend._datapath.config.bpffs_dir)) == {
-            ("10.96.43.1", 80, "TCP"): ([at(1), at(2)], 0),
-            ("10.96.43.2", 80, "TCP"): ([at(3)], 0)}
+            ("10.96.43.1", 80, "TCP"): ([at(1), at(2)], 0, "ClusterIP"),
+            ("10.96.43.2", 80, "TCP"): ([at(3)], 0, "ClusterIP")}
         assert served(client, "10.96.43.1", 4) == {at(1), at(2)}
         assert served(client, "10.96.43.2", 4) == {at(3)}

@@ -20,7 +20,10 @@ SCALAR_C_TYPES: dict[type, str] = {ct.c_uint32: "__u32"}
 
 
 def assert_mirrors_match(header_dir: Path, tmp_path: Path) -> None:
-    checks = constants({"LB_SVC_F_AFFINITY": maps.SVC_F_AFFINITY})
+    checks = constants({"LB_SVC_F_AFFINITY": maps.SVC_F_AFFINITY,
+                        "LB_SVC_F_EXTERNAL_IP": maps.SVC_F_EXTERNAL_IP,
+                        "LB_SVC_F_LOAD_BALANCER_IP": maps.SVC_F_LOAD_BALANCER_IP,
+                        "LB_SVC_F_NODE_PORT": maps.SVC_F_NODE_PORT})
     for c_name, mirror in maps.MIRRORS.items():
         checks += ctypes_members(f"struct {c_name}", mirror, exact=True)
     assert_matches_c(tmp_path, ['"lb_maps.h"'], checks, include_dirs=[header_dir])

@@ -23,7 +23,7 @@ from kpng_py.skips import Skips
 from lab.cgroups import cgroup
 from lab.socket_lab import Agent, Lab, backend_ip, target
 from tests.ebpf.conftest import TEST_MAP_SIZES
-from tests.ebpf.helpers import added, brain_ops, service_port
+from tests.ebpf.helpers import added, brain_ops, follower_in, service_port
 from tests.test_deploy import backend_args, cleanup_args
 
 pytestmark = pytest.mark.kernel
@@ -202,7 +202,7 @@ def test_without_set_retval_no_endpoints_fails_with_eperm(the_lab: Lab) -> None:
         config = DatapathConfig(the_lab.bpffs_dir.with_name(the_lab.bpffs_dir.name + "eperm"),
                                 group.path, TEST_MAP_SIZES, reject_with_eperm=True)
         metrics = Metrics()
-        ebpf = EbpfBackend(config, metrics, Skips(metrics))
+        ebpf = EbpfBackend(config, metrics, Skips(metrics), follower=follower_in(the_lab))
         ebpf.setup()
         try:
             ebpf.apply(added(service_port("eperm", ["10.96.21.1"], 80, families=(4,)),

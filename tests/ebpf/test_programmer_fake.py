@@ -210,3 +210,21 @@ def test_the_repair_of_a_failed_write_reuses_the_backends_it_wrote() -> None:
     assert len(slots) == 3
     assert sorted(programmed(pair, "10.96.9.1")) == [0, 1]  # a still waits, as it was
     assert (p.service_entries, p.backend_entries) == (len(pair.services), len(pair.backends))
+
+
+def test_a_frontend_that_changes_kind_keeps_its_id_and_gets_its_master_rewritten() -> None:
+    """10.96.9.1 moves from the ClusterIPs to the ExternalIPs of one port: one
+    key, so the same service id and slots, and the master's kind flag."""
+    pair = fake_pair(100, 100)
+    p = ServiceProgrammer(pair.services, pair.backends, pair.capacity, Skips(Metrics()))
+    cluster_ip = service_port("k", ["10.96.9.1"], 80, backends=[1], families=(4,))
+    external_ip = service_port("k", ["10.96.9.2"], 80, backends=[1], families=(4,),
+                               external_ips=["10.96.9.1"])
+    p.apply(added(cluster_ip))
+    key = FrontendKeys(HostPort(ipaddress.ip_address("10.96.9.1"), 80), Protocol.TCP).key(0)
+    before = pair.services.get(key)
+    assert before.flags == 0
+    writes = p.apply(updated(cluster_ip, external_ip))
+    after = pair.services.get(key)
+    assert (after.id, after.count, after.flags) == (before.id, 1, maps.SVC_F_EXTERNAL_IP)
+    assert writes.steps()["slots"] == 1  # the new ClusterIP's only: 10.96.9.1 kept its slot

@@ -42,6 +42,14 @@ _Static_assert(sizeof(struct lb_service_key) == 24, "lb_service_key layout");
 
 /* Master entry flags. */
 #define LB_SVC_F_AFFINITY 0x1	/* sessionAffinity ClientIP */
+/*
+ * The kind of frontend, at most one bit; none is a ClusterIP. The programs
+ * never read them (every kind translates alike): they let `ebpf dump` tell an
+ * ExternalIP or load-balancer IP from a ClusterIP, which the key cannot.
+ */
+#define LB_SVC_F_EXTERNAL_IP 0x2
+#define LB_SVC_F_LOAD_BALANCER_IP 0x4
+#define LB_SVC_F_NODE_PORT 0x8	/* key address ::ffff:0.0.0.0 or ::, see below */
 
 /*
  * Value of both kinds of services entries. Value: 16 bytes.
@@ -56,6 +64,27 @@ struct lb_service_value {
 	__u32 flags;		/* 12: LB_SVC_F_* */
 };
 _Static_assert(sizeof(struct lb_service_value) == 16, "lb_service_value layout");
+
+/*
+ * A node port is programmed once per family, as the frontend (wildcard, node
+ * port, protocol), the wildcard being ::ffff:0.0.0.0 for IPv4 and :: for
+ * IPv6. A program whose exact lookup misses looks the wildcard up when the
+ * dialled address is in node_addresses.
+ *
+ * node_addresses: the node addresses that answer on node ports
+ * (--nodeport-addresses applied to the node's local addresses), written by
+ * the control plane as they change. Key: 16 bytes, the address as in
+ * lb_l4addr. Value: 4 bytes.
+ */
+struct lb_node_address_key {
+	__u32 addr[4];		/* 0: network order, IPv4 v4-mapped */
+};
+_Static_assert(sizeof(struct lb_node_address_key) == 16, "lb_node_address_key layout");
+
+struct lb_node_address_value {
+	__u32 flags;		/* 0: none defined yet; written as 0 */
+};
+_Static_assert(sizeof(struct lb_node_address_value) == 4, "lb_node_address_value layout");
 
 /*
  * backends: backend id -> address. Every (service, endpoint) pair has its own

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * kpng-py socket load balancer: ClusterIP services translated at the socket
- * layer, before any packet exists (cgroup v2 sock_addr hooks).
+ * kpng-py socket load balancer: services translated at the socket layer,
+ * before any packet exists (cgroup v2 sock_addr hooks). A frontend is a
+ * ClusterIP, ExternalIP or load-balancer IP at its port (an exact key), or a
+ * node port at every node address (a wildcard key, see find_master).
  *
  *   connect4/6   TCP and connected UDP: VIP -> backend
  *   sendmsg4/6   unconnected UDP (sendto): VIP -> backend
@@ -15,7 +17,8 @@
  * Compiled by BCC at run time (backends/ebpf/loader.py) with:
  *   KPNG_PIN_DIR        bpffs directory holding the pinned maps
  *   KPNG_MAPS_HEADER    the absolute path of lb_maps.h, as a string
- *   KPNG_SERVICES_MAX, KPNG_BACKENDS_MAX, KPNG_REVNAT_MAX, KPNG_AFFINITY_MAX
+ *   KPNG_SERVICES_MAX, KPNG_BACKENDS_MAX, KPNG_REVNAT_MAX, KPNG_AFFINITY_MAX,
+ *   KPNG_NODE_ADDRESSES_MAX
  *   KPNG_REJECT_WITH_EPERM  kernels without bpf_set_retval (before 5.18)
  */
 #include <uapi/linux/bpf.h>
@@ -41,6 +44,9 @@ BPF_TABLE_PINNED("hash", struct lb_service_key, struct lb_service_value, kpng_se
 		 KPNG_SERVICES_MAX, KPNG_PIN_DIR "/services", BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED("hash", __u32, struct lb_backend, kpng_backends,
 		 KPNG_BACKENDS_MAX, KPNG_PIN_DIR "/backends", BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED("hash", struct lb_node_address_key, struct lb_node_address_value,
+		 kpng_node_addresses, KPNG_NODE_ADDRESSES_MAX, KPNG_PIN_DIR "/node_addresses",
+		 BPF_F_NO_PREALLOC);
 /* Datapath owned and bounded by LRU eviction; readers re-validate entries. */
 BPF_TABLE_PINNED("lru_hash", struct lb_revnat_key, struct lb_revnat_value, kpng_revnat,
 		 KPNG_REVNAT_MAX, KPNG_PIN_DIR "/reverse_nat");
@@ -68,6 +74,13 @@ static __always_inline __u32 v4_mapped_prefix(void)
 static __always_inline bool l4addr_is_v4(const struct lb_l4addr *a)
 {
 	return a->addr[0] == 0 && a->addr[1] == 0 && a->addr[2] == v4_mapped_prefix();
+}
+
+/* 0.0.0.0 (v4-mapped) or ::, the address of node-port keys. */
+static __always_inline bool l4addr_is_wildcard(const struct lb_l4addr *a)
+{
+	return a->addr[3] == 0 && a->addr[0] == 0 && a->addr[1] == 0 &&
+	       (a->addr[2] == 0 || a->addr[2] == v4_mapped_prefix());
 }
 
 static __always_inline bool l4addr_equal(const struct lb_l4addr *a, const struct lb_l4addr *b)
@@ -143,6 +156,37 @@ static __always_inline bool slot_backend_id(struct lb_service_key *key, __u32 co
 	return true;
 }
 
+/*
+ * The master entry of the frontend at key->vip (slot 0): the exact key, or,
+ * when there is none and the address is a node address, the node-port key of
+ * its family, which key->vip then holds (the slots are looked up with it).
+ * Nobody dials the wildcard itself: a connect() to 0.0.0.0 or :: reaches the
+ * host's own loopback, which is not a node-port address unless listed.
+ */
+static __always_inline struct lb_service_value *find_master(struct lb_service_key *key)
+{
+	struct lb_node_address_key node = {};
+	struct lb_service_value *master;
+
+	if (l4addr_is_wildcard(&key->vip))
+		return NULL;
+	master = kpng_services.lookup(key);
+	if (master)
+		return master;
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		node.addr[i] = key->vip.addr[i];
+	if (!kpng_node_addresses.lookup(&node))
+		return NULL;
+	if (!l4addr_is_v4(&key->vip)) {
+		key->vip.addr[0] = 0;
+		key->vip.addr[1] = 0;
+		key->vip.addr[2] = 0;
+	}
+	key->vip.addr[3] = 0;
+	return kpng_services.lookup(key);
+}
+
 /* Write the reverse-NAT entry only when it changed: sendmsg runs per datagram. */
 static __always_inline void remember_vip(__u64 cookie, const struct lb_l4addr *backend,
 					 const struct lb_l4addr *vip, __u32 service_id)
@@ -156,11 +200,13 @@ static __always_inline void remember_vip(__u64 cookie, const struct lb_l4addr *b
 	kpng_revnat.update(&key, &value);
 }
 
-/* Forward direction: if dst is a service, replace it by one of its backends. */
+/* Forward direction: if dst is a service, replace it by one of its backends.
+ * The reverse-NAT entry keeps dst as dialled (a node address, not the
+ * wildcard), which is what recvmsg and getpeername give back. */
 static __always_inline enum lb_verdict lb_translate(void *ctx, struct lb_l4addr *dst, __u32 proto)
 {
 	struct lb_service_key key = { .vip = *dst, .proto = (__u8)proto, .slot = 0 };
-	struct lb_service_value *master = kpng_services.lookup(&key);
+	struct lb_service_value *master = find_master(&key);
 	struct lb_affinity_key affinity = {};
 	const struct lb_backend *backend = NULL;
 	struct lb_service_value svc;
@@ -194,7 +240,8 @@ static __always_inline enum lb_verdict lb_translate(void *ctx, struct lb_l4addr 
 }
 
 /* Reverse direction: if this socket reached peer through a VIP that still
- * means the same service, show the VIP instead. */
+ * means the same service, show the VIP instead. For a node port the VIP is
+ * the node address dialled, which must still be one (find_master). */
 static __always_inline bool lb_reverse(void *ctx, struct lb_l4addr *peer, __u32 proto)
 {
 	struct lb_revnat_key key = { .cookie = bpf_get_socket_cookie(ctx), .backend = *peer };
@@ -206,7 +253,7 @@ static __always_inline bool lb_reverse(void *ctx, struct lb_l4addr *peer, __u32 
 		return false;
 	master_key.vip = rev->vip;
 	master_key.proto = (__u8)proto;
-	master = kpng_services.lookup(&master_key);
+	master = find_master(&master_key);
 	if (!master || master->id != rev->service_id) {
 		kpng_revnat.delete(&key);
 		return false;
