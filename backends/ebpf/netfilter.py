@@ -1,0 +1,190 @@
+"""kpng-py's own nftables table for packets from outside the node: node
+ports, ExternalIPs and LoadBalancer IPs DNATed to endpoints, with the kernel's
+conntrack reversing the translation (docs/ebpf.md, "Packets from outside the
+node").
+
+`NetfilterTable` programs the table of the network namespace it runs in
+through libnftables' JSON API (Debian's python3-nftables): one transaction per
+change set with only what changed; a full change set (the first one, or a
+recovery) replaces the whole table in one transaction, so a restarted
+process adopts the table it finds without a gap (N18).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+import nftables
+
+from backends.ebpf import netfilter_expr as nx
+from backends.ebpf.netfilter_conntrack import ConntrackCleaner, Failures, stale_udp_flows
+from backends.ebpf.netfilter_plan import (FAMILIES, TABLE, TABLE_FAMILY, NodePortAddresses,
+                                          PortObjects, nodeport_ips_set, port_objects, skeleton)
+from backends.ebpf.netfilter_txn import Transaction, full_table, set_elements, table_command
+from kpng_py.logs import fields
+from kpng_py.model import IPAddress, ServicePort, ServicePortChanges, ServicePortName
+from kpng_py.skips import SkipReason, Skips
+
+log = logging.getLogger(__name__)
+
+
+class NetfilterError(Exception):
+    """libnftables refused a transaction; the message has its error text."""
+
+
+class Nft:
+    """One libnftables context: JSON in, JSON out."""
+
+    def __init__(self) -> None:
+        self._nft = nftables.Nftables()
+        self._nft.set_json_output(True)
+        self._nft.set_handle_output(False)
+
+    def run(self, commands: list[nx.Json], what: str) -> list[dict[str, Any]]:
+        """Run `commands` as one transaction; their JSON output."""
+        rc, output, error = self._nft.json_cmd({"nftables": commands})
+        if rc != 0:
+            raise NetfilterError(f"nftables refused {what} ({len(commands)} commands) on table "
+                                 f"{TABLE_FAMILY} {TABLE}: {error.strip()}")
+        return output["nftables"] if output else []
+
+    def table_exists(self) -> bool:
+        rc, output, _ = self._nft.json_cmd({"nftables": [{"list": {"tables": {}}}]})
+        if rc != 0:
+            return False
+        return any(obj.get("table", {}).get("name") == TABLE
+                   and obj["table"].get("family") == TABLE_FAMILY
+                   for obj in output["nftables"])
+
+
+class NetfilterTable:
+    """The table of the process's network namespace. `apply` must first get
+    a full change set (as a Backend does); later ones carry only changes."""
+
+    def __init__(self, addresses: NodePortAddresses, skips: Skips,
+                 conntrack_failures: Failures, nft: Nft | None = None) -> None:
+        self._addresses = addresses
+        self._node_ips = addresses.ips or frozenset()
+        self._skips = skips
+        self._nft = nft or Nft()
+        self._cleaner = ConntrackCleaner(conntrack_failures)
+        self._programmed: dict[ServicePortName, tuple[ServicePort, PortObjects]] = {}
+        self._synced = False
+        self.stale_udp_deleted = 0  # conntrack entries deleted so far
+
+    def adopt(self) -> bool:
+        """Whether a table from an earlier process is there. It keeps serving
+        until the first full change set replaces it in one transaction."""
+        found = self._nft.table_exists()
+        log.info("netfilter table %s", "adopted" if found else "not found, made with the first "
+                 "sync", extra=fields(table=f"{TABLE_FAMILY} {TABLE}"))
+        return found
+
+    def apply(self, changes: ServicePortChanges) -> None:
+        if changes.full:
+            txn, programmed = self._full(changes)
+        elif not self._synced:
+            raise NetfilterError(f"table {TABLE_FAMILY} {TABLE}: the first change set must be a "
+                                 "full one (the state model's first sync, or a recovery)")
+        else:
+            txn, programmed = self._incremental(changes)
+        if txn:
+            self._nft.run(txn.commands(), "a change set")
+        touched = {port.name for port in (*changes.current(), *changes.removed)}
+        if changes.full:
+            touched |= self._programmed.keys()
+        stale = [flows for name in touched
+                 for flows in stale_udp_flows(self._old(name), self._new(programmed, name))]
+        self._programmed = programmed
+        self._synced = True
+        if stale:
+            self.stale_udp_deleted += self._cleaner.delete(stale)
+
+    def _old(self, name: ServicePortName) -> ServicePort | None:
+        held = self._programmed.get(name)
+        return held[0] if held else None
+
+    @staticmethod
+    def _new(programmed: dict[ServicePortName, tuple[ServicePort, PortObjects]],
+             name: ServicePortName) -> ServicePort | None:
+        held = programmed.get(name)
+        return held[0] if held else None
+
+    def _objects(self, port: ServicePort) -> PortObjects:
+        def bad(cidr: str) -> None:
+            self._skips.skip(SkipReason.BAD_IP, str(port.name),
+                             f"loadBalancerSourceRanges entry {cidr!r} is no CIDR: it is left "
+                             "out (fix the service's spec.loadBalancerSourceRanges)")
+        return port_objects(port, bad)
+
+    def _full(self, changes: ServicePortChanges
+              ) -> tuple[Transaction, dict[ServicePortName, tuple[ServicePort, PortObjects]]]:
+        programmed = {port.name: (port, self._objects(port)) for port in changes.added}
+        maps, sets, chains = skeleton(self._addresses)
+        txn = full_table(maps, sets, chains, [objects for _, objects in programmed.values()])
+        txn.first += self._address_commands("add", self._node_ips)
+        return txn, programmed
+
+    def _incremental(self, changes: ServicePortChanges
+                     ) -> tuple[Transaction, dict[ServicePortName, tuple[ServicePort,
+                                                                          PortObjects]]]:
+        programmed = dict(self._programmed)
+        txn = Transaction()
+        for port in changes.current():
+            objects = self._objects(port)
+            old = programmed.get(port.name)
+            txn.change(old[1] if old else PortObjects(), objects)
+            programmed[port.name] = (port, objects)
+        for port in changes.removed:
+            old = programmed.pop(port.name, None)
+            if old is not None:
+                txn.change(old[1], PortObjects())
+        return txn, programmed
+
+    def set_node_addresses(self, ips: Iterable[IPAddress]) -> None:
+        """The node addresses node ports answer on now (only for a table made
+        with `NodePortAddresses.only`): one transaction with the difference."""
+        if self._addresses.ips is None:
+            raise NetfilterError(f"table {TABLE_FAMILY} {TABLE} answers on every local address "
+                                 "(fib daddr type local): it takes no address list; make it "
+                                 "with NodePortAddresses.only(...) to follow addresses")
+        new = frozenset(ips)
+        if self._synced:
+            commands = [*self._address_commands("delete", self._node_ips - new),
+                        *self._address_commands("add", new - self._node_ips)]
+            if commands:
+                self._nft.run(commands, "a node address change")
+        self._node_ips = new
+
+    def _address_commands(self, verb: str, ips: frozenset[IPAddress]) -> list[nx.Json]:
+        commands = []
+        for family in FAMILIES:
+            values = sorted(str(ip) for ip in ips if ip.version == family.value)
+            if values:
+                commands.append(set_elements(verb, nodeport_ips_set(family), values))
+        return commands
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The table as libnftables lists it (JSON objects); [] without one."""
+        if not self._nft.table_exists():
+            return []
+        return [obj for obj in self._nft.run(
+            [{"list": {"table": {"family": TABLE_FAMILY, "name": TABLE}}}], "a listing")
+            if "metainfo" not in obj]
+
+    def cleanup(self) -> bool:
+        """Remove the table; whether there was one."""
+        self._programmed = {}
+        self._synced = False
+        return cleanup_table(self._nft)
+
+
+def cleanup_table(nft: Nft | None = None) -> bool:
+    """Remove kpng-py's table from the process's network namespace (one
+    transaction that cannot fail on a namespace without one); whether there
+    was one."""
+    nft = nft or Nft()
+    found = nft.table_exists()
+    nft.run([table_command("add"), table_command("delete")], "the table's removal")
+    return found
