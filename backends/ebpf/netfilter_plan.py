@@ -338,7 +338,7 @@ def _service_chains(port: ServicePort, family: IPFamily, chain: str,
             [nx.match(nx.addr(family, "saddr"), str(endpoint.ip)), nx.jump(MARK_CHAIN)]]
         if timeout:
             # The timeout is in the name: a changed timeout is a new set.
-            aff = NamedSet(f"aff{timeout}{ep_chain[2:]}", family, timeout)
+            aff = NamedSet(f"aff{family.value}-{timeout}s{ep_chain[3:]}", family, timeout)
             affinity.append(aff)
             svc_rules.append([nx.match(nx.addr(family, "saddr"), f"@{aff.name}"),
                               nx.goto(ep_chain)])
