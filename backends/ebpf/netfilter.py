@@ -20,7 +20,8 @@ import nftables
 from backends.ebpf import netfilter_expr as nx
 from backends.ebpf.netfilter_conntrack import ConntrackCleaner, Failures, stale_udp_flows
 from backends.ebpf.netfilter_plan import (FAMILIES, TABLE, TABLE_FAMILY, NodePortAddresses,
-                                          PortObjects, nodeport_ips_set, port_objects, skeleton)
+                                          NODEPORT_IPS, PortObjects, per_family, port_objects,
+                                          skeleton)
 from backends.ebpf.netfilter_txn import Transaction, full_table, set_elements, table_command
 from kpng_py.logs import fields
 from kpng_py.model import IPAddress, ServicePort, ServicePortChanges, ServicePortName
@@ -162,7 +163,7 @@ class NetfilterTable:
         for family in FAMILIES:
             values = sorted(str(ip) for ip in ips if ip.version == family.value)
             if values:
-                commands.append(set_elements(verb, nodeport_ips_set(family), values))
+                commands.append(set_elements(verb, per_family(NODEPORT_IPS, family), values))
         return commands
 
     def describe(self) -> list[dict[str, Any]]:

@@ -44,28 +44,18 @@ MASQUERADING_CHAIN = "masquerading"
 MARK_CHAIN = "mark-for-masquerade"
 
 
-def service_ips_map(family: IPFamily) -> str:
-    return f"service-ips{family.value}"
+# Maps and sets, one of each per family (`per_family`).
+SERVICE_IPS = "service-ips"                      # ExternalIP/LB IP . proto . port -> svc chain
+SERVICE_NODEPORTS = "service-nodeports"          # proto . node port -> svc chain
+NO_ENDPOINT_SERVICES = "no-endpoint-services"    # ExternalIP/LB IP . proto . port -> reject/drop
+NO_ENDPOINT_NODEPORTS = "no-endpoint-nodeports"  # proto . node port -> reject/drop
+FIREWALL_IPS = "firewall-ips"                    # LB IP . proto . port -> fw chain
+NODEPORT_IPS = "nodeport-ips"                    # allowed node addresses (NodePortAddresses.only)
 
 
-def service_nodeports_map(family: IPFamily) -> str:
-    return f"service-nodeports{family.value}"
-
-
-def no_endpoint_services_map(family: IPFamily) -> str:
-    return f"no-endpoint-services{family.value}"
-
-
-def no_endpoint_nodeports_map(family: IPFamily) -> str:
-    return f"no-endpoint-nodeports{family.value}"
-
-
-def firewall_map(family: IPFamily) -> str:
-    return f"firewall-ips{family.value}"
-
-
-def nodeport_ips_set(family: IPFamily) -> str:
-    return f"nodeport-ips{family.value}"
+def per_family(base: str, family: IPFamily) -> str:
+    """`service-ips4`, `nodeport-ips6`, ..."""
+    return f"{base}{family.value}"
 
 
 @dataclass(frozen=True)
@@ -155,7 +145,7 @@ def _node_address(family: IPFamily, addresses: NodePortAddresses) -> list[nx.Jso
     not_loopback = nx.match(nx.addr(family, "daddr"), nx.prefix(nx.LOOPBACK[family]), op="!=")
     if addresses.ips is None:
         return [nx.fib_local(), not_loopback]
-    return [nx.match(nx.addr(family, "daddr"), f"@{nodeport_ips_set(family)}")]
+    return [nx.match(nx.addr(family, "daddr"), f"@{per_family(NODEPORT_IPS, family)}")]
 
 
 def skeleton(addresses: NodePortAddresses) -> tuple[list[VerdictMap], list[NamedSet],
@@ -169,22 +159,24 @@ def skeleton(addresses: NodePortAddresses) -> tuple[list[VerdictMap], list[Named
     for family in FAMILIES:
         frontend = (nx.ADDR_TYPE[family], "inet_proto", "inet_service")
         port = ("inet_proto", "inet_service")
-        maps += [VerdictMap(service_ips_map(family), frontend),
-                 VerdictMap(service_nodeports_map(family), port),
-                 VerdictMap(no_endpoint_services_map(family), frontend),
-                 VerdictMap(no_endpoint_nodeports_map(family), port),
-                 VerdictMap(firewall_map(family), frontend)]
+        maps += [VerdictMap(per_family(SERVICE_IPS, family), frontend),
+                 VerdictMap(per_family(SERVICE_NODEPORTS, family), port),
+                 VerdictMap(per_family(NO_ENDPOINT_SERVICES, family), frontend),
+                 VerdictMap(per_family(NO_ENDPOINT_NODEPORTS, family), port),
+                 VerdictMap(per_family(FIREWALL_IPS, family), frontend)]
         if addresses.ips is not None:
-            sets.append(NamedSet(nodeport_ips_set(family), family))
+            sets.append(NamedSet(per_family(NODEPORT_IPS, family), family))
         node = _node_address(family, addresses)
+
+        def lookup(key: nx.Json, base: str) -> nx.Json:
+            return nx.vmap(key, f"@{per_family(base, family)}")
         filter_rules += [
-            [nx.ct_new(), nx.vmap(nx.frontend_key(family), f"@{no_endpoint_services_map(family)}")],
-            [nx.ct_new(), *node,
-             nx.vmap(nx.port_key(), f"@{no_endpoint_nodeports_map(family)}")]]
-        firewall_rules.append([nx.vmap(nx.frontend_key(family), f"@{firewall_map(family)}")])
+            [nx.ct_new(), lookup(nx.frontend_key(family), NO_ENDPOINT_SERVICES)],
+            [nx.ct_new(), *node, lookup(nx.port_key(), NO_ENDPOINT_NODEPORTS)]]
+        firewall_rules.append([lookup(nx.frontend_key(family), FIREWALL_IPS)])
         service_rules += [
-            [nx.vmap(nx.frontend_key(family), f"@{service_ips_map(family)}")],
-            [*node, nx.vmap(nx.port_key(), f"@{service_nodeports_map(family)}")]]
+            [lookup(nx.frontend_key(family), SERVICE_IPS)],
+            [*node, lookup(nx.port_key(), SERVICE_NODEPORTS)]]
     chains = [
         Chain.of("filter-prerouting", filter_rules, _FILTER_PREROUTING),
         Chain.of(FIREWALL_CHAIN, firewall_rules),
@@ -289,14 +281,17 @@ def _family_objects(port: ServicePort, family: IPFamily, ends: Frontends,
     chains: list[Chain] = []
     sets: list[NamedSet] = []
     elements: set[Element] = set()
+
+    def to(base: str, keys: list[tuple[str | int, ...]], kind: str, target: str) -> None:
+        elements.update(Element(per_family(base, family), k, kind, target) for k in keys)
     endpoints = external_endpoints(port, family)
     if endpoints:
         chain = f"svc{pid}"
         svc, eps, affinity = _service_chains(port, family, chain, endpoints)
         chains += [svc, *eps]
         sets += affinity
-        elements |= {Element(service_ips_map(family), k, "goto", chain) for k in ip_keys}
-        elements |= {Element(service_nodeports_map(family), k, "goto", chain) for k in port_keys}
+        to(SERVICE_IPS, ip_keys, "goto", chain)
+        to(SERVICE_NODEPORTS, port_keys, "goto", chain)
     else:
         # Endpoints elsewhere but none here (eTP=Local): drop, so that the
         # client times out and a load balancer's health check moves on. No
@@ -304,18 +299,16 @@ def _family_objects(port: ServicePort, family: IPFamily, ends: Frontends,
         elsewhere = port.external_traffic_local and any(
             ep.family == family for ep in port.endpoints)
         kind, target = ("drop", "") if elsewhere else ("goto", REJECT_CHAIN)
-        elements |= {Element(no_endpoint_services_map(family), k, kind, target)
-                     for k in ip_keys}
-        elements |= {Element(no_endpoint_nodeports_map(family), k, kind, target)
-                     for k in port_keys}
+        to(NO_ENDPOINT_SERVICES, ip_keys, kind, target)
+        to(NO_ENDPOINT_NODEPORTS, port_keys, kind, target)
     if ends.load_balancer_ips and port.load_balancer_source_ranges:
         fw = f"fw{pid}"
         allow = [[nx.match(nx.addr(family, "saddr"),
                            nx.anonymous_set([nx.prefix(r) for r in ranges])),
                   nx.verdict("return")]] if ranges else []
         chains.append(Chain.of(fw, [*allow, [nx.verdict("drop")]]))
-        elements |= {Element(firewall_map(family), (str(ip), proto, port.port), "goto", fw)
-                     for ip in ends.load_balancer_ips}
+        to(FIREWALL_IPS, [(str(ip), proto, port.port) for ip in ends.load_balancer_ips],
+           "goto", fw)
     return PortObjects(tuple(chains), tuple(sets), frozenset(elements))
 
 
