@@ -182,10 +182,11 @@ class NetfilterTable:
 
 
 def cleanup_table(nft: Nft | None = None) -> bool:
-    """Remove kpng-py's table from the process's network namespace (one
-    transaction that cannot fail on a namespace without one); whether there
-    was one."""
+    """Remove kpng-py's table from the process's network namespace; whether
+    there was one. A namespace without one is only read, never written."""
     nft = nft or Nft()
-    found = nft.table_exists()
+    if not nft.table_exists():
+        return False
+    # `add` first: the transaction cannot fail if the table went meanwhile.
     nft.run([table_command("add"), table_command("delete")], "the table's removal")
-    return found
+    return True

@@ -12,12 +12,13 @@ from typing import Iterator
 
 import pytest
 
-from backends.ebpf.netfilter import NetfilterTable
+from backends.ebpf.netfilter import NetfilterError, NetfilterTable
 from backends.ebpf.netfilter_plan import NodePortAddresses
 from kpng_py.metrics import Metrics
 from kpng_py.model import (Endpoint, IPAddress, Protocol, ServicePort, ServicePortChanges,
                            ServicePortName)
 from kpng_py.skips import Skips
+from lab.netns_worker import NetnsWorker
 from lab.nodeport_lab import (CLIENTS, NODE_OUTSIDE, NODE_OUTSIDE_2, NODE_POD_SIDE, PODS,
                               Answer, Connection, NodePortLab, ip, nodeport_lab, tcp_probe,
                               udp_probe, virtual_ip)
@@ -206,6 +207,18 @@ def test_n14_external_ips_not_on_the_node_reach_a_pod(node: OnNode, family: int)
         assert served_ip(outside(node.lab, probe, virtual_ip(7, family), 80)) == PODS[family][0]
 
 
+def test_n16_a_pod_reaching_itself_through_the_node_port_is_masqueraded(node: OnNode) -> None:
+    # eTP=Local: only the hairpin rule masquerades.
+    node.full(service(endpoints=pods(4, count=1), external_traffic_local=True))
+    in_pod = NetnsWorker(node.lab.pod.name)
+    try:
+        answer = in_pod.call(tcp_probe, NODE_POD_SIDE[4], NODE_PORT, PODS[4][0])
+    finally:
+        in_pod.close()
+    assert served_ip(answer) == PODS[4][0]
+    assert answer.peer_ip == NODE_POD_SIDE[4]
+
+
 def spread(node: OnNode, family: int, tries: int = 24) -> set[IPAddress]:
     return {served_ip(outside(node.lab, tcp_probe, NODE_OUTSIDE[family], NODE_PORT))
             for _ in range(tries)}
@@ -273,3 +286,22 @@ def test_describe_lists_the_table_and_an_update_keeps_unchanged_objects(node: On
 
 def _chain_names(node: OnNode) -> set[str]:
     return {obj["chain"]["name"] for obj in node.call("describe") if "chain" in obj}
+
+
+def test_cleanup_removes_the_table_and_a_namespace_without_one_is_left_alone(
+        the_lab: NodePortLab) -> None:
+    node = OnNode(the_lab, NodePortAddresses.every_local())
+    assert node.call("adopt") is False
+    node.full(service(endpoints=both_families(1)))
+    assert node.call("cleanup") is True
+    assert node.call("describe") == []
+    assert node.call("cleanup") is False
+    assert outside(the_lab, tcp_probe, NODE_OUTSIDE[4], NODE_PORT).error == "refused"
+
+
+def test_a_first_change_set_that_is_not_full_is_refused_with_the_fix(
+        the_lab: NodePortLab) -> None:
+    node = OnNode(the_lab, NodePortAddresses.every_local())
+    with pytest.raises(NetfilterError, match="must be a full one"):
+        node.apply(added=(service(endpoints=both_families(1)),))
+    assert node.call("describe") == []
