@@ -174,6 +174,13 @@ class NetfilterTable:
             [{"list": {"table": {"family": TABLE_FAMILY, "name": TABLE}}}], "a listing")
             if "metainfo" not in obj]
 
+    def describe_lines(self) -> list[str]:
+        """One line per map element of the table (`kpng-py ebpf dump`):
+        `service-nodeports4: tcp . 30080 -> goto svc4-default/web/http/tcp`."""
+        return [f"{obj['map']['name']}: {_text(key)} -> {_text(value)}"
+                for obj in self.describe() if "map" in obj
+                for key, value in obj["map"].get("elem", [])]
+
     def cleanup(self) -> bool:
         """Remove the table; whether there was one."""
         self._programmed = {}
@@ -190,3 +197,13 @@ def cleanup_table(nft: Nft | None = None) -> bool:
     # `add` first: the transaction cannot fail if the table went meanwhile.
     nft.run([table_command("add"), table_command("delete")], "the table's removal")
     return True
+
+
+def _text(value: nx.Json) -> str:
+    """A listed key or verdict as nft prints it: `a . b`, `goto chain`, `drop`."""
+    if isinstance(value, dict) and "concat" in value:
+        return " . ".join(_text(part) for part in value["concat"])
+    if isinstance(value, dict) and len(value) == 1:
+        (kind, target), = value.items()
+        return f"{kind} {target['target']}" if isinstance(target, dict) else kind
+    return str(value)

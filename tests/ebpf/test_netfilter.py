@@ -305,3 +305,18 @@ def test_a_first_change_set_that_is_not_full_is_refused_with_the_fix(
     with pytest.raises(NetfilterError, match="must be a full one"):
         node.apply(added=(service(endpoints=both_families(1)),))
     assert node.call("describe") == []
+
+
+def test_describe_lines_name_each_frontend_and_where_it_goes(node: OnNode) -> None:
+    elsewhere = Endpoint(ip("10.244.2.2"), 80, local=False, external=False)
+    node.full(service(endpoints=pods(4, count=1), external_ips=(virtual_ip(7),)),
+              dataclasses.replace(service("away", external_traffic_local=True,
+                                          endpoints=(elsewhere,)), node_port=NODE_PORT + 1))
+    # Both are dual-stack without IPv6 endpoints: IPv6 is refused.
+    assert sorted(node.call("describe_lines")) == [
+        "no-endpoint-nodeports4: tcp . 30081 -> drop",
+        "no-endpoint-nodeports6: tcp . 30080 -> goto reject-chain",
+        "no-endpoint-nodeports6: tcp . 30081 -> goto reject-chain",
+        "service-ips4: 198.51.100.7 . tcp . 80 -> goto svc4-default/web/p/tcp",
+        "service-nodeports4: tcp . 30080 -> goto svc4-default/web/p/tcp",
+    ]
