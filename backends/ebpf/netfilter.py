@@ -167,25 +167,34 @@ class NetfilterTable:
         return commands
 
     def describe(self) -> list[dict[str, Any]]:
-        """The table as libnftables lists it (JSON objects); [] without one."""
-        if not self._nft.table_exists():
-            return []
-        return [obj for obj in self._nft.run(
-            [{"list": {"table": {"family": TABLE_FAMILY, "name": TABLE}}}], "a listing")
-            if "metainfo" not in obj]
+        return describe_table(self._nft)
 
     def describe_lines(self) -> list[str]:
-        """One line per map element of the table (`kpng-py ebpf dump`):
-        `service-nodeports4: tcp . 30080 -> goto svc4-default/web/http/tcp`."""
-        return [f"{obj['map']['name']}: {_text(key)} -> {_text(value)}"
-                for obj in self.describe() if "map" in obj
-                for key, value in obj["map"].get("elem", [])]
+        return describe_lines(self._nft)
 
     def cleanup(self) -> bool:
         """Remove the table; whether there was one."""
         self._programmed = {}
         self._synced = False
         return cleanup_table(self._nft)
+
+
+def describe_table(nft: Nft | None = None) -> list[dict[str, Any]]:
+    """The table as libnftables lists it (JSON objects); [] without one."""
+    nft = nft or Nft()
+    if not nft.table_exists():
+        return []
+    return [obj for obj in nft.run(
+        [{"list": {"table": {"family": TABLE_FAMILY, "name": TABLE}}}], "a listing")
+        if "metainfo" not in obj]
+
+
+def describe_lines(nft: Nft | None = None) -> list[str]:
+    """One line per map element of the table (`kpng-py ebpf dump`):
+    `service-nodeports4: tcp . 30080 -> goto svc4-default/web/http/tcp`."""
+    return [f"{obj['map']['name']}: {_text(key)} -> {_text(value)}"
+            for obj in describe_table(nft) if "map" in obj
+            for key, value in obj["map"].get("elem", [])]
 
 
 def cleanup_table(nft: Nft | None = None) -> bool:
