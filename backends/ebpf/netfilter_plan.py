@@ -23,8 +23,10 @@ each with the endpoints of its family.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -193,12 +195,25 @@ def skeleton(addresses: NodePortAddresses) -> tuple[list[VerdictMap], list[Named
     return maps, sets, chains
 
 
+# What a part of a readable name may be: Kubernetes names and port names are
+# DNS labels, which are valid in an unquoted nft name; and short enough that
+# the longest name made of them (an affinity set's) stays under nft's 256.
+_NAME_PART = re.compile(r"[a-z0-9][a-z0-9.-]{0,62}")
+_PORT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,14}")
+
+
 def _port_id(port: ServicePort, family: IPFamily) -> str:
     """`4-ns/name/portname/tcp`: readable, unique per service port and family,
-    and a valid unquoted nft name (DNS labels, digits, `-`, `/`, `_`)."""
+    and a valid unquoted nft name. A name the brain sent that is no DNS
+    label (hostile or broken input) would make nftables refuse the whole
+    transaction: such a port gets `4-h<hash>/tcp` instead."""
     name = port.name
-    return f"{family.value}-{name.namespace}/{name.name}/{name.port or '_'}/" \
-           f"{nx.l4proto(port.protocol)}"
+    proto = nx.l4proto(port.protocol)
+    if all(_NAME_PART.fullmatch(part) for part in (name.namespace, name.name)) and (
+            not name.port or _PORT_NAME.fullmatch(name.port)):
+        return f"{family.value}-{name.namespace}/{name.name}/{name.port or '_'}/{proto}"
+    digest = hashlib.sha256("\0".join((name.namespace, name.name, name.port)).encode())
+    return f"{family.value}-h{digest.hexdigest()[:24]}/{proto}"
 
 
 def _endpoint_id(endpoint: Endpoint) -> str:

@@ -320,3 +320,21 @@ def test_describe_lines_name_each_frontend_and_where_it_goes(node: OnNode) -> No
         "service-ips4: 198.51.100.7 . tcp . 80 -> goto svc4-default/web/p/tcp",
         "service-nodeports4: tcp . 30080 -> goto svc4-default/web/p/tcp",
     ]
+
+
+def test_a_service_name_nft_would_not_parse_is_programmed_under_a_hashed_name(
+        node: OnNode) -> None:
+    hostile = dataclasses.replace(service(endpoints=both_families(1)), name=ServicePortName(
+        "default", 'x" } ; flush ruleset ; {' + "y" * 300, "p", Protocol.TCP))
+    node.full(hostile)
+    assert served_ip(outside(node.lab, tcp_probe, NODE_OUTSIDE[4], NODE_PORT)) == PODS[4][0]
+
+
+def test_the_longest_readable_names_fit_nft(node: OnNode) -> None:
+    longest = dataclasses.replace(
+        service(endpoints=(Endpoint(ip("fd00:244:1:0:ffff:ffff:ffff:ffff"), 65535),),
+                affinity_timeout_seconds=86400),
+        name=ServicePortName("n" * 63, "s" * 63, "p" * 15, Protocol.TCP))
+    node.full(longest)
+    assert any(obj["set"]["name"].startswith("aff6-86400s-" + "n" * 63)
+               for obj in node.call("describe") if "set" in obj)

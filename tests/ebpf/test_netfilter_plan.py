@@ -139,3 +139,14 @@ def test_the_full_table_replaces_the_old_one_in_the_same_transaction() -> None:
     assert ("add", "set", "nodeport-ips4") in commands
     assert ("add", "chain", SVC) in commands
     assert not any(verb in ("flush", "delete") for verb, _, _ in commands[3:])
+
+
+def test_a_name_that_is_no_dns_label_gets_a_hashed_chain_name() -> None:
+    hostile = ServicePort(ServicePortName("ns", 'we b"; flush ruleset', "http", Protocol.TCP),
+                          "NodePort", (ip("10.96.0.1"),), 80, node_port=30080,
+                          endpoints=(ep(2),))
+    names = [c.name for c in objects(hostile).chains]
+    assert len(names) == 2 and all(n.startswith(("svc4-h", "ep4-h")) for n in names)
+    assert all(" " not in n and '"' not in n for n in names)
+    other = dataclasses.replace(hostile, name=dataclasses.replace(hostile.name, port="dns"))
+    assert objects(other).chains[0].name != names[0]
