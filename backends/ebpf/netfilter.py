@@ -19,6 +19,7 @@ import nftables
 
 from backends.ebpf import netfilter_expr as nx
 from backends.ebpf.netfilter_conntrack import ConntrackCleaner, Failures, stale_udp_flows
+from backends.ebpf.netfilter_owners import FrontendOwners
 from backends.ebpf.netfilter_plan import (FAMILIES, TABLE, TABLE_FAMILY, NodePortAddresses,
                                           NODEPORT_IPS, PortObjects, per_family, port_objects,
                                           skeleton)
@@ -71,6 +72,7 @@ class NetfilterTable:
         self._nft = nft or Nft()
         self._cleaner = ConntrackCleaner(conntrack_failures)
         self._programmed: dict[ServicePortName, tuple[ServicePort, PortObjects]] = {}
+        self._owners = FrontendOwners()
         self._synced = False
         self.stale_udp_deleted = 0  # conntrack entries deleted so far
 
@@ -113,14 +115,23 @@ class NetfilterTable:
         return held[0] if held else None
 
     def _objects(self, port: ServicePort) -> PortObjects:
+        """What `port` gets in the table: its objects, less the frontends
+        another port owns (a counted skip each time it is planned)."""
         def bad(cidr: str) -> None:
             self._skips.skip(SkipReason.BAD_IP, str(port.name),
                              f"loadBalancerSourceRanges entry {cidr!r} is no CIDR: it is left "
                              "out (fix the service's spec.loadBalancerSourceRanges)")
-        return port_objects(port, bad)
+        objects, lost = self._owners.claim(port.name, port_objects(port, bad))
+        if lost:
+            self._skips.skip(SkipReason.FRONTEND_CONFLICT, str(port.name),
+                             f"{len(lost)} of its node ports / ExternalIPs / LB IPs from outside "
+                             f"belong to another service port (first: {sorted(map(str, lost))[0]})"
+                             "; it gets them when that one lets them go")
+        return objects
 
     def _full(self, changes: ServicePortChanges
               ) -> tuple[Transaction, dict[ServicePortName, tuple[ServicePort, PortObjects]]]:
+        self._owners.reset()
         programmed = {port.name: (port, self._objects(port)) for port in changes.added}
         maps, sets, chains = skeleton(self._addresses)
         txn = full_table(maps, sets, chains, [objects for _, objects in programmed.values()])
@@ -132,16 +143,30 @@ class NetfilterTable:
                                                                           PortObjects]]]:
         programmed = dict(self._programmed)
         txn = Transaction()
-        for port in changes.current():
-            objects = self._objects(port)
-            old = programmed.get(port.name)
-            txn.change(old[1] if old else PortObjects(), objects)
-            programmed[port.name] = (port, objects)
+        for port in (*changes.removed, *changes.current()):
+            self._owners.release(port.name)
         for port in changes.removed:
             old = programmed.pop(port.name, None)
             if old is not None:
                 txn.change(old[1], PortObjects())
+        current = list(changes.current())
+        touched = {port.name for port in current}
+        for port in current:
+            self._replan(txn, programmed, port)
+        # Ports waiting for a frontend that was let go: planned again.
+        for name in self._owners.freed():
+            if name not in touched and name in programmed:
+                self._owners.release(name)
+                self._replan(txn, programmed, programmed[name][0])
         return txn, programmed
+
+    def _replan(self, txn: Transaction,
+                programmed: dict[ServicePortName, tuple[ServicePort, PortObjects]],
+                port: ServicePort) -> None:
+        objects = self._objects(port)
+        old = programmed.get(port.name)
+        txn.change(old[1] if old else PortObjects(), objects)
+        programmed[port.name] = (port, objects)
 
     def set_node_addresses(self, ips: Iterable[IPAddress]) -> None:
         """The node addresses node ports answer on now (only for a table made

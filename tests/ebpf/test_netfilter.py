@@ -61,6 +61,12 @@ class OnNode:
     def full(self, *ports: ServicePort) -> None:
         self.apply(added=ports, full=True)
 
+    def skipped(self) -> dict[str, float]:
+        """kpng_py_skipped_total by reason."""
+        return {s.labels["reason"]: s.value for family in self.metrics.registry.collect()
+                if family.name == "kpng_py_skipped" for s in family.samples
+                if s.name == "kpng_py_skipped_total"}
+
     def call(self, method: str, *args: object):
         return self.lab.on_node.call(getattr(self.table, method), *args)
 
@@ -338,3 +344,17 @@ def test_the_longest_readable_names_fit_nft(node: OnNode) -> None:
     node.full(longest)
     assert any(obj["set"]["name"].startswith("aff6-86400s-" + "n" * 63)
                for obj in node.call("describe") if "set" in obj)
+
+
+def test_two_services_claiming_one_external_ip_the_first_keeps_it_until_it_goes(
+        node: OnNode) -> None:
+    first = service("first", endpoints=pods(4, count=1), external_ips=(virtual_ip(7),))
+    second = dataclasses.replace(
+        service("second", endpoints=(Endpoint(PODS[4][1], 8080, local=True),),
+                external_ips=(virtual_ip(7),)), node_port=NODE_PORT + 1)
+    node.full(first, second)  # nftables would refuse a transaction with the key twice
+    assert served_ip(outside(node.lab, tcp_probe, virtual_ip(7), 80)) == PODS[4][0]
+    assert node.skipped() == {"frontend-conflict": 1.0}
+    node.apply(removed=(first,))
+    assert served_ip(outside(node.lab, tcp_probe, virtual_ip(7), 80)) == PODS[4][1]
+    assert served_ip(outside(node.lab, tcp_probe, NODE_OUTSIDE[4], NODE_PORT + 1)) == PODS[4][1]
