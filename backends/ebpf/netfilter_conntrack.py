@@ -10,7 +10,11 @@ table sends to a live endpoint.
 Which entries: UDP, translated (reply source != original destination), the
 reply coming from the endpoint that went, and the original destination a
 frontend of the service port from outside (its node port on any address, or
-one of its ExternalIPs / LB IPs with the service port).
+one of its ExternalIPs / LB IPs with the service port). And when a UDP
+service port gets its first endpoint in a family: the entries of flows to
+its frontends that were not translated (a datagram to a node port before
+the service existed was delivered to the node, refused, and confirmed in
+conntrack without NAT: the client's next datagrams would follow it).
 """
 
 from __future__ import annotations
@@ -37,38 +41,52 @@ _AF = {IPFamily.V4: socket.AF_INET, IPFamily.V6: socket.AF_INET6}
 
 @dataclass(frozen=True)
 class StaleFlows:
-    """Flows to delete: those answered by `endpoint` that reached it through
-    `node_port` (0: none) or one of `frontends` (address, port)."""
+    """Flows to delete: those that reached a frontend of a service port (its
+    `node_port` on any address, 0: none, or one of `frontends`) and were
+    answered by `endpoint`; with `endpoint` None, those that were not
+    translated at all (they came before the port had an endpoint here)."""
 
     family: IPFamily
-    endpoint: tuple[IPAddress, int]
+    endpoint: tuple[IPAddress, int] | None
     node_port: int
     frontends: frozenset[tuple[IPAddress, int]]
 
     def matches(self, orig: NFCTAttrTuple, reply: NFCTAttrTuple) -> bool:
         source = (ipaddress.ip_address(reply.saddr), reply.sport)
         destination = (ipaddress.ip_address(orig.daddr), orig.dport)
-        if source != self.endpoint or destination == source:
-            return False  # another endpoint, or a flow that was never translated
+        translated = destination != source
+        if translated != (self.endpoint is not None) or (translated and source != self.endpoint):
+            return False
         return (bool(self.node_port) and orig.dport == self.node_port) or (
             destination in self.frontends)
 
 
 def stale_udp_flows(old: ServicePort | None, new: ServicePort | None) -> list[StaleFlows]:
-    """The flows of `old` (a UDP service port) whose endpoint `new` no longer
-    has (all of them when the port went)."""
-    if old is None or old.protocol is not L4.UDP:
-        return []
+    """For a UDP service port that was `old` and is `new` (None: absent):
+    the flows of each endpoint that went, and, in a family where it gets
+    its first endpoint, the flows that reached its frontends untranslated
+    (as kube-proxy clears them: they would stay untranslated as long as the
+    client keeps sending)."""
     flows = []
     for family in FAMILIES:
-        kept = set() if new is None else {(ep.ip, ep.port)
-                                          for ep in external_endpoints(new, family)}
-        ips = [ip for ip in old.external_ips + old.load_balancer_ips if ip.version == family.value]
-        frontends = frozenset((ip, old.port) for ip in ips)
-        for ep in external_endpoints(old, family):
-            if (ep.ip, ep.port) not in kept:
-                flows.append(StaleFlows(family, (ep.ip, ep.port), old.node_port, frontends))
+        had = _endpoints(old, family)
+        has = _endpoints(new, family)
+        flows += [StaleFlows(family, ep, old.node_port, _frontends(old, family))
+                  for ep in sorted(had - has, key=str) if old is not None]
+        if has and not had and new is not None:
+            flows.append(StaleFlows(family, None, new.node_port, _frontends(new, family)))
     return flows
+
+
+def _endpoints(port: ServicePort | None, family: IPFamily) -> set[tuple[IPAddress, int]]:
+    if port is None or port.protocol is not L4.UDP:
+        return set()
+    return {(ep.ip, ep.port) for ep in external_endpoints(port, family)}
+
+
+def _frontends(port: ServicePort, family: IPFamily) -> frozenset[tuple[IPAddress, int]]:
+    return frozenset((ip, port.port) for ip in port.external_ips + port.load_balancer_ips
+                     if ip.version == family.value)
 
 
 class Failures(Protocol):

@@ -358,3 +358,16 @@ def test_two_services_claiming_one_external_ip_the_first_keeps_it_until_it_goes(
     node.apply(removed=(first,))
     assert served_ip(outside(node.lab, tcp_probe, virtual_ip(7), 80)) == PODS[4][1]
     assert served_ip(outside(node.lab, tcp_probe, NODE_OUTSIDE[4], NODE_PORT + 1)) == PODS[4][1]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_n17_a_udp_client_refused_before_the_service_existed_reaches_it_after(
+        node: OnNode, family: int) -> None:
+    node.full()
+    client = CLIENTS[family][0]
+    # Delivered to the node, refused, and confirmed in conntrack untranslated.
+    assert outside(node.lab, udp_probe, NODE_OUTSIDE[family], NODE_PORT, src=client,
+                   sport=40001).error == "refused"
+    node.apply(added=(service(protocol=Protocol.UDP, endpoints=pods(family, count=1)),))
+    assert served_ip(outside(node.lab, udp_probe, NODE_OUTSIDE[family], NODE_PORT,
+                             src=client, sport=40001)) == PODS[family][0]
