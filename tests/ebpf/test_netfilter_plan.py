@@ -7,10 +7,11 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 
+from backends.ebpf.netfilter_conntrack import StaleFlows, stale_udp_flows
 from backends.ebpf.netfilter_plan import (NodePortAddresses, PortObjects, port_objects,
                                           skeleton)
 from backends.ebpf.netfilter_txn import Transaction, full_table
-from kpng_py.model import Endpoint, Protocol, ServicePort, ServicePortName
+from kpng_py.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 
 ip = ipaddress.ip_address
 
@@ -150,3 +151,21 @@ def test_a_name_that_is_no_dns_label_gets_a_hashed_chain_name() -> None:
     assert all(" " not in n and '"' not in n for n in names)
     other = dataclasses.replace(hostile, name=dataclasses.replace(hostile.name, port="dns"))
     assert objects(other).chains[0].name != names[0]
+
+
+def udp(*endpoints: Endpoint) -> ServicePort:
+    return dataclasses.replace(web(*endpoints, external_ips=(ip("192.0.2.7"),)),
+                               name=ServicePortName("ns", "dns", "", Protocol.UDP))
+
+
+def test_stale_udp_flows_are_those_of_endpoints_that_went_and_untranslated_ones_at_first() -> None:
+    endpoint = (ip("10.244.0.2"), 8080)
+    frontends = frozenset({(ip("192.0.2.7"), 80)})
+    assert stale_udp_flows(udp(ep(2), ep(3)), udp(ep(3))) == [
+        StaleFlows(IPFamily.V4, endpoint, 30080, frontends)]
+    assert stale_udp_flows(udp(ep(2)), None) == [
+        StaleFlows(IPFamily.V4, endpoint, 30080, frontends)]
+    assert stale_udp_flows(None, udp(ep(2))) == stale_udp_flows(udp(), udp(ep(2))) == [
+        StaleFlows(IPFamily.V4, None, 30080, frontends)]
+    assert stale_udp_flows(udp(ep(2)), udp(ep(2), ep(3))) == []
+    assert stale_udp_flows(web(ep(2)), None) == []  # TCP has no such flows
