@@ -12,6 +12,7 @@ process adopts the table it finds without a gap (N18).
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Iterable
 
@@ -23,7 +24,8 @@ from backends.ebpf.netfilter_owners import FrontendOwners
 from backends.ebpf.netfilter_plan import (FAMILIES, TABLE, TABLE_FAMILY, NodePortAddresses,
                                           NODEPORT_IPS, PortObjects, per_family, port_objects,
                                           skeleton)
-from backends.ebpf.netfilter_txn import Transaction, full_table, set_elements, table_command
+from backends.ebpf.netfilter_txn import (Command, Transaction, full_table, set_elements,
+                                         table_command)
 from kpng_py.logs import fields
 from kpng_py.model import IPAddress, ServicePort, ServicePortChanges, ServicePortName
 from kpng_py.skips import SkipReason, Skips
@@ -43,13 +45,13 @@ class Nft:
         self._nft.set_json_output(True)
         self._nft.set_handle_output(False)
 
-    def run(self, commands: list[nx.Json], what: str) -> list[dict[str, Any]]:
-        """Run `commands` as one transaction; their JSON output."""
-        rc, output, error = self._nft.json_cmd({"nftables": commands})
+    def run(self, commands: list[Command], what: str) -> list[dict[str, Any]]:
+        """Run `commands` (JSON text each) as one transaction; their JSON output."""
+        rc, output, error = self._nft.cmd(f'{{"nftables": [{", ".join(commands)}]}}')
         if rc != 0:
             raise NetfilterError(f"nftables refused {what} ({len(commands)} commands) on table "
                                  f"{TABLE_FAMILY} {TABLE}: {error.strip()}")
-        return output["nftables"] if output else []
+        return json.loads(output)["nftables"] if output else []
 
     def table_exists(self) -> bool:
         rc, output, _ = self._nft.json_cmd({"nftables": [{"list": {"tables": {}}}]})
@@ -183,7 +185,7 @@ class NetfilterTable:
                 self._nft.run(commands, "a node address change")
         self._node_ips = new
 
-    def _address_commands(self, verb: str, ips: frozenset[IPAddress]) -> list[nx.Json]:
+    def _address_commands(self, verb: str, ips: frozenset[IPAddress]) -> list[Command]:
         commands = []
         for family in FAMILIES:
             values = sorted(str(ip) for ip in ips if ip.version == family.value)
@@ -209,8 +211,8 @@ def describe_table(nft: Nft | None = None) -> list[dict[str, Any]]:
     nft = nft or Nft()
     if not nft.table_exists():
         return []
-    return [obj for obj in nft.run(
-        [{"list": {"table": {"family": TABLE_FAMILY, "name": TABLE}}}], "a listing")
+    listing = json.dumps({"list": {"table": {"family": TABLE_FAMILY, "name": TABLE}}})
+    return [obj for obj in nft.run([listing], "a listing")
         if "metainfo" not in obj]
 
 

@@ -87,8 +87,9 @@ class Hook:
 
 @dataclass(frozen=True)
 class Chain:
-    """A chain and its rules (each the canonical JSON text of its expression
-    list, so that chains compare and hash as values)."""
+    """A chain and its rules (each the JSON text of its expression list, the
+    builders' key order being fixed: chains compare and hash as values, and
+    a transaction is written without encoding them again)."""
 
     name: str
     rules: tuple[str, ...] = ()
@@ -96,7 +97,7 @@ class Chain:
 
     @classmethod
     def of(cls, name: str, rules: Iterable[list[nx.Json]], hook: Hook | None = None) -> Chain:
-        return cls(name, tuple(json.dumps(rule, sort_keys=True) for rule in rules), hook)
+        return cls(name, tuple(json.dumps(rule) for rule in rules), hook)
 
 
 @dataclass(frozen=True)

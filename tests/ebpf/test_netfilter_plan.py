@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 
 from backends.ebpf.netfilter_conntrack import StaleFlows, stale_udp_flows
 from backends.ebpf.netfilter_plan import (NodePortAddresses, PortObjects, port_objects,
@@ -32,13 +33,15 @@ def objects(port: ServicePort, bad: list[str] | None = None) -> PortObjects:
 def change(old: ServicePort | None, new: ServicePort | None) -> list[dict]:
     txn = Transaction()
     txn.change(objects(old) if old else PortObjects(), objects(new) if new else PortObjects())
-    return txn.commands()
+    return [json.loads(command) for command in txn.commands()]
 
 
-def summary(commands: list[dict]) -> list[tuple[str, str, str]]:
+def summary(commands: list[dict | str]) -> list[tuple[str, str, str]]:
     """(verb, kind, name) of each command; a rule's name is its chain."""
     out = []
     for command in commands:
+        if isinstance(command, str):
+            command = json.loads(command)
         (verb, body), = command.items()
         (kind, spec), = body.items()
         out.append((verb, kind, spec.get("name") or spec.get("chain", "")))
