@@ -27,7 +27,7 @@ from backends.ebpf.netfilter_plan import (FAMILIES, TABLE, TABLE_FAMILY, NodePor
 from backends.ebpf.netfilter_txn import (Command, Transaction, full_table, set_elements,
                                          table_command)
 from kpng_py.logs import fields
-from kpng_py.model import IPAddress, ServicePort, ServicePortChanges, ServicePortName
+from kpng_py.model import IPAddress, Protocol, ServicePort, ServicePortChanges, ServicePortName
 from kpng_py.skips import SkipReason, Skips
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class NetfilterTable:
         touched = {port.name for port in (*changes.current(), *changes.removed)}
         if changes.full:
             touched |= self._programmed.keys()
-        stale = [flows for name in touched
+        stale = [flows for name in touched if name.protocol is Protocol.UDP
                  for flows in stale_udp_flows(self._old(name), self._new(programmed, name))]
         self._programmed = programmed
         self._synced = True

@@ -67,6 +67,8 @@ def stale_udp_flows(old: ServicePort | None, new: ServicePort | None) -> list[St
     its first endpoint, the flows that reached its frontends untranslated
     (as kube-proxy clears them: they would stay untranslated as long as the
     client keeps sending)."""
+    if not any(port is not None and port.protocol is L4.UDP for port in (old, new)):
+        return []
     flows = []
     for family in FAMILIES:
         had = _endpoints(old, family)

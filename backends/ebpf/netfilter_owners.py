@@ -50,6 +50,8 @@ class FrontendOwners:
                                                                         set[Frontend]]:
         """`objects` without the elements of frontends another port owns, and
         those frontends."""
+        if not objects.elements:
+            return objects, set()
         owned = self._owned.setdefault(name, set())
         kept, lost = set(), set()
         for element in objects.elements:

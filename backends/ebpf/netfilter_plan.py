@@ -138,6 +138,7 @@ class PortObjects:
         return bool(self.chains or self.sets or self.elements)
 
 
+_NOTHING = PortObjects()
 _FILTER_PREROUTING = Hook("filter", "prerouting", -110)  # dstnat - 10: before DNAT
 _NAT_PREROUTING = Hook("nat", "prerouting", -100)        # dstnat
 _NAT_POSTROUTING = Hook("nat", "postrouting", 100)       # srcnat
@@ -272,6 +273,8 @@ def source_ranges(port: ServicePort, on_bad: Callable[[str], None]) -> tuple[nx.
 def port_objects(port: ServicePort, on_bad_range: Callable[[str], None]) -> PortObjects:
     """Everything `port` needs in the table (nothing for a port with no
     frontend from outside)."""
+    if not (port.node_port or port.external_ips or port.load_balancer_ips):
+        return _NOTHING  # most ports (ClusterIP): a full sync of many asks first
     chains: list[Chain] = []
     sets: list[NamedSet] = []
     elements: set[Element] = set()

@@ -103,6 +103,8 @@ class Transaction:
 
     def change(self, old: PortObjects, new: PortObjects) -> None:
         """The commands that turn `old` into `new`."""
+        if not (old or new):
+            return  # a port with nothing from outside (most of them)
         old_chains = {c.name: c for c in old.chains}
         new_chains = {c.name: c for c in new.chains}
         old_sets = {s.name: s for s in old.sets}
