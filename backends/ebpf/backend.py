@@ -8,6 +8,7 @@ from typing import Mapping
 
 from backends.ebpf import maps
 from backends.ebpf.loader import Datapath, DatapathConfig
+from backends.ebpf.netfilter import NetfilterTable
 from backends.ebpf.programmer import Capacity, ServiceProgrammer
 from backends.ebpf.stale_udp import StaleUdpTerminator
 from backends.ebpf.usage import CachedCount
@@ -26,10 +27,16 @@ class BackendNotReadyError(RuntimeError):
 class EbpfBackend:
     """setup: adopt the pinned maps and load fresh programs. The first apply
     (a full change set) reconciles the maps, then swaps the programs in; later
-    applies only write map entries. close leaves the datapath in place."""
+    applies only write map entries. close leaves the datapath in place.
 
-    def __init__(self, config: DatapathConfig, metrics: Metrics, skips: Skips) -> None:
+    With a `netfilter` table (packets from outside the node: node ports,
+    ExternalIPs, LB IPs), setup adopts it and every apply programs it after
+    the maps; close leaves it in place too."""
+
+    def __init__(self, config: DatapathConfig, metrics: Metrics, skips: Skips,
+                 netfilter: NetfilterTable | None = None) -> None:
         self._config = config
+        self._netfilter = netfilter
         self._metrics = metrics
         self._skips = skips
         self._datapath: Datapath | None = None
@@ -57,6 +64,8 @@ class EbpfBackend:
         for spec in (maps.REVERSE_NAT, maps.AFFINITY):  # written by the datapath
             self._metrics.map_entries.labels(spec.pin).set_function(
                 CachedCount(self._datapath.maps[spec.pin].count))
+        if self._netfilter is not None:
+            self._netfilter.adopt()
         log.info("eBPF datapath loaded", extra=fields(
             bpffs_dir=config.bpffs_dir, cgroup=config.cgroup,
             seconds=round(time.monotonic() - started, 3)))
@@ -74,6 +83,8 @@ class EbpfBackend:
             self._attached = True
         if writes.removed_udp:
             self._terminate_stale_udp(terminator, writes.removed_udp)
+        if self._netfilter is not None:
+            self._netfilter.apply(changes)
 
     def apply_stages(self) -> Mapping[str, float]:
         return self._programmer.last_stages if self._programmer is not None else {}

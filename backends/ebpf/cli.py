@@ -36,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cgroup v2 directory whose processes (and descendants') get the "
                              "services (default: the cgroup2 mount, i.e. the whole node)")
     _add_bpffs_dir_flag(parser)
+    parser.add_argument("--no-nodeport-netfilter", dest="nodeport_netfilter",
+                        action="store_false",
+                        help="do not program the nftables table `inet kpng-py` that serves "
+                             "node ports, ExternalIPs and LB IPs to packets from outside the "
+                             "node (default: programmed)")
     for spec in MAP_SPECS:
         parser.add_argument(spec.size_flag, type=_entries, default=spec.default_size,
                             dest=f"map_size_{spec.pin}", metavar="ENTRIES",
@@ -51,7 +56,15 @@ def create(args: argparse.Namespace, metrics: Metrics) -> Backend:
         bpffs_dir=args.bpffs_dir,
         cgroup=args.cgroup or default_cgroup(),
         map_sizes={spec.pin: getattr(args, f"map_size_{spec.pin}") for spec in MAP_SPECS})
-    return EbpfBackend(config, metrics, Skips(metrics))
+    skips = Skips(metrics)
+    netfilter = None
+    if args.nodeport_netfilter:
+        from backends.ebpf.netfilter import NetfilterTable
+        from backends.ebpf.netfilter_plan import NodePortAddresses
+
+        netfilter = NetfilterTable(NodePortAddresses.every_local(), skips,
+                                   metrics.dataplane_errors.labels("udp-conntrack"))
+    return EbpfBackend(config, metrics, skips, netfilter)
 
 
 def _add_tool_arguments(tool: argparse.ArgumentParser) -> None:
@@ -87,14 +100,24 @@ def _run_action(args: argparse.Namespace) -> None:
     if args.ebpf_action == "cleanup":
         from backends.ebpf.loader import cleanup
 
+        from backends.ebpf.netfilter import cleanup_table
+
         removed = cleanup(bpffs_dir, checked_cgroup(args.cgroup) if args.cgroup else None)
+        if cleanup_table():
+            removed.append("the nftables table inet kpng-py")
         print("\n".join(f"removed {item}" for item in removed) or
               f"nothing installed under {bpffs_dir}")
     else:
         from backends.ebpf.dump import dump_json, format_text, read_dump
 
+        from backends.ebpf.netfilter import describe_lines, describe_table
+
         dump = read_dump(bpffs_dir)
-        sys.stdout.write((dump_json(dump) if args.json else format_text(dump)) + "\n")
+        if args.json:
+            sys.stdout.write(dump_json({**dump, "netfilterTable": describe_table()}) + "\n")
+        else:
+            lines = [f"nftables {line}" for line in describe_lines()]
+            sys.stdout.write("\n".join([format_text(dump), *lines]) + "\n")
 
 
 def _lab_flags(places: LabPlaces) -> list[str]:
