@@ -22,6 +22,9 @@ debian_packages() {
     # BCC (runtime compiler + Python bindings), headers it compiles against,
     # and inspection tools.
     echo python3-bpfcc libbpfcc "linux-headers-$arch" bpftool iproute2 procps kmod
+    # libnftables' Python binding: the eBPF backend's table for packets from
+    # outside the node (backends/ebpf/netfilter.py).
+    echo python3-nftables
     if [[ $MODE == dev ]]; then
         # The real servers and clients of the tests, e2e suite and benchmarks;
         # gcc checks the BPF map layouts and the kernel numbers and structs
@@ -107,14 +110,17 @@ make_venv() {
     echo "$want" >"$stamp"
 }
 
-# Debian's BCC bindings are pure Python over libbcc.so; expose them to the venv's
-# interpreter without pulling in the rest of Debian's dist-packages.
-link_bcc() {
-    local site
+# Debian's BCC and nftables bindings are pure Python over libbcc.so and
+# libnftables.so; expose them to the venv's interpreter without pulling in the
+# rest of Debian's dist-packages.
+link_debian_modules() {
+    local site module
     site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-    if [[ ! -e "$site/bcc" ]]; then
-        ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
-    fi
+    for module in bcc nftables; do
+        if [[ ! -e "$site/$module" ]]; then
+            ln -sfn "/usr/lib/python3/dist-packages/$module" "$site/$module"
+        fi
+    done
 }
 
 generate_proto() {
@@ -133,13 +139,13 @@ dev)
     link_kernel_headers
     mount_bpffs
     make_venv
-    link_bcc
+    link_debian_modules
     generate_proto
     ;;
 runtime) # headers are linked when the container starts, on the real node
     install_debian_packages
     make_venv
-    link_bcc
+    link_debian_modules
     generate_proto
     ;;
 headers)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from backends.ebpf import maps
 from backends.ebpf.loader import Datapath, DatapathConfig
@@ -16,9 +16,12 @@ from backends.ebpf.usage import CachedCount
 from kpng_py.backend import BackendSetupError
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
-from kpng_py.model import ServicePortChanges
+from kpng_py.model import IPAddress, ServicePortChanges
 from kpng_py.nodeport_addresses import LocalAddressFollower, LocalAddressSet, NodePortAddresses
 from kpng_py.skips import Skips
+
+if TYPE_CHECKING:  # the table's module loads libnftables: only when one is made
+    from backends.ebpf.netfilter import NetfilterTable
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +36,19 @@ class EbpfBackend:
     allows, rewritten from the follower's thread on every change). The first
     apply (a full change set) reconciles the maps, then swaps the programs in;
     later applies only write map entries. close stops the follower and leaves
-    the datapath in place."""
+    the datapath in place.
+
+    With a `netfilter` table (packets from outside the node: node ports,
+    ExternalIPs, LB IPs), setup adopts it, every apply programs it after the
+    maps, and one that answers on a list of node addresses gets each new
+    list from the follower; close leaves it in place too."""
 
     def __init__(self, config: DatapathConfig, metrics: Metrics, skips: Skips,
                  nodeport_addresses: NodePortAddresses = NodePortAddresses(),
-                 follower: FollowerFactory = LocalAddressFollower) -> None:
+                 follower: FollowerFactory = LocalAddressFollower,
+                 netfilter: NetfilterTable | None = None) -> None:
         self._config = config
+        self._netfilter = netfilter
         self._metrics = metrics
         self._skips = skips
         self._nodeport_addresses = nodeport_addresses
@@ -72,6 +82,8 @@ class EbpfBackend:
         for spec in (maps.REVERSE_NAT, maps.AFFINITY):  # written by the datapath
             self._metrics.map_entries.labels(spec.pin).set_function(
                 CachedCount(self._datapath.maps[spec.pin].count))
+        if self._netfilter is not None:
+            self._netfilter.adopt()
         self._node_addresses = NodeAddressMap(self._datapath.maps[maps.NODE_ADDRESSES.pin])
         self._follow_node_addresses()
         log.info("eBPF datapath loaded", extra=fields(
@@ -103,8 +115,11 @@ class EbpfBackend:
         next change writes the whole difference again."""
         if self._node_addresses is None:  # closed meanwhile
             return
+        allowed = self._nodeport_addresses.allowed(local)
+        if self._netfilter is not None and self._netfilter.follows_addresses:
+            self._write_netfilter_addresses(self._netfilter, allowed)
         try:
-            written = self._node_addresses.set_to(self._nodeport_addresses.allowed(local))
+            written = self._node_addresses.set_to(allowed)
         except OSError as err:
             self._metrics.dataplane_errors.labels("node-addresses").inc()
             log.error("cannot write the node-port addresses; node ports answer on those "
@@ -113,6 +128,17 @@ class EbpfBackend:
         else:
             self._metrics.map_writes.labels(maps.NODE_ADDRESSES.pin).inc(written)
         self._metrics.map_entries.labels(maps.NODE_ADDRESSES.pin).set(len(self._node_addresses))
+
+    def _write_netfilter_addresses(self, netfilter: NetfilterTable,
+                                   allowed: frozenset[IPAddress]) -> None:
+        from backends.ebpf.netfilter import NetfilterError
+
+        try:
+            netfilter.set_node_addresses(allowed)
+        except NetfilterError as err:
+            self._metrics.dataplane_errors.labels("netfilter-addresses").inc()
+            log.error("cannot write the node-port addresses of the netfilter table; packets "
+                      "from outside reach node ports on those it holds", extra=fields(error=err))
 
     def apply(self, changes: ServicePortChanges) -> None:
         with self._lock:
@@ -131,6 +157,8 @@ class EbpfBackend:
             self._attached = True
         if writes.removed_udp:
             self._terminate_stale_udp(terminator, writes.removed_udp)
+        if self._netfilter is not None:
+            self._netfilter.apply(changes)
 
     def apply_stages(self) -> Mapping[str, float]:
         return self._programmer.last_stages if self._programmer is not None else {}

@@ -15,7 +15,7 @@ from backends.ebpf.maps import DEFAULT_PIN_DIR, MAP_SPECS
 from backends.ebpf.privileges import privilege_hint
 from kpng_py.backend import Backend, BackendSetupError
 from kpng_py.metrics import Metrics
-from kpng_py.nodeport_addresses import add_nodeport_addresses_flag
+from kpng_py.nodeport_addresses import NodePortAddresses, add_nodeport_addresses_flag
 from kpng_py.registry import BackendSpec, LabPlaces, LabSupport, ToolCommand, kpng_py_command
 
 
@@ -38,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "services (default: the cgroup2 mount, i.e. the whole node)")
     _add_bpffs_dir_flag(parser)
     add_nodeport_addresses_flag(parser)
+    parser.add_argument("--no-nodeport-netfilter", dest="nodeport_netfilter",
+                        action="store_false",
+                        help="do not program the nftables table `inet kpng-py` that serves "
+                             "node ports, ExternalIPs and LB IPs to packets from outside the "
+                             "node (default: programmed)")
     for spec in MAP_SPECS:
         parser.add_argument(spec.size_flag, type=_entries, default=spec.default_size,
                             dest=f"map_size_{spec.pin}", metavar="ENTRIES",
@@ -53,7 +58,16 @@ def create(args: argparse.Namespace, metrics: Metrics) -> Backend:
         bpffs_dir=args.bpffs_dir,
         cgroup=args.cgroup or default_cgroup(),
         map_sizes={spec.pin: getattr(args, f"map_size_{spec.pin}") for spec in MAP_SPECS})
-    return EbpfBackend(config, metrics, Skips(metrics), args.nodeport_addresses)
+    skips = Skips(metrics)
+    netfilter = None
+    if args.nodeport_netfilter:
+        from backends.ebpf.netfilter import NetfilterTable
+        from backends.ebpf.netfilter_plan import NodePortMatch
+
+        every = args.nodeport_addresses == NodePortAddresses()
+        netfilter = NetfilterTable(NodePortMatch.every_local() if every else NodePortMatch.only(()),
+                                   skips, metrics.dataplane_errors.labels("udp-conntrack"))
+    return EbpfBackend(config, metrics, skips, args.nodeport_addresses, netfilter=netfilter)
 
 
 def _add_tool_arguments(tool: argparse.ArgumentParser) -> None:
@@ -89,14 +103,24 @@ def _run_action(args: argparse.Namespace) -> None:
     if args.ebpf_action == "cleanup":
         from backends.ebpf.loader import cleanup
 
+        from backends.ebpf.netfilter import cleanup_table
+
         removed = cleanup(bpffs_dir, checked_cgroup(args.cgroup) if args.cgroup else None)
+        if cleanup_table():
+            removed.append("the nftables table inet kpng-py")
         print("\n".join(f"removed {item}" for item in removed) or
               f"nothing installed under {bpffs_dir}")
     else:
         from backends.ebpf.dump import dump_json, format_text, read_dump
 
+        from backends.ebpf.netfilter import describe_lines, describe_table
+
         dump = read_dump(bpffs_dir)
-        sys.stdout.write((dump_json(dump) if args.json else format_text(dump)) + "\n")
+        if args.json:
+            sys.stdout.write(dump_json({**dump, "netfilterTable": describe_table()}) + "\n")
+        else:
+            lines = [f"nftables {line}" for line in describe_lines()]
+            sys.stdout.write("\n".join([format_text(dump), *lines]) + "\n")
 
 
 def _lab_flags(places: LabPlaces) -> list[str]:

@@ -69,7 +69,9 @@ class Node:
             "local", "--api", self.api, "--node-name", NODE_NAME, "--error-delay", "0.1",
             "--max-error-delay", "1", *LOOPBACK_PROBES, "to-ebpf",
             "--cgroup", str(self.lab.group.path), "--bpffs-dir", str(self.lab.bpffs_dir),
-            *sizes, *flags)
+            # It runs in the test's own network namespace (the machine's):
+            # no nftables table there (tests/ebpf/test_netfilter*.py test it).
+            "--no-nodeport-netfilter", *sizes, *flags)
         if syncs:
             backend.wait_for_log("sync applied", syncs, seconds=START_SECONDS)
         return backend

@@ -1,0 +1,175 @@
+"""Which objects a change set adds and deletes in the netfilter table, and in
+which order (pure: no kernel, no libnftables). The kernel tests
+(test_netfilter.py) show the same commands work."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+
+from backends.ebpf.netfilter_conntrack import StaleFlows, stale_udp_flows
+from backends.ebpf.netfilter_plan import (NodePortMatch, PortObjects, port_objects,
+                                          skeleton)
+from backends.ebpf.netfilter_txn import Transaction, full_table
+from kpng_py.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
+
+ip = ipaddress.ip_address
+
+
+def web(*endpoints: Endpoint, **fields) -> ServicePort:
+    return ServicePort(ServicePortName("ns", "web", "http", Protocol.TCP), "LoadBalancer",
+                       (ip("10.96.0.1"),), 80, node_port=30080,
+                       node_port_families=(IPFamily.V4,), endpoints=endpoints, **fields)
+
+
+def ep(last: int, local: bool = True, external: bool = True) -> Endpoint:
+    return Endpoint(ip(f"10.244.0.{last}"), 8080, local=local, external=external)
+
+
+def objects(port: ServicePort, bad: list[str] | None = None) -> PortObjects:
+    return port_objects(port, (bad if bad is not None else []).append)
+
+
+def change(old: ServicePort | None, new: ServicePort | None) -> list[dict]:
+    txn = Transaction()
+    txn.change(objects(old) if old else PortObjects(), objects(new) if new else PortObjects())
+    return [json.loads(command) for command in txn.commands()]
+
+
+def summary(commands: list[dict | str]) -> list[tuple[str, str, str]]:
+    """(verb, kind, name) of each command; a rule's name is its chain."""
+    out = []
+    for command in commands:
+        if isinstance(command, str):
+            command = json.loads(command)
+        (verb, body), = command.items()
+        (kind, spec), = body.items()
+        out.append((verb, kind, spec.get("name") or spec.get("chain", "")))
+    return out
+
+
+SVC = "svc4-ns/web/http/tcp"
+
+
+def test_an_unchanged_port_makes_an_empty_transaction() -> None:
+    port = web(ep(2))
+    assert change(port, port) == []
+    assert not Transaction()
+
+
+def test_a_new_endpoint_adds_its_chain_and_refills_the_service_chain_only() -> None:
+    commands = summary(change(web(ep(2)), web(ep(2), ep(3))))
+    new_chain = "ep4-ns/web/http/tcp/10.244.0.3/8080"
+    # The new chain exists (empty) before the service chain refers to it; no
+    # map element changes: the frontends still go to the same service chain.
+    assert commands == [
+        ("add", "chain", new_chain),
+        ("flush", "chain", SVC), ("add", "rule", SVC), ("add", "rule", SVC),
+        ("add", "rule", new_chain), ("add", "rule", new_chain),
+    ]
+
+
+def test_a_removed_port_deletes_elements_then_flushes_then_deletes_chains() -> None:
+    commands = summary(change(web(ep(2)), None))
+    verbs = [(verb, kind) for verb, kind, _ in commands]
+    assert verbs == [("delete", "element"), ("flush", "chain"), ("flush", "chain"),
+                     ("delete", "chain"), ("delete", "chain")]
+    assert {name for _, kind, name in commands if kind == "chain"} == {
+        SVC, "ep4-ns/web/http/tcp/10.244.0.2/8080"}
+
+
+def test_losing_the_last_endpoint_moves_the_frontends_to_reject() -> None:
+    commands = change(web(ep(2), external_ips=(ip("192.0.2.7"),)),
+                      web(external_ips=(ip("192.0.2.7"),)))
+    added = [c["add"]["element"] for c in commands if "element" in c.get("add", {})]
+    assert {(e["name"], str(e["elem"][0][1])) for e in added} == {
+        ("no-endpoint-services4", "{'goto': {'target': 'reject-chain'}}"),
+        ("no-endpoint-nodeports4", "{'goto': {'target': 'reject-chain'}}")}
+    deleted = [c["delete"]["element"]["name"] for c in commands
+               if "element" in c.get("delete", {})]
+    assert sorted(deleted) == ["service-ips4", "service-nodeports4"]
+
+
+def test_etp_local_without_a_local_endpoint_drops_and_with_one_dnats_only_it() -> None:
+    remote = ep(9, local=False, external=False)
+    only_remote = objects(web(remote, external_traffic_local=True))
+    assert {(e.map, e.kind) for e in only_remote.elements} == {("no-endpoint-nodeports4", "drop")}
+    # Even a remote endpoint a brain left in the External scope is not used.
+    mixed = objects(web(ep(2), ep(9, local=False), external_traffic_local=True))
+    assert [c.name for c in mixed.chains] == [SVC, "ep4-ns/web/http/tcp/10.244.0.2/8080"]
+    assert not any("mark-for-masquerade" in rule for rule in mixed.chains[0].rules)
+    cluster = objects(web(ep(2)))
+    assert "mark-for-masquerade" in cluster.chains[0].rules[0]
+
+
+def test_source_ranges_make_a_firewall_for_lb_ips_only_and_bad_ones_are_reported() -> None:
+    bad: list[str] = []
+    port = web(ep(2), external_ips=(ip("192.0.2.7"),), load_balancer_ips=(ip("192.0.2.8"),),
+               load_balancer_source_ranges=("10.0.0.0/8", "not-a-cidr"))
+    made = objects(port, bad)
+    assert bad == ["not-a-cidr"]
+    firewall = {e.key for e in made.elements if e.map == "firewall-ips4"}
+    assert firewall == {("192.0.2.8", "tcp", 80)}
+    (fw,) = [c for c in made.chains if c.name.startswith("fw4-")]
+    assert "10.0.0.0" in fw.rules[0] and "drop" in fw.rules[-1]
+
+
+def test_a_changed_affinity_timeout_is_a_new_set_and_the_old_one_goes_last() -> None:
+    commands = summary(change(web(ep(2), affinity_timeout_seconds=10),
+                              web(ep(2), affinity_timeout_seconds=20)))
+    old_set = "aff4-10s-ns/web/http/tcp/10.244.0.2/8080"
+    new_set = "aff4-20s-ns/web/http/tcp/10.244.0.2/8080"
+    assert commands[0] == ("add", "set", new_set)
+    assert commands[-1] == ("delete", "set", old_set)
+
+
+def test_dual_stack_ports_get_one_chain_per_family_with_its_own_endpoints() -> None:
+    port = dataclasses.replace(web(ep(2), Endpoint(ip("fd00::2"), 8080, local=True)),
+                               cluster_ips=(ip("10.96.0.1"), ip("fd96::1")))
+    names = [c.name for c in objects(port).chains]
+    assert names == [SVC, "ep4-ns/web/http/tcp/10.244.0.2/8080",
+                     "svc6-ns/web/http/tcp", "ep6-ns/web/http/tcp/fd00..2/8080"]
+
+
+def test_a_clusterip_only_port_owns_nothing() -> None:
+    assert not objects(dataclasses.replace(web(ep(2)), node_port_families=()))
+
+
+def test_the_full_table_replaces_the_old_one_in_the_same_transaction() -> None:
+    maps, sets, chains = skeleton(NodePortMatch.only([ip("192.0.2.1")]))
+    commands = summary(full_table(maps, sets, chains, [objects(web(ep(2)))]).commands())
+    assert commands[:3] == [("add", "table", "kpng-py"), ("delete", "table", "kpng-py"),
+                            ("add", "table", "kpng-py")]
+    assert ("add", "set", "nodeport-ips4") in commands
+    assert ("add", "chain", SVC) in commands
+    assert not any(verb in ("flush", "delete") for verb, _, _ in commands[3:])
+
+
+def test_a_name_that_is_no_dns_label_gets_a_hashed_chain_name() -> None:
+    hostile = ServicePort(ServicePortName("ns", 'we b"; flush ruleset', "http", Protocol.TCP),
+                          "NodePort", (ip("10.96.0.1"),), 80, node_port=30080,
+                          node_port_families=(IPFamily.V4,), endpoints=(ep(2),))
+    names = [c.name for c in objects(hostile).chains]
+    assert len(names) == 2 and all(n.startswith(("svc4-h", "ep4-h")) for n in names)
+    assert all(" " not in n and '"' not in n for n in names)
+    other = dataclasses.replace(hostile, name=dataclasses.replace(hostile.name, port="dns"))
+    assert objects(other).chains[0].name != names[0]
+
+
+def udp(*endpoints: Endpoint) -> ServicePort:
+    return dataclasses.replace(web(*endpoints, external_ips=(ip("192.0.2.7"),)),
+                               name=ServicePortName("ns", "dns", "", Protocol.UDP))
+
+
+def test_stale_udp_flows_are_those_of_endpoints_that_went_and_untranslated_ones_at_first() -> None:
+    endpoint = (ip("10.244.0.2"), 8080)
+    frontends = frozenset({(ip("192.0.2.7"), 80)})
+    assert stale_udp_flows(udp(ep(2), ep(3)), udp(ep(3))) == [
+        StaleFlows(IPFamily.V4, endpoint, 30080, frontends)]
+    assert stale_udp_flows(udp(ep(2)), None) == [
+        StaleFlows(IPFamily.V4, endpoint, 30080, frontends)]
+    assert stale_udp_flows(None, udp(ep(2))) == stale_udp_flows(udp(), udp(ep(2))) == [
+        StaleFlows(IPFamily.V4, None, 30080, frontends)]
+    assert stale_udp_flows(udp(ep(2)), udp(ep(2), ep(3))) == []
+    assert stale_udp_flows(web(ep(2)), None) == []  # TCP has no such flows
