@@ -29,6 +29,7 @@ from typing import Callable, TypeVar
 
 from kpng_py.api import localv1
 from kpng_py.brain.blockyaml import NotBlockStyle, Scalars, load_block
+from kpng_py.brain.fastendpoints import IPV4, FastEndpoints
 from kpng_py.brain.plainvalue import PlainValue, Unchecked
 from kpng_py.brain.reader import Blame, FieldChecks, StateFileError, Value, read_document
 from kpng_py.collector import collector_paused
@@ -120,7 +121,8 @@ class StateReader:
         scalars = Scalars()
         try:
             state = _cluster_state(PlainValue(load_block(skeleton, scalars)))
-            services = {item: self._services.get(item) or _service_item(item, scalars)
+            fast = FastEndpoints(scalars)
+            services = {item: self._services.get(item) or _service_item(item, scalars, fast)
                         for item in items}
         except (NotBlockStyle, Unchecked):
             return None
@@ -153,11 +155,17 @@ def _split_services(text: str) -> tuple[str, list[str]]:
     return "".join(skeleton), items
 
 
-def _service_item(item: str, scalars: Scalars) -> ServiceEntry:
+def _service_item(item: str, scalars: Scalars, fast: FastEndpoints) -> ServiceEntry:
+    split = fast.split(item)
+    endpoints = None
+    if split is not None:
+        item = split[0]
+        endpoints = tuple(EndpointInfo(key, wire, local_at, True, node, ())
+                          for key, wire, local_at, node in split[1])
     entries = PlainValue(load_block(item, scalars)).sequence()
     if len(entries) != 1:
         raise NotBlockStyle("a services item that is not one entry")
-    return _service_entry(entries[0])
+    return _service_entry(entries[0], endpoints)
 
 
 def read_strict(text: str, file: str) -> ClusterState:
@@ -201,7 +209,9 @@ def _node(value: Doc) -> Node:
 # -- services --------------------------------------------------------------------
 
 
-def _service_entry(value: Doc) -> ServiceEntry:
+def _service_entry(value: Doc, endpoints: tuple[EndpointInfo, ...] | None = None
+                   ) -> ServiceEntry:
+    """The entry; its endpoints read from `value` unless given (read apart)."""
     members = value.mapping(("service", "endpoints"))
     if members["service"].is_null:
         value.fail("each entry of services needs a `service`")
@@ -215,6 +225,7 @@ def _service_entry(value: Doc) -> ServiceEntry:
     return ServiceEntry(
         service.Namespace, service.Name, service.SerializeToString(deterministic=True),
         service.InternalTrafficToLocal, service.ExternalTrafficToLocal,
+        endpoints if endpoints is not None else
         _unique(members["endpoints"].sequence(), _endpoint_info, lambda e: e.key, "endpoint"))
 
 
@@ -263,15 +274,9 @@ def endpoint_hash(endpoint: bytes) -> str:
 # -- field checks ----------------------------------------------------------------
 
 
-# Dotted quads that ipaddress reads as IPv4 (no leading zeros, each <= 255):
-# most addresses of a big file, checked without building an address.
-_IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
-                   r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])")
-
-
 def _ip_of(version: int) -> Callable[[Blame, str], None]:
     def check(value: Blame, text: str) -> None:
-        if version == 4 and _IPV4.fullmatch(text):
+        if version == 4 and IPV4.fullmatch(text):
             return
         try:
             ip = ipaddress.ip_address(text)
