@@ -44,7 +44,10 @@ _OVERRIDE_ITEM = re.compile(rf"      - name: ({_S})\n        port: ({_S})\n")
 # most addresses of a big file, checked without building an address.
 IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
                    r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])")
-_ENDPOINTS_KEY = "\n  endpoints:\n"
+_ENDPOINTS_LAST = "\n  endpoints:\n"
+_ENDPOINTS_FIRST = "- endpoints:\n"
+# A key of the services item, after its endpoints.
+_NEXT_KEY = re.compile(r"  [A-Za-z0-9_]")
 
 
 # An endpoint read here: its pod name (its key), its serialized localv1.Endpoint
@@ -72,11 +75,15 @@ class FastEndpoints:
     def split(self, item: str) -> tuple[str, list[FastEndpoint]] | None:
         """The item without its endpoints (a services item with only
         `service`) and its endpoints; None when any endpoint is not one read
-        here, or two have one pod name."""
-        at = item.find(_ENDPOINTS_KEY)
-        if at < 0:
-            return None
-        head, body = item[:at + 1], item[at + len(_ENDPOINTS_KEY):]
+        here, or two have one pod name. The endpoints come last (keys in
+        the order given) or first (sorted) in the item."""
+        if item.startswith(_ENDPOINTS_FIRST):
+            head, body = "", item[len(_ENDPOINTS_FIRST):]
+        else:
+            at = item.find(_ENDPOINTS_LAST)
+            if at < 0:
+                return None
+            head, body = item[:at + 1], item[at + len(_ENDPOINTS_LAST):]
         endpoints: list[FastEndpoint] = []
         pos, end = 0, len(body)
         first, second = _ENTRIES
@@ -84,7 +91,7 @@ class FastEndpoints:
             while pos < end:
                 match = first.match(body, pos) or second.match(body, pos)
                 if match is None:
-                    return None
+                    break
                 endpoint = self._endpoint(match)
                 if endpoint is None:
                     return None
@@ -92,6 +99,10 @@ class FastEndpoints:
                 pos = match.end()
         except NotBlockStyle:
             return None
+        if pos < end:  # only the item's next key may follow endpoints that come first
+            if head or not _NEXT_KEY.match(body, pos):
+                return None
+            head = "- " + body[pos + 2:]
         if not endpoints or len({e[0] for e in endpoints}) < len(endpoints):
             return None
         return head, endpoints

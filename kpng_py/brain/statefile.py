@@ -162,10 +162,12 @@ def _service_item(item: str, scalars: Scalars, fast: FastEndpoints) -> ServiceEn
         item = split[0]
         endpoints = tuple(EndpointInfo(key, wire, local_at, True, node, ())
                           for key, wire, local_at, node in split[1])
-    entries = PlainValue(load_block(item, scalars)).sequence()
-    if len(entries) != 1:
+    plain = load_block(item, scalars)
+    if type(plain) is not list or len(plain) != 1:
         raise NotBlockStyle("a services item that is not one entry")
-    return _service_entry(entries[0], endpoints)
+    if endpoints is not None and type(plain[0]) is dict and "endpoints" in plain[0]:
+        raise NotBlockStyle("endpoints given twice")
+    return _service_entry(PlainValue(plain[0]), endpoints)
 
 
 def read_strict(text: str, file: str) -> ClusterState:
