@@ -32,14 +32,17 @@ from kpng_py.brain.blockyaml import NotBlockStyle, Scalars, load_block
 from kpng_py.brain.fastendpoints import IPV4, FastEndpoints
 from kpng_py.brain.plainvalue import PlainValue, Unchecked
 from kpng_py.brain.reader import Blame, FieldChecks, StateFileError, Value, read_document
-from kpng_py.collector import collector_paused
+from kpng_py.collector import collector_paused, freeze_survivors
 from kpng_py.model import MAX_AFFINITY_TIMEOUT_SECONDS, MAX_PORT
 
 T = TypeVar("T")
 # A document as either reader gives it (the same accessors).
 Doc = Value | PlainValue
-# A line that starts at column 0 and is not a comment.
-_TOP_LINE = re.compile(r"^[^\s#]", re.MULTILINE)
+# A line that starts at column 0 and is not a comment: the first line, and
+# any after a newline (searched for as such: ten times faster than `^` in
+# multi-line mode over a big file).
+_TOP_LINE = re.compile(r"[^\s#]")
+_NEXT_TOP_LINE = re.compile(r"\n[^\s#]")
 DEFAULT_NAMESPACE = "default"
 _PROTOCOLS = {localv1.TCP: "TCP", localv1.UDP: "UDP", localv1.SCTP: "SCTP"}
 # Computed per node by the brain: a file may carry them (KPNG's own dumps do),
@@ -112,7 +115,12 @@ class StateReader:
             raise StateFileError(f"{self._file}: not UTF-8 text (byte {err.start})") from err
         with collector_paused():  # a million new objects, none of them garbage
             state = self.read_fast(text)
-            return state if state is not None else read_strict(text, self._file)
+            if state is None:
+                state = read_strict(text, self._file)
+            # The state is long-lived (its values are freed, without cycles,
+            # when a later version replaces them): no collection walks it.
+            freeze_survivors()
+            return state
 
     def read_fast(self, text: str) -> ClusterState | None:
         """The state of a file in the plain block style; None when the fast
@@ -141,7 +149,8 @@ def _split_services(text: str) -> tuple[str, list[str]]:
     """The document without the items of a top-level `services:` written one
     per column-0 `- `, and those items' texts. Each item is a document of its
     own (a list of one entry), read the same alone as in place."""
-    starts = [match.start() for match in _TOP_LINE.finditer(text)] + [len(text)]
+    starts = ([0] if _TOP_LINE.match(text) else []) + [
+        match.start() + 1 for match in _NEXT_TOP_LINE.finditer(text)] + [len(text)]
     skeleton = [text[:starts[0]]]
     items: list[str] = []
     in_services = False
