@@ -28,18 +28,18 @@ from kpng_py.model import MAX_PORT
 
 # A plain scalar of a safe alphabet (no space, colon, quote, `#`, indicator
 # first): its line reads as `key: value` or `- value` and nothing else.
-_S = r"[A-Za-z0-9_./][A-Za-z0-9_./-]*"
-_ENDPOINT = (rf"    endpoint:\n      ips:\n        v4:\n(?P<v4>(?:        - {_S}\n)+)"
-             rf"      portoverrides:\n(?P<overrides>(?:      - name: {_S}\n        port: {_S}\n)+)")
-_TOPOLOGY = rf"    topology:\n      node: (?P<node>{_S})\n"
+SCALAR = r"[A-Za-z0-9_./][A-Za-z0-9_./-]*"
+_ENDPOINT = (rf"    endpoint:\n      ips:\n        v4:\n(?P<v4>(?:        - {SCALAR}\n)+)"
+             rf"      portoverrides:\n(?P<overrides>(?:      - name: {SCALAR}\n        port: {SCALAR}\n)+)")
+_TOPOLOGY = rf"    topology:\n      node: (?P<node>{SCALAR})\n"
 # One endpoint entry of `endpoints:` (at indent 2), keys as yaml.dump writes
 # them: in the order given (podname first) or sorted.
 _ENTRIES = (
-    re.compile(rf"  - podname: (?P<pod>{_S})\n" + _ENDPOINT + _TOPOLOGY),
-    re.compile("  - " + _ENDPOINT[4:] + rf"    podname: (?P<pod>{_S})\n" + _TOPOLOGY),
+    re.compile(rf"  - podname: (?P<pod>{SCALAR})\n" + _ENDPOINT + _TOPOLOGY),
+    re.compile("  - " + _ENDPOINT[4:] + rf"    podname: (?P<pod>{SCALAR})\n" + _TOPOLOGY),
 )
-_V4_ITEM = re.compile(rf"        - ({_S})\n")
-_OVERRIDE_ITEM = re.compile(rf"      - name: ({_S})\n        port: ({_S})\n")
+_V4_ITEM = re.compile(rf"        - ({SCALAR})\n")
+_OVERRIDE_ITEM = re.compile(rf"      - name: ({SCALAR})\n        port: ({SCALAR})\n")
 # Dotted quads that ipaddress reads as IPv4 (no leading zeros, each <= 255):
 # most addresses of a big file, checked without building an address.
 IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"

@@ -30,6 +30,7 @@ from typing import Callable, TypeVar
 from kpng_py.api import localv1
 from kpng_py.brain.blockyaml import NotBlockStyle, Scalars, load_block
 from kpng_py.brain.fastendpoints import IPV4, FastEndpoints
+from kpng_py.brain.fastservices import fast_service
 from kpng_py.brain.plainvalue import PlainValue, Unchecked
 from kpng_py.brain.reader import Blame, FieldChecks, StateFileError, Value, read_document
 from kpng_py.collector import collector_paused, freeze_survivors
@@ -171,6 +172,9 @@ def _service_item(item: str, scalars: Scalars, fast: FastEndpoints) -> ServiceEn
         item = split[0]
         endpoints = tuple(EndpointInfo(key, wire, local_at, True, node, ())
                           for key, wire, local_at, node in split[1])
+        service = fast_service(item, scalars)
+        if service is not None:
+            return ServiceEntry(*service, False, False, endpoints)
     plain = load_block(item, scalars)
     if type(plain) is not list or len(plain) != 1:
         raise NotBlockStyle("a services item that is not one entry")

@@ -11,7 +11,7 @@ import yaml
 from kpng_py.brain.blockyaml import Scalars
 from kpng_py.brain.fastendpoints import IPV4, FastEndpoints
 from kpng_py.brain.statefile import StateReader, _split_services, read_strict
-from tests.brain.helpers import port, service, state
+from tests.brain.helpers import state
 from tests.brain.test_fastpath import TRICKY_SCALARS
 
 
@@ -24,12 +24,22 @@ def generated_endpoint(pod: str, *ips: str, node: str = "node-b",
             "topology": {"node": node}}
 
 
+def generated_service(index: int) -> dict:
+    """A service as bench/e2e_sync.py writes one (keys in this order)."""
+    ports = [{"name": "http", "protocol": 1, "port": 80, "targetport": 8080}]
+    if index % 2:
+        ports.append({"name": "dns", "protocol": 2, "port": 53, "targetport": 0})
+    return {"namespace": "bench", "name": f"svc-{index}", "type": "ClusterIP",
+            "ips": {"clusterips": {"v4": [f"10.96.{i}.{index + 10}" for i in range(1 + index % 2)]}},
+            "ports": ports}
+
+
 def generated_file(sort_keys: bool, services: int = 6) -> str:
-    items = [service(f"svc-{s}", (f"10.96.0.{s + 10}",), [port("http", targetport=8080)], [
+    items = [{"service": generated_service(s), "endpoints": [
         generated_endpoint(f"pod-{e}", *(f"10.244.{s}.{e * 3 + i}" for i in range(1 + e % 3)),
                            node=f"node-{e % 2}",
                            overrides=(("http", 8080 + e),) + ((("dns", 53),) if e % 2 else ()))
-        for e in range(4)]) for s in range(services)]
+        for e in range(4)]} for s in range(services)]
     return yaml.safe_dump(state(*items, nodes=[{"name": "node-0"}]), sort_keys=sort_keys)
 
 
