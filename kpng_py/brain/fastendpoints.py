@@ -21,6 +21,7 @@ other readers read the same (tests/brain/test_fastendpoints.py).
 from __future__ import annotations
 
 import re
+
 from kpng_py.api import localv1
 from kpng_py.brain.blockyaml import NotBlockStyle, Scalars
 from kpng_py.brain.protowire import VARINT, delimited, key, varint
@@ -30,7 +31,8 @@ from kpng_py.model import MAX_PORT
 # first): its line reads as `key: value` or `- value` and nothing else.
 SCALAR = r"[A-Za-z0-9_./][A-Za-z0-9_./-]*"
 _ENDPOINT = (rf"    endpoint:\n      ips:\n        v4:\n(?P<v4>(?:        - {SCALAR}\n)+)"
-             rf"      portoverrides:\n(?P<overrides>(?:      - name: {SCALAR}\n        port: {SCALAR}\n)+)")
+             r"      portoverrides:\n"
+             rf"(?P<overrides>(?:      - name: {SCALAR}\n        port: {SCALAR}\n)+)")
 _TOPOLOGY = rf"    topology:\n      node: (?P<node>{SCALAR})\n"
 # One endpoint entry of `endpoints:` (at indent 2), keys as yaml.dump writes
 # them: in the order given (podname first) or sorted.
@@ -61,6 +63,19 @@ _V4 = key(localv1.IPSet, "V4")
 _OVERRIDE = key(localv1.Endpoint, "PortOverrides")
 _NAME = key(localv1.PortName, "Name")
 _PORT = key(localv1.PortName, "Port", VARINT)
+
+
+def ipv4_set(block: str) -> bytes | None:
+    """The bytes of a localv1.IPSet of the IPv4 addresses listed in `block`
+    (`        - ADDRESS` lines); None if one is not an IPv4 address."""
+    ipset = []
+    for ip in _V4_ITEM.findall(block):
+        # A dotted quad is a string to YAML 1.1 (no int, float or timestamp
+        # reads as one): no need to resolve it.
+        if not IPV4.fullmatch(ip):
+            return None
+        ipset.append(delimited(_V4, ip.encode()))
+    return b"".join(ipset)
 
 
 class FastEndpoints:
@@ -112,14 +127,10 @@ class FastEndpoints:
         pod, node = read(match["pod"]), read(match["node"])
         if type(pod) is not str or type(node) is not str:
             return None
-        ipset = []
-        for ip in _V4_ITEM.findall(match["v4"]):
-            # A dotted quad is a string to YAML 1.1 (no int, float or
-            # timestamp reads as one): no need to resolve it.
-            if not IPV4.fullmatch(ip):
-                return None
-            ipset.append(delimited(_V4, ip.encode()))
-        ips = delimited(_IPS, b"".join(ipset))
+        ipset = ipv4_set(match["v4"])
+        if ipset is None:
+            return None
+        ips = delimited(_IPS, ipset)
         overrides_text = match["overrides"]
         overrides = self._overrides.get(overrides_text)
         if overrides is None:

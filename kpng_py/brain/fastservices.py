@@ -17,12 +17,13 @@ import re
 
 from kpng_py.api import localv1
 from kpng_py.brain.blockyaml import NotBlockStyle, Scalars
-from kpng_py.brain.fastendpoints import IPV4, SCALAR
+from kpng_py.brain.fastendpoints import SCALAR, ipv4_set
 from kpng_py.brain.protowire import VARINT, delimited, key, varint
 from kpng_py.model import MAX_PORT
 
 _V4 = rf"    ips:\n      clusterips:\n        v4:\n(?P<v4>(?:        - {SCALAR}\n)+)"
-_PORTS = r"    ports:\n(?P<ports>(?:    - name: {s}\n(?:      [a-z]+: {s}\n){{3}})+)".format(s=SCALAR)
+_PORTS = r"    ports:\n(?P<ports>(?:    - name: {s}\n(?:      [a-z]+: {s}\n){{3}})+)".format(
+    s=SCALAR)
 
 
 def _line(name: str) -> str:
@@ -37,13 +38,11 @@ _LAYOUTS = (
     (re.compile("- service:\n" + _V4 + _line("name") + _line("namespace") + _PORTS
                 + _line("type")), ("port", "protocol", "targetport")),
 )
-_V4_ITEM = re.compile(rf"        - ({SCALAR})\n")
 _PORT_ITEM = re.compile(r"    - name: ({s})\n      ([a-z]+): ({s})\n      ([a-z]+): ({s})\n"
                         r"      ([a-z]+): ({s})\n".format(s=SCALAR))
 _PROTOCOLS = (localv1.TCP, localv1.UDP, localv1.SCTP)
 _NAMESPACE, _NAME, _TYPE = (key(localv1.Service, f) for f in ("Namespace", "Name", "Type"))
 _IPS, _CLUSTER_IPS = key(localv1.Service, "IPs"), key(localv1.ServiceIPs, "ClusterIPs")
-_IP = key(localv1.IPSet, "V4")
 _PORTS_KEY = key(localv1.Service, "Ports")
 _PORT_NAME = key(localv1.PortMapping, "Name")
 _PORT_NUMBERS = tuple(key(localv1.PortMapping, f, VARINT)
@@ -69,11 +68,9 @@ def _service(match: re.Match[str], port_keys: tuple[str, ...],
     namespace, name, kind = (read(match[k]) for k in ("namespace", "name", "type"))
     if not all(type(text) is str and "/" not in text for text in (namespace, name, kind)):
         return None
-    ips = []
-    for ip in _V4_ITEM.findall(match["v4"]):
-        if not IPV4.fullmatch(ip):  # a dotted quad is a string to YAML
-            return None
-        ips.append(delimited(_IP, ip.encode()))
+    ips = ipv4_set(match["v4"])
+    if ips is None:
+        return None
     ports = []
     for port_name, *pairs in _PORT_ITEM.findall(match["ports"]):
         if tuple(pairs[0::2]) != port_keys:
@@ -93,5 +90,5 @@ def _service(match: re.Match[str], port_keys: tuple[str, ...],
         ports.append(delimited(_PORTS_KEY, b"".join(wire)))
     service = (delimited(_NAMESPACE, namespace.encode()) + delimited(_NAME, name.encode())
                + delimited(_TYPE, kind.encode())
-               + delimited(_IPS, delimited(_CLUSTER_IPS, b"".join(ips))) + b"".join(ports))
+               + delimited(_IPS, delimited(_CLUSTER_IPS, ips)) + b"".join(ports))
     return namespace, name, service

@@ -29,8 +29,9 @@ def generated_service(index: int) -> dict:
     ports = [{"name": "http", "protocol": 1, "port": 80, "targetport": 8080}]
     if index % 2:
         ports.append({"name": "dns", "protocol": 2, "port": 53, "targetport": 0})
+    cluster_ips = [f"10.96.{i}.{index + 10}" for i in range(1 + index % 2)]
     return {"namespace": "bench", "name": f"svc-{index}", "type": "ClusterIP",
-            "ips": {"clusterips": {"v4": [f"10.96.{i}.{index + 10}" for i in range(1 + index % 2)]}},
+            "ips": {"clusterips": {"v4": cluster_ips}},
             "ports": ports}
 
 
