@@ -24,7 +24,7 @@ import re
 
 from kpng_py.api import localv1
 from kpng_py.brain.blockyaml import NotBlockStyle, Scalars
-from kpng_py.brain.protowire import VARINT, delimited, key, varint
+from kpng_py.brain.protowire import SHORT_VARINTS, VARINT, delimited, key, varint
 from kpng_py.model import MAX_PORT
 
 # A plain scalar of a safe alphabet (no space, colon, quote, `#`, indicator
@@ -74,7 +74,7 @@ def ipv4_set(block: str) -> bytes | None:
         # reads as one): no need to resolve it.
         if not IPV4.fullmatch(ip):
             return None
-        ipset.append(delimited(_V4, ip.encode()))
+        ipset.append(_V4 + SHORT_VARINTS[len(ip)] + ip.encode())  # at most 15 bytes
     return b"".join(ipset)
 
 

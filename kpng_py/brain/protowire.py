@@ -8,13 +8,14 @@ from __future__ import annotations
 from google.protobuf.message import Message
 
 LENGTH_DELIMITED, VARINT = 2, 0
-_SMALL = tuple(bytes([n]) for n in range(0x80))
+# The varints of 0..127: one byte each (most lengths written).
+SHORT_VARINTS = tuple(bytes([n]) for n in range(0x80))
 
 
 def varint(number: int) -> bytes:
     """An unsigned number as a varint."""
     if number < 0x80:
-        return _SMALL[number]
+        return SHORT_VARINTS[number]
     out = bytearray()
     while number > 0x7F:
         out.append(number & 0x7F | 0x80)
@@ -26,7 +27,7 @@ def varint(number: int) -> bytes:
 def delimited(key: bytes, data: bytes) -> bytes:
     """A length-delimited field: its key, its length, its bytes."""
     size = len(data)
-    return key + (_SMALL[size] if size < 0x80 else varint(size)) + data
+    return key + (SHORT_VARINTS[size] if size < 0x80 else varint(size)) + data
 
 
 def key(message: type[Message], field: str, wire_type: int = LENGTH_DELIMITED) -> bytes:

@@ -219,12 +219,15 @@ def _op_message(spec: OpSpec) -> bytes:
 
 def _ref_bytes(ref: Ref | None) -> bytes:
     kind, path = ref  # type: ignore[misc]
-    return (_REF_SET + varint(kind) if kind else b"") + (
-        delimited(_REF_PATH, path.encode()) if path else b"")
+    of_set = _REF_SETS.get(kind)
+    if of_set is None:
+        of_set = _REF_SET + varint(kind) if kind else b""
+    return of_set + (delimited(_REF_PATH, path.encode()) if path else b"")
 
 
 _OP_SET, _OP_DELETE = key(localv1.OpItem, "Set"), key(localv1.OpItem, "Delete")
 _VALUE_REF, _VALUE_BYTES = key(localv1.Value, "Ref"), key(localv1.Value, "Bytes")
 _REF_SET, _REF_PATH = key(localv1.Ref, "Set", VARINT), key(localv1.Ref, "Path")
+_REF_SETS = {of: _REF_SET + varint(of) for of in (localv1.ServicesSet, localv1.EndpointsSet)}
 _EMPTY_OPS = {RESET: localv1.OpItem(Reset=localv1.EmptyOp()).SerializeToString(),
               SYNC: localv1.OpItem(Sync=localv1.EmptyOp()).SerializeToString()}
