@@ -16,7 +16,10 @@ write is read fast (`blockyaml` into plain values, read through
 `PlainValue`); any other file, and any file the fast path has a doubt about,
 is read by the strict reader (`reader.Value`), which names the line of each
 problem. Both go through the same functions below, so they accept the same
-files and build the same state.
+files and build the same state. Within the fast path, the endpoints and
+plain ClusterIP services of a generated file are read whole, each with one
+regular expression (`fastendpoints`, `fastservices`), when every scalar in
+them is one they vouch for; any other item goes through `blockyaml`.
 """
 
 from __future__ import annotations
