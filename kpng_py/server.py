@@ -28,7 +28,7 @@ import weakref
 import zlib
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NoReturn, Protocol
+from typing import NoReturn, Protocol, Sequence
 
 import grpclib.server
 from google.protobuf.message import DecodeError
@@ -48,7 +48,7 @@ _STOPPING = "the brain is stopping"
 # How long stop() waits for the handlers once their connections are closed.
 _CLOSE_SECONDS = 5.0
 # The prefix of every gRPC message on the stream: compressed or not, its length.
-_MESSAGE_PREFIX = struct.Struct(">BI")
+MESSAGE_PREFIX = struct.Struct(">BI")
 # grpcio's default limit for a message received (a WatchReq is a node name).
 _MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
@@ -68,12 +68,27 @@ class Reply:
         parts: list[bytes] = []
         for op in self.ops:
             message = op.SerializeToString()
-            parts += (_MESSAGE_PREFIX.pack(0, len(message)), message)
+            parts += (MESSAGE_PREFIX.pack(0, len(message)), message)
         return b"".join(parts)
 
 
+class Answer(Protocol):
+    """What a session answers a WatchReq with (a Reply, or the brain's
+    ChangeSetReply, which writes its wire without building the ops)."""
+
+    @property
+    def ops(self) -> Sequence[localv1.OpItem]: ...
+
+    @property
+    def wire(self) -> bytes:
+        """The ops as the gRPC messages of the stream; empty: no op."""
+
+    @property
+    def close_reason(self) -> str | None: ...
+
+
 class StreamSession(Protocol):
-    async def next_reply(self, node_name: str) -> Reply:
+    async def next_reply(self, node_name: str) -> Answer:
         """Wait until there is something to send for this WatchReq. The wait
         ends by cancelling the task when the stream ends."""
 
@@ -249,7 +264,7 @@ class _WatchStreams:
                 # away, or by its deadline: grpclib tells these apart.
                 self._raise_if_stopping()
                 raise
-            if reply.ops:
+            if reply.wire:
                 await self._write(stream, reply.wire, headers=not headers_sent)
                 headers_sent = True
             if reply.close_reason is not None:
@@ -285,10 +300,10 @@ async def _next_request(stream: grpclib.server.Stream) -> localv1.WatchReq | Non
     client claims: one above grpcio's limit fails the stream, as it did."""
     h2_stream = stream._stream  # noqa: SLF001 - grpclib 0.4.8, pinned
     try:
-        prefix = await h2_stream.recv_data(_MESSAGE_PREFIX.size)
+        prefix = await h2_stream.recv_data(MESSAGE_PREFIX.size)
         if not prefix:
             return None
-        compressed, length = _MESSAGE_PREFIX.unpack(prefix)
+        compressed, length = MESSAGE_PREFIX.unpack(prefix)
         if length > _MAX_REQUEST_BYTES:
             raise _bad_request(stream, Status.RESOURCE_EXHAUSTED, f"a request of {length} bytes, "
                                f"more than {_MAX_REQUEST_BYTES}")

@@ -45,6 +45,7 @@ _INT = re.compile(r"0|-?[1-9][0-9]*")
 _WORDS: dict[str, bool | None] = {"true": True, "false": False, "null": None,
                                   "Null": None, "NULL": None, "~": None}
 _RESOLVERS = yaml.resolver.Resolver.yaml_implicit_resolvers
+_UNKNOWN = object()
 
 
 def load_block(text: str, scalars: Scalars | None = None) -> Plain:
@@ -143,14 +144,14 @@ class Scalars:
         self.keys: set[str] = set()
 
     def read(self, text: str) -> Plain:
-        if text == "[]":
-            return []
-        if text == "{}":
-            return {}
-        known = self._known
-        if text not in known:
-            known[text] = _scalar(text)
-        return known[text]
+        value = self._known.get(text, _UNKNOWN)
+        if value is _UNKNOWN:  # `[]` and `{}` are never known: each is a new value
+            if text == "[]":
+                return []
+            if text == "{}":
+                return {}
+            value = self._known[text] = _scalar(text)
+        return value
 
 
 def _scalar(text: str) -> str | int | bool | None:

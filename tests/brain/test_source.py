@@ -9,7 +9,8 @@ import re
 import pytest
 import yaml
 
-from kpng_py.brain.source import BrainSource, StateSnapshots, changeset
+from kpng_py.brain.source import (BrainSource, ChangeSetReply, StateSnapshots, changeset,
+                                   changeset_specs)
 from kpng_py.brain.statefile import ClusterState, StateReader, parse_state
 from kpng_py.brain.view import node_view
 from kpng_py.server import Reply
@@ -20,8 +21,8 @@ def _state(*services: dict, nodes: list[dict] | None = None) -> ClusterState:
     return parse_state(yaml.safe_dump(state(*services, nodes=nodes)).encode(), "state.yaml")
 
 
-def _kinds(reply: Reply | tuple) -> list[str]:
-    return op_kinds(reply.ops if isinstance(reply, Reply) else reply)
+def _kinds(reply: ChangeSetReply | tuple) -> list[str]:
+    return op_kinds(reply.ops if isinstance(reply, ChangeSetReply) else reply)
 
 
 WEB = service("web", ("10.96.0.10",), [port("http")], [
@@ -66,7 +67,7 @@ class _Session:
     def __init__(self, snapshots: StateSnapshots) -> None:
         self._session = BrainSource(snapshots).open_stream()
 
-    def next(self, node: str) -> Reply:
+    def next(self, node: str) -> ChangeSetReply:
         return asyncio.run(asyncio.wait_for(self._session.next_reply(node), 10))
 
 
@@ -113,7 +114,7 @@ def test_a_waiting_stream_is_woken_by_a_version_published_from_another_thread() 
     snapshots = StateSnapshots(_state(WEB))
     session = BrainSource(snapshots).open_stream()
 
-    async def answers() -> tuple[Reply, Reply]:
+    async def answers() -> tuple[ChangeSetReply, ChangeSetReply]:
         first = await session.next_reply("n1")
         waiting = asyncio.ensure_future(session.next_reply("n1"))
         await asyncio.sleep(0.1)
@@ -189,8 +190,8 @@ def test_a_one_endpoint_edit_of_a_big_file_is_one_op_and_sync() -> None:
 
 def test_streams_of_one_node_get_the_same_answer_serialized_once() -> None:
     """Per node and state version the answer is built once: the streams that
-    were last sent the same version (or nothing) get the same Reply, and so
-    the same serialized bytes (`Reply.wire` is computed once per Reply)."""
+    were last sent the same version (or nothing) get the same reply, and so
+    the same serialized bytes (`wire` is computed once per reply)."""
     snapshots = StateSnapshots(_state(WEB))
     a, b, c, other_node = (_Session(snapshots) for _ in range(4))
     first = a.next("n1")
@@ -209,3 +210,20 @@ def test_streams_of_one_node_get_the_same_answer_serialized_once() -> None:
     assert _kinds(after_a) == [
         "Delete endpoints/default/web/web-0", "Delete endpoints/default/web/web-1",
         "Delete services/default/web", "Sync"]
+
+
+def test_the_written_wire_is_protobufs_for_every_kind_of_op() -> None:
+    """The brain writes its replies' bytes itself: the same bytes as the
+    OpItems protobuf serializes, message for message (Reset, Set with and
+    without bytes, Delete, Sync; long paths and values)."""
+    long_name = "s" * 200
+    before = node_view(_state(WEB, DB), "n1")
+    after = node_view(_state(DB, service(long_name, ("10.96.0.30",), [port("http")], [
+        endpoint(*(f"10.2.{i // 250}.{i % 250}" for i in range(40)), pod="big")])), "n1")
+    after[(2, "default/db/empty")] = b""
+    for sent, view in ((None, before), (before, after), (after, before), (None, after)):
+        specs = changeset_specs(sent, view)
+        reply = ChangeSetReply(specs)
+        assert reply.ops == changeset(sent, view)
+        assert reply.wire == Reply(reply.ops).wire
+    assert any(len(data) > 0x7F for _, _, data in changeset_specs(None, after))
