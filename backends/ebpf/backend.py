@@ -14,6 +14,7 @@ from backends.ebpf.programmer import Capacity, ServiceProgrammer
 from backends.ebpf.stale_udp import StaleUdpTerminator
 from backends.ebpf.usage import CachedCount
 from kpng_py.backend import BackendSetupError
+from kpng_py.healthcheck_nodeport import HealthCheckNodePorts, ProxyHealth
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
 from kpng_py.model import IPAddress, ServicePortChanges
@@ -58,9 +59,16 @@ class EbpfBackend:
         self._terminator: StaleUdpTerminator | None = None
         self._node_addresses: NodeAddressMap | None = None
         self._follower: AddressFollower | None = None
+        # The healthCheckNodePort servers (spec N11), on the allowed node addresses.
+        self._health_checks = HealthCheckNodePorts(metrics, nodeport_addresses)
+        self._health: ProxyHealth | None = None
         # apply() and the follower's callbacks, one at a time.
         self._lock = threading.Lock()
         self._attached = False
+
+    def use_health(self, health: ProxyHealth) -> None:
+        """What /healthz says, for the healthCheckNodePort answers (before setup)."""
+        self._health = health
 
     def setup(self) -> None:
         started = time.monotonic()
@@ -103,11 +111,13 @@ class EbpfBackend:
                                         f"(netlink): {err}") from err
             self._follower = follower
             self._write_node_addresses(local)
+            self._health_checks.start(local, self._health)
 
     def _on_local_addresses(self, local: LocalAddressSet) -> None:
         """The follower's callback, on its thread."""
         with self._lock:
             self._write_node_addresses(local)
+            self._health_checks.addresses_changed(local)
 
     def _write_node_addresses(self, local: LocalAddressSet) -> None:
         """node_addresses := the allowed local addresses. A failure is logged
@@ -159,6 +169,7 @@ class EbpfBackend:
             self._terminate_stale_udp(terminator, writes.removed_udp)
         if self._netfilter is not None:
             self._netfilter.apply(changes)
+        self._health_checks.apply(changes)
 
     def apply_stages(self) -> Mapping[str, float]:
         return self._programmer.last_stages if self._programmer is not None else {}
@@ -186,6 +197,7 @@ class EbpfBackend:
             self._follower.stop()  # outside the lock: its last callback may hold it
             self._follower = None
         with self._lock:
+            self._health_checks.close()
             self._node_addresses = None
             if self._datapath is not None:
                 self._datapath.close()

@@ -126,7 +126,8 @@ def test_a_changed_affinity_timeout_is_a_new_set_and_the_old_one_goes_last() -> 
 
 def test_dual_stack_ports_get_one_chain_per_family_with_its_own_endpoints() -> None:
     port = dataclasses.replace(web(ep(2), Endpoint(ip("fd00::2"), 8080, local=True)),
-                               cluster_ips=(ip("10.96.0.1"), ip("fd96::1")))
+                               cluster_ips=(ip("10.96.0.1"), ip("fd96::1")),
+                               node_port_families=(IPFamily.V4, IPFamily.V6))
     names = [c.name for c in objects(port).chains]
     assert names == [SVC, "ep4-ns/web/http/tcp/10.244.0.2/8080",
                      "svc6-ns/web/http/tcp", "ep6-ns/web/http/tcp/fd00..2/8080"]

@@ -5,7 +5,10 @@ under an open connection (N18), `ebpf dump` and `ebpf cleanup`."""
 
 from __future__ import annotations
 
+import json
 import sys
+import urllib.error
+import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Iterator
@@ -26,6 +29,7 @@ pytestmark = pytest.mark.kernel
 
 KPNG_PY = str(Path(sys.executable).with_name("kpng-py"))
 NODE_PORT = 30080
+HEALTH_CHECK_PORT = 32001
 STATE = {
     "nodes": [{"name": "node-a", "topology": {"node": "node-a"}}],
     "services": [{
@@ -34,6 +38,14 @@ STATE = {
                     "ports": [{"name": "http", "protocol": 1, "port": 80, "targetport": 8080,
                                "nodeport": NODE_PORT}]},
         "endpoints": [{"podname": "web-0", "endpoint": {"ips": {"v4": [str(PODS[4][0])]}},
+                       "topology": {"node": "node-a"}}],
+    }, {
+        "service": {"namespace": "default", "name": "lb", "type": "LoadBalancer",
+                    "ips": {"clusterips": {"v4": ["10.96.0.11"]}},
+                    "externaltraffictolocal": True, "healthchecknodeport": HEALTH_CHECK_PORT,
+                    "ports": [{"name": "http", "protocol": 1, "port": 80, "targetport": 8080,
+                               "nodeport": NODE_PORT + 1}]},
+        "endpoints": [{"podname": "lb-0", "endpoint": {"ips": {"v4": [str(PODS[4][0])]}},
                        "topology": {"node": "node-a"}}],
     }],
 }
@@ -115,3 +127,28 @@ def test_a_node_port_from_outside_survives_a_restart_and_cleanup_removes_it(
                                 "--cgroup", str(processes.group))
     assert "removed the nftables table inet kpng-py" in removed
     assert lab.outside.call(tcp_probe, NODE_OUTSIDE[4], NODE_PORT).error == "refused"
+
+
+def _health_check(url: str) -> tuple[int, dict, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return answer.status, dict(answer.headers), json.loads(answer.read())
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), json.loads(err.read())
+
+
+def test_a_health_check_node_port_answers_from_outside_as_kube_proxys(
+        processes: NodeProcesses) -> None:
+    """N11 with the eBPF backend: any path, 200 with the node's local
+    endpoints of the eTP=Local service, kube-proxy's body and headers."""
+    backend = processes.backend("backend-hc")
+    try:
+        url = f"http://{NODE_OUTSIDE[4]}:{HEALTH_CHECK_PORT}/any/path"
+        code, headers, body = processes.lab.outside.call(_health_check, url)
+    finally:
+        backend.stop()
+    assert code == 200
+    assert headers["Content-Type"] == "application/json"
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert body == {"service": {"namespace": "default", "name": "lb"}, "localEndpoints": 1,
+                    "serviceProxyHealthy": True}
