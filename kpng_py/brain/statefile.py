@@ -72,6 +72,9 @@ class EndpointInfo:
     hint_zones: tuple[str, ...]  # empty: no zone hints
 
 
+SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
+
+
 @dataclass(frozen=True)
 class ServiceEntry:
     namespace: str
@@ -80,6 +83,9 @@ class ServiceEntry:
     internal_traffic_local: bool
     external_traffic_local: bool
     endpoints: tuple[EndpointInfo, ...]
+    # Its service.kubernetes.io/service-proxy-name label ("": none): such a
+    # service is another proxy's, and no node's view has it (as kube-proxy).
+    proxy_name: str = ""
 
     @property
     def path(self) -> str:
@@ -244,7 +250,8 @@ def _service_entry(value: Doc, endpoints: tuple[EndpointInfo, ...] | None = None
         service.Namespace, service.Name, service.SerializeToString(deterministic=True),
         service.InternalTrafficToLocal, service.ExternalTrafficToLocal,
         endpoints if endpoints is not None else
-        _unique(members["endpoints"].sequence(), _endpoint_info, lambda e: e.key, "endpoint"))
+        _unique(members["endpoints"].sequence(), _endpoint_info, lambda e: e.key, "endpoint"),
+        service.Labels.get(SERVICE_PROXY_NAME_LABEL, ""))
 
 
 _ENDPOINT_INFO_KEYS = ("hash", "namespace", "sourcename", "servicename", "podname",

@@ -1,6 +1,7 @@
 """One node's view of the cluster state, as KPNG's brain computes it for a
-WatchReq with that NodeName: every service, and of their endpoints those that
-the node may use, each marked Local or not and with its Scopes.
+WatchReq with that NodeName: every service (but those labelled for another
+proxy with service.kubernetes.io/service-proxy-name, which kube-proxy leaves
+alone too), and of their endpoints those that the node may use, each marked Local or not and with its Scopes.
 
 For node N, an endpoint is left out when it is not ready, or when it has zone
 hints and none is N's zone (the zone of an unknown node is ""). It is Local
@@ -25,6 +26,8 @@ def node_view(state: ClusterState, node_name: str) -> NodeView:
     zone = state.zone_of(node_name)
     view: NodeView = {}
     for service in state.services:
+        if service.proxy_name:  # another proxy's (service.kubernetes.io/service-proxy-name)
+            continue
         path = service.path
         view[(localv1.ServicesSet, path)] = service.service
         for info in service.endpoints:

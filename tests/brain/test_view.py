@@ -138,3 +138,14 @@ def test_the_spliced_bytes_are_protobufs_serialization() -> None:
                 expected.Scopes.External = expected.Local or not \
                     service_entry.external_traffic_local
                 assert spliced == expected.SerializeToString(deterministic=True)
+
+
+def test_a_service_labelled_for_another_proxy_is_in_no_view() -> None:
+    """service.kubernetes.io/service-proxy-name, as kube-proxy: left alone,
+    endpoints included; other labels change nothing."""
+    other = service("other", ("10.96.0.3",), [port()], [endpoint("10.1.0.3", pod="o-1")])
+    other["service"]["labels"] = {"service.kubernetes.io/service-proxy-name": "another"}
+    plain = service("plain", ("10.96.0.4",), [port()])
+    plain["service"]["labels"] = {"app": "plain"}
+    cluster = _state(state(other, plain))
+    assert sorted(path for _, path in node_view(cluster, "n1")) == ["default/plain"]
