@@ -6,24 +6,13 @@ or a client socket in a namespace of its own without a helper process."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
+from kpng_py.netns import enter_netns
+
 T = TypeVar("T")
-CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _enter(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if _libc.setns(fd, CLONE_NEWNET) != 0:
-            code = ctypes.get_errno()
-            raise OSError(code, f"setns {path}: {os.strerror(code)}")
-    finally:
-        os.close(fd)
 
 
 class NetnsWorker:
@@ -34,7 +23,7 @@ class NetnsWorker:
     def __init__(self, name: str) -> None:
         self.name = name
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"netns-{name}",
-                                        initializer=_enter, initargs=(f"/run/netns/{name}",))
+                                        initializer=enter_netns, initargs=(f"/run/netns/{name}",))
         self.call(os.getpid)  # enters now: a missing namespace fails here, not later
 
     def call(self, fn: Callable[..., T], *args: object) -> T:

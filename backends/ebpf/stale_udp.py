@@ -19,24 +19,22 @@ namespace without forking; the two messages we need are fixed-size structs.
 
 from __future__ import annotations
 
-import ctypes as ct
 import ipaddress
 import logging
 import os
 import socket
 import struct
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Protocol, TypeVar
+from typing import Callable, Iterable, Iterator, Protocol
 
 from backends.ebpf.contents import HostPort, reached_through
 from backends.ebpf.mapaccess import MapAccess
 from backends.ebpf.maps import RevNatKey, RevNatValue, unpacked_address
 from kpng_py.logs import fields
+from kpng_py.netns import in_netns
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
@@ -44,7 +42,6 @@ SOCK_DESTROY = 21
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP = 0x1, 0x4, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 TCP_ESTABLISHED = 1  # connected UDP sockets report this state
-CLONE_NEWNET = 0x40000000
 
 _NLMSGHDR = struct.Struct("=IHHII")
 # struct inet_diag_req_v2 without its inet_diag_sockid (kept as raw bytes).
@@ -57,7 +54,6 @@ _COOKIE = struct.Struct("=II")  # its last 8 bytes
 # struct inet_diag_msg: family, state, timer, retrans, then the sockid.
 _MSG_HEAD = struct.Struct("=BBBB")
 
-_libc = ct.CDLL(None, use_errno=True)
 _NETLINK_TIMEOUT = 5.0
 
 
@@ -86,35 +82,6 @@ def namespaces_of_cgroup(cgroup: Path) -> dict[tuple[int, int], Path]:
                 continue
             found.setdefault((st.st_dev, st.st_ino), path)
     return found
-
-
-def in_netns(netns: Path, call: Callable[[], T]) -> T:
-    """`call()` in another network namespace, on a short-lived thread
-    (setns() moves only the calling thread): sockets it creates stay bound
-    to that namespace, threads it starts stay in it. Its exception, an
-    OSError from setns included, is raised here."""
-    result: list[T] = []
-    failure: list[Exception] = []
-
-    def enter_and_call() -> None:
-        try:
-            fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if _libc.setns(fd, CLONE_NEWNET) != 0:
-                    code = ct.get_errno()
-                    raise OSError(code, f"setns {netns}: {os.strerror(code)}")
-            finally:
-                os.close(fd)
-            result.append(call())
-        except Exception as err:  # noqa: BLE001 - raised again in the caller
-            failure.append(err)
-
-    thread = threading.Thread(target=enter_and_call, name="kpng-netns")
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
-    return result[0]
 
 
 def open_diag_socket(netns: Path) -> socket.socket:

@@ -16,7 +16,7 @@ from backends.ebpf import maps
 from backends.ebpf.loader import Datapath, DatapathConfig, cleanup
 from backends.ebpf.node_addresses import FollowerFactory
 from backends.ebpf.programmer import Capacity, ServiceProgrammer
-from backends.ebpf.stale_udp import in_netns
+from kpng_py.netns import in_netns
 from kpng_py.api import localv1
 from kpng_py.metrics import Metrics
 from kpng_py.model import (

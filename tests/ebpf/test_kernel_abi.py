@@ -15,6 +15,7 @@ import pytest
 
 from backends.ebpf import libbpf, maps, privileges, stale_udp
 from backends.ebpf.loader import HOOKS, AttachType
+from kpng_py import netns
 from tests.ebpf.c_layout import (Check, assert_matches_c, constants, ctypes_members,
                                  packed_members)
 
@@ -74,8 +75,8 @@ def test_sock_diag_numbers_are_the_kernels(tmp_path: Path) -> None:
     assert_matches_c(tmp_path, DIAG_HEADERS, constants({
         name: getattr(stale_udp, name)
         for name in ("NETLINK_SOCK_DIAG", "SOCK_DIAG_BY_FAMILY", "SOCK_DESTROY", "NLM_F_REQUEST",
-                     "NLM_F_ACK", "NLM_F_DUMP", "NLMSG_ERROR", "NLMSG_DONE", "TCP_ESTABLISHED",
-                     "CLONE_NEWNET")}))
+                     "NLM_F_ACK", "NLM_F_DUMP", "NLMSG_ERROR", "NLMSG_DONE", "TCP_ESTABLISHED")
+    } | {"CLONE_NEWNET": netns.CLONE_NEWNET}))
 
 
 def test_capability_bits_are_the_kernels(tmp_path: Path) -> None:
