@@ -76,7 +76,9 @@ def needs_health_check(port: ServicePort) -> bool:
 def health_check_services(ports: Iterable[ServicePort]) -> dict[ServiceName, HealthCheckService]:
     """The services that get a server, from all the service ports of the node
     (a service's ports share its health-check port; their local endpoints
-    are counted once per address)."""
+    are counted once per address, in the family that has most: a
+    dual-stack pod is one endpoint, as kube-proxy's primary-family count
+    says)."""
     found: dict[ServiceName, tuple[int, set[IPAddress]]] = {}
     for port in ports:
         if not needs_health_check(port):
@@ -84,7 +86,8 @@ def health_check_services(ports: Iterable[ServicePort]) -> dict[ServiceName, Hea
         key = ServiceName(port.name.namespace, port.name.name)
         _, local = found.setdefault(key, (port.health_check_node_port, set()))
         local.update(ep.ip for ep in port.endpoints if ep.local and ep.external)
-    return {key: HealthCheckService(hc_port, len(local))
+    return {key: HealthCheckService(hc_port, max(
+                sum(1 for ip in local if ip.version == version) for version in (4, 6)))
             for key, (hc_port, local) in found.items()}
 
 

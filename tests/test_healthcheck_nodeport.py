@@ -97,6 +97,14 @@ def test_services_are_counted_once_per_service_and_local_external_address():
         ServiceName("ns", "web"): HealthCheckService(30100, 1)}
 
 
+def test_a_dual_stack_pod_is_one_local_endpoint():
+    """Its two addresses count once (the family with most), as kube-proxy's
+    count of one family's endpoints."""
+    ports = [_port(30100, _endpoint("10.0.0.1"), _endpoint("fd00::1"), _endpoint("10.0.0.2"))]
+    assert health_check_services(ports) == {
+        ServiceName("ns", "web"): HealthCheckService(30100, 2)}
+
+
 def test_any_path_answers_with_kube_proxys_body_and_headers(servers):
     checks, health, _ = servers
     port = _free_port()
