@@ -32,6 +32,12 @@ def lines_until(out: IO[str], marker: str, seen: list[str]) -> str:
     raise AssertionError(f"the demo ended before {marker!r}:\n{''.join(seen)}")
 
 
+def kill_and_clean_up(demo: subprocess.Popen) -> None:
+    demo.kill()
+    demo.wait()
+    subprocess.run([str(ROOT / "hack" / "demo.sh"), "--down"], capture_output=True)
+
+
 def test_a_kept_demo_can_be_entered_and_is_torn_down_on_ctrl_c() -> None:
     require_root_bpf()
     demo = subprocess.Popen([str(ROOT / "hack" / "demo.sh"), "-i", "ipv4"],
@@ -51,10 +57,14 @@ def test_a_kept_demo_can_be_entered_and_is_torn_down_on_ctrl_c() -> None:
                                 text=True, timeout=30)
         assert answer.stdout == "200", answer
         demo.send_signal(signal.SIGINT)
-        assert demo.wait(timeout=START_SECONDS) == 0, "".join(seen) + demo.stdout.read()
+        try:
+            code = demo.wait(timeout=START_SECONDS)
+        except subprocess.TimeoutExpired:
+            kill_and_clean_up(demo)  # what it printed says which teardown step hangs
+            pytest.fail(f"the demo still ran {START_SECONDS} s after Ctrl-C:\n"
+                        + "".join(seen) + demo.stdout.read())
+        assert code == 0, "".join(seen) + demo.stdout.read()
     finally:
         if demo.poll() is None:
-            demo.kill()
-            demo.wait()
-            subprocess.run([str(ROOT / "hack" / "demo.sh"), "--down"], capture_output=True)
+            kill_and_clean_up(demo)
     assert teardown.leftovers(names) == []
