@@ -119,9 +119,8 @@ class WatchCall:
                     await self._call.recv_initial_metadata()
                     self._answered = True
             except (StreamTerminatedError, h2.exceptions.StreamClosedError):
-                if _status_fields(self._call._stream) is None:
+                if not self._ended_by_brain():
                     raise
-                self._draining = True
 
     async def next_message(self) -> bytes | None:
         """The next message's bytes; None once the brain ended the stream
@@ -133,12 +132,18 @@ class WatchCall:
                 with self._call._wrapper:
                     return await self._read()
             except StreamTerminatedError:
-                # Reset after its status (grpc servers do): what came before
-                # the status is still to be read, and no more can come.
-                if _status_fields(self._call._stream) is None:
+                if not self._ended_by_brain():
                     raise
-                self._draining = True
                 return await self._read()
+
+    def _ended_by_brain(self) -> bool:
+        """Whether the stream was reset after the brain's status (grpc servers
+        do): then what came before the status is still to be read, and no
+        more can come, so reads drain the buffer from now on."""
+        if _status_fields(self._call._stream) is None:
+            return False
+        self._draining = True
+        return True
 
     async def _read(self) -> bytes | None:
         """A message from the HTTP/2 stream's buffer; if cut off while
