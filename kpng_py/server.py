@@ -262,7 +262,7 @@ class _WatchStreams:
             except asyncio.CancelledError:
                 # By stop() (the stream was waiting), by the client going
                 # away, or by its deadline: grpclib tells these apart.
-                self._raise_if_stopping()
+                self._raise_if_stopping(stream)
                 raise
             if reply.wire:
                 await self._write(stream, reply.wire, headers=not headers_sent)
@@ -288,10 +288,20 @@ class _WatchStreams:
             running_task().uncancel()
             await writing  # cancelled with this task when the connection is closed
 
-    def _raise_if_stopping(self) -> None:
-        if self._stopping:
+    def _raise_if_stopping(self, stream: grpclib.server.Stream) -> None:
+        """Tell a waiting client that the brain stops, unless the client reset
+        the stream as the stop began: grpclib cancelled it then, and a status
+        raised into that cancellation is logged as a failure to handle it."""
+        if self._stopping and not _cancelled_by_grpclib(stream):
             running_task().uncancel()
             raise GRPCError(Status.UNAVAILABLE, _STOPPING)
+
+
+def _cancelled_by_grpclib(stream: grpclib.server.Stream) -> bool:
+    """The client reset the stream or its deadline passed (stop() cancels
+    the task itself, not through the stream's wrapper)."""
+    wrapper = stream._stream.wrapper  # noqa: SLF001 - grpclib 0.4.8, pinned
+    return wrapper is not None and bool(wrapper.cancelled)
 
 
 async def _next_request(stream: grpclib.server.Stream) -> localv1.WatchReq | None:

@@ -3,6 +3,7 @@ while the test edits the state file."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
@@ -10,13 +11,16 @@ import socket
 import stat
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
+from grpclib.exceptions import StreamTerminatedError
+from grpclib.utils import Wrapper
 
 from kpng_py.api import WATCH_METHOD, localv1
 from kpng_py.brain.source import BrainSource
-from kpng_py.server import LocalApiServer, Reply
+from kpng_py.server import LocalApiServer, Reply, _WatchStreams
 from kpng_py.transport import AddressError, ListenAddress
 from tests.brain.helpers import (
     DNS,
@@ -303,3 +307,39 @@ def test_a_stopping_brain_finishes_the_reply_it_is_sending(socket_dir: Path) -> 
     assert [first, *rest] == [op.SerializeToString() for op in reply.ops]
     assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
     assert failure.value.details() == "the brain is stopping"
+
+
+class _WaitingH2Stream:
+    """What the handler reads a WatchReq from: nothing comes."""
+
+    def __init__(self, wrapper: Wrapper) -> None:
+        self.wrapper = wrapper
+
+    async def recv_data(self, size: int) -> bytes:
+        await asyncio.Event().wait()
+        return b""
+
+
+def test_a_client_reset_as_the_brain_stops_is_not_answered_with_a_status() -> None:
+    """The client resets a waiting stream in the moment the brain stops:
+    grpclib cancels the handler through the stream's wrapper; raising
+    "the brain is stopping" into that cancellation is what grpclib logs as
+    "Failed to handle cancellation" (with three tracebacks; seen in CI)."""
+    async def scenario() -> Wrapper:
+        streams = _WatchStreams(ScriptedSource([]))
+        wrapper = Wrapper()
+        stream = SimpleNamespace(_stream=_WaitingH2Stream(wrapper), peer=None)
+
+        async def handle() -> None:  # as grpclib's request_handler runs a method
+            with wrapper:
+                await streams.watch(stream)
+
+        handler = asyncio.ensure_future(handle())
+        await asyncio.sleep(0)  # waiting for the WatchReq
+        wrapper.cancel(StreamTerminatedError("Stream reset by remote party, error_code: 8"))
+        streams.stop()
+        with pytest.raises(StreamTerminatedError):
+            await handler
+        return wrapper
+
+    assert asyncio.run(scenario()).cancel_failed is False
