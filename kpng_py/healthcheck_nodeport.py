@@ -161,6 +161,11 @@ class _ServiceServer:
                       error=error))
 
     @property
+    def retrying(self) -> bool:
+        """Some address could not be bound and is to be tried again."""
+        return bool(self._bind_errors)
+
+    @property
     def _label(self) -> str:
         return f"{self.name.namespace}/{self.name.name}"
 
@@ -203,15 +208,23 @@ class HealthCheckNodePorts:
         return {name: server.service for name, server in self._servers.items()}
 
     def apply(self, changes: ServicePortChanges) -> None:
-        """Follow one programmed change set (waits until the servers did)."""
+        """Follow one programmed change set (waits until the servers did).
+        Only ports with a health check are kept, and the servers' thread is
+        only called when one of them changed or a bind is to be retried, so
+        a change set costs what it carries, not what the node holds."""
+        touched = changes.full
         if changes.full:
             self._ports = {}
         for port in changes.removed:
-            self._ports.pop(port.name, None)
+            touched |= self._ports.pop(port.name, None) is not None
         for port in changes.current():
-            self._ports[port.name] = port
-        wanted = health_check_services(self._ports.values())
-        self._call(self._sync(wanted))
+            if needs_health_check(port):
+                self._ports[port.name] = port
+                touched = True
+            elif self._ports.pop(port.name, None) is not None:
+                touched = True
+        if touched or any(server.retrying for server in self._servers.values()):
+            self._call(self._sync(health_check_services(self._ports.values())))
 
     def addresses_changed(self, local: LocalAddressSet) -> None:
         """The node's addresses changed (from a LocalAddressFollower's thread

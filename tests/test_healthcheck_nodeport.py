@@ -181,6 +181,40 @@ def test_a_port_held_by_another_process_is_counted_once_and_served_when_free(ser
     assert _get(port)[0] == 200
 
 
+def test_ports_without_a_health_check_do_not_call_the_servers_thread(servers, monkeypatch):
+    checks, _, _ = servers
+    served = _port(_free_port(), _endpoint("10.0.0.1"))
+    cluster_only = _port(0, _endpoint("10.0.0.2"), name="other", type="ClusterIP",
+                         external_traffic_local=False)
+    checks.apply(ServicePortChanges(added=(served, cluster_only), full=True))
+    calls: list[object] = []
+    monkeypatch.setattr(checks, "_call", lambda coroutine: (calls.append(coroutine),
+                                                            coroutine.close()))
+    moved = replace(cluster_only, endpoints=(_endpoint("10.0.0.3"),))
+    checks.apply(ServicePortChanges(updated=((cluster_only, moved),)))
+    checks.apply(ServicePortChanges(removed=(moved,)))
+    assert calls == []
+    checks.apply(ServicePortChanges(updated=((served, replace(served, endpoints=())),)))
+    assert len(calls) == 1
+
+
+def test_a_failed_bind_is_retried_by_a_change_set_of_other_ports(servers):
+    checks, _, metrics = servers
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    other = _port(0, _endpoint("10.0.0.2"), name="other", type="ClusterIP",
+                  external_traffic_local=False)
+    checks.apply(ServicePortChanges(added=(_port(port, _endpoint("10.0.0.1")), other),
+                                    full=True))
+    assert metrics.registry.get_sample_value(
+        "kpng_py_dataplane_errors_total", {"kind": "healthcheck-bind"}) == 1
+    holder.close()
+    checks.apply(ServicePortChanges(updated=((other, other),)))
+    assert _get(port)[0] == 200
+
+
 def test_the_answer_carries_what_healthz_says():
     metrics = Metrics()
     checks = HealthCheckNodePorts(metrics, NodePortAddresses())

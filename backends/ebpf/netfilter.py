@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Iterable
+from collections import ChainMap
+from typing import Any, Iterable, Mapping
 
 import nftables
 
@@ -30,6 +31,9 @@ from kpng_py.model import IPAddress, Protocol, ServicePort, ServicePortChanges, 
 from kpng_py.skips import SkipReason, Skips
 
 log = logging.getLogger(__name__)
+
+# A programmed service port and what it has in the table.
+Held = tuple[ServicePort, PortObjects]
 
 
 class NetfilterError(Exception):
@@ -72,7 +76,7 @@ class NetfilterTable:
         self._skips = skips
         self._nft = nft or Nft()
         self._cleaner = ConntrackCleaner(conntrack_failures)
-        self._programmed: dict[ServicePortName, tuple[ServicePort, PortObjects]] = {}
+        self._programmed: dict[ServicePortName, Held] = {}
         self._synced = False
         self.stale_udp_deleted = 0  # conntrack entries deleted so far
 
@@ -85,34 +89,38 @@ class NetfilterTable:
         return found
 
     def apply(self, changes: ServicePortChanges) -> None:
+        # An incremental change set touches a few ports of many: it plans
+        # `updates` (None: removed) over a view of what is programmed, and
+        # commits them once nft took the transaction, never copying the rest.
+        new: Mapping[ServicePortName, Held | None]
+        updates: dict[ServicePortName, Held | None] = {}
         if changes.full:
             txn, programmed = self._full(changes)
+            new = programmed
         elif not self._synced:
             raise NetfilterError(f"table {TABLE_FAMILY} {TABLE}: the first change set must be a "
                                  "full one (the state model's first sync, or a recovery)")
         else:
-            txn, programmed = self._incremental(changes)
+            txn, updates = self._incremental(changes)
+            new = ChainMap(updates, self._programmed)
         if txn:
             self._nft.run(txn.commands(), "a change set")
         touched = {port.name for port in (*changes.current(), *changes.removed)}
         if changes.full:
             touched |= self._programmed.keys()
         stale = [flows for name in touched if name.protocol is Protocol.UDP
-                 for flows in stale_udp_flows(self._old(name), self._new(programmed, name))]
-        self._programmed = programmed
+                 for flows in stale_udp_flows(_port_of(self._programmed.get(name)),
+                                              _port_of(new.get(name)))]
+        if changes.full:
+            self._programmed = programmed
+        for name, held in updates.items():
+            if held is None:
+                self._programmed.pop(name, None)
+            else:
+                self._programmed[name] = held
         self._synced = True
         if stale:
             self.stale_udp_deleted += self._cleaner.delete(stale)
-
-    def _old(self, name: ServicePortName) -> ServicePort | None:
-        held = self._programmed.get(name)
-        return held[0] if held else None
-
-    @staticmethod
-    def _new(programmed: dict[ServicePortName, tuple[ServicePort, PortObjects]],
-             name: ServicePortName) -> ServicePort | None:
-        held = programmed.get(name)
-        return held[0] if held else None
 
     def _objects(self, port: ServicePort) -> PortObjects:
         """What `port` gets in the table. Its frontends are its own: the state
@@ -125,7 +133,7 @@ class NetfilterTable:
         return port_objects(port, bad)
 
     def _full(self, changes: ServicePortChanges
-              ) -> tuple[Transaction, dict[ServicePortName, tuple[ServicePort, PortObjects]]]:
+              ) -> tuple[Transaction, dict[ServicePortName, Held]]:
         programmed = {port.name: (port, self._objects(port)) for port in changes.added}
         maps, sets, chains = skeleton(self._addresses)
         txn = full_table(maps, sets, chains, [objects for _, objects in programmed.values()])
@@ -133,25 +141,21 @@ class NetfilterTable:
         return txn, programmed
 
     def _incremental(self, changes: ServicePortChanges
-                     ) -> tuple[Transaction, dict[ServicePortName, tuple[ServicePort,
-                                                                          PortObjects]]]:
-        programmed = dict(self._programmed)
+                     ) -> tuple[Transaction, dict[ServicePortName, Held | None]]:
+        updates: dict[ServicePortName, Held | None] = {}
+        view = ChainMap(updates, self._programmed)
         txn = Transaction()
         for port in changes.removed:
-            old = programmed.pop(port.name, None)
+            old = view.get(port.name)
             if old is not None:
                 txn.change(old[1], PortObjects())
+                updates[port.name] = None
         for port in changes.current():
-            self._replan(txn, programmed, port)
-        return txn, programmed
-
-    def _replan(self, txn: Transaction,
-                programmed: dict[ServicePortName, tuple[ServicePort, PortObjects]],
-                port: ServicePort) -> None:
-        objects = self._objects(port)
-        old = programmed.get(port.name)
-        txn.change(old[1] if old else PortObjects(), objects)
-        programmed[port.name] = (port, objects)
+            objects = self._objects(port)
+            old = view.get(port.name)
+            txn.change(old[1] if old else PortObjects(), objects)
+            updates[port.name] = (port, objects)
+        return txn, updates
 
     @property
     def follows_addresses(self) -> bool:
@@ -193,6 +197,10 @@ class NetfilterTable:
         self._programmed = {}
         self._synced = False
         return cleanup_table(self._nft)
+
+
+def _port_of(held: Held | None) -> ServicePort | None:
+    return held[0] if held else None
 
 
 def describe_table(nft: Nft | None = None) -> list[dict[str, Any]]:
