@@ -7,7 +7,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Mapping
 
-from backends.ebpf import maps
+from backends.ebpf import counters, maps
 from backends.ebpf.loader import Datapath, DatapathConfig
 from backends.ebpf.node_addresses import AddressFollower, FollowerFactory, NodeAddressMap
 from backends.ebpf.programmer import Capacity, ServiceProgrammer
@@ -17,8 +17,9 @@ from kpng_py.backend import BackendSetupError
 from kpng_py.healthcheck_nodeport import HealthCheckNodePorts, ProxyHealth
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
-from kpng_py.model import IPAddress, ServicePortChanges
+from kpng_py.model import IPAddress, ServicePortChanges, ServicePortName
 from kpng_py.nodeport_addresses import LocalAddressFollower, LocalAddressSet, NodePortAddresses
+from kpng_py.service_counters import ServiceCounts, ServiceCountersCollector
 from kpng_py.skips import Skips
 
 if TYPE_CHECKING:  # the table's module loads libnftables: only when one is made
@@ -65,6 +66,7 @@ class EbpfBackend:
         # apply() and the follower's callbacks, one at a time.
         self._lock = threading.Lock()
         self._attached = False
+        self._collector = ServiceCountersCollector(self._counts_per_service_port)
 
     def use_health(self, health: ProxyHealth) -> None:
         """What /healthz says, for the healthCheckNodePort answers (before setup)."""
@@ -73,6 +75,7 @@ class EbpfBackend:
     def setup(self) -> None:
         started = time.monotonic()
         self._datapath = Datapath.load(self._config)
+        self._metrics.registry.register(self._collector)  # unregistered with the datapath
         services = self._datapath.maps[maps.SERVICES.pin]
         backends = self._datapath.maps[maps.BACKENDS.pin]
         self._programmer = ServiceProgrammer(
@@ -87,7 +90,7 @@ class EbpfBackend:
                 self._datapath.maps[spec.pin].info().max_entries)
         for spec in (maps.SERVICES, maps.BACKENDS, maps.NODE_ADDRESSES):  # written here
             self._metrics.map_writes.labels(spec.pin)
-        for spec in (maps.REVERSE_NAT, maps.AFFINITY):  # written by the datapath
+        for spec in (maps.REVERSE_NAT, maps.AFFINITY, maps.COUNTERS):  # made by the datapath
             self._metrics.map_entries.labels(spec.pin).set_function(
                 CachedCount(self._datapath.maps[spec.pin].count))
         if self._netfilter is not None:
@@ -167,9 +170,34 @@ class EbpfBackend:
             self._attached = True
         if writes.removed_udp:
             self._terminate_stale_udp(terminator, writes.removed_udp)
+        self._drop_counters(datapath, programmer, writes.released_service_ids, changes.full)
         if self._netfilter is not None:
             self._netfilter.apply(changes)
         self._health_checks.apply(changes)
+
+    def _drop_counters(self, datapath: Datapath, programmer: ServiceProgrammer,
+                       released: list[int], full: bool) -> None:
+        """The counters of gone frontends; at a full change set also those
+        no frontend has. A failure only leaves counts behind: logged and
+        counted, the next full change set deletes them."""
+        counter_map = datapath.maps[maps.COUNTERS.pin]
+        try:
+            counters.forget(counter_map, released)
+            if full:
+                counters.keep_only(counter_map, programmer.service_port_of_ids().keys())
+        except OSError as err:
+            self._metrics.dataplane_errors.labels("counters").inc()
+            log.error("cannot delete the counters of removed services; the next full change "
+                      "set tries again", extra=fields(error=err, service_ids=len(released)))
+
+    def _counts_per_service_port(self) -> dict[ServicePortName, ServiceCounts]:
+        """What the collector exports at a scrape (from the HTTP server's thread)."""
+        with self._lock:
+            if self._datapath is None or self._programmer is None:
+                return {}
+            owners = self._programmer.service_port_of_ids()
+            counts = counters.read_counts(self._datapath.maps[maps.COUNTERS.pin])
+        return counters.per_service_port(counts, owners)
 
     def apply_stages(self) -> Mapping[str, float]:
         return self._programmer.last_stages if self._programmer is not None else {}
@@ -200,5 +228,6 @@ class EbpfBackend:
             self._health_checks.close()
             self._node_addresses = None
             if self._datapath is not None:
+                self._metrics.registry.unregister(self._collector)
                 self._datapath.close()
                 self._datapath = None

@@ -18,12 +18,14 @@ from pathlib import Path
 
 from backends.ebpf import maps
 from backends.ebpf.contents import Contents, StoredBackend, StoredFrontend, read_contents
+from backends.ebpf.counters import read_counts
 from backends.ebpf.libbpf import BpfMap
 from backends.ebpf.mapaccess import MapAccess
 from backends.ebpf.maps import NodeAddressKey, NodeAddressValue
-from backends.ebpf.loader import pinned_links
+from backends.ebpf.loader import open_pinned_map, pinned_links
 from kpng_py.backend import BackendSetupError
 from kpng_py.model import format_host_port
+from kpng_py.service_counters import ServiceCounts
 
 
 def _open(bpffs_dir: Path, spec: maps.MapSpec) -> BpfMap:
@@ -31,7 +33,7 @@ def _open(bpffs_dir: Path, spec: maps.MapSpec) -> BpfMap:
     if not path.exists():
         raise BackendSetupError(f"no map pinned at {path}; is a kpng-py eBPF datapath "
                                 f"installed with --bpffs-dir {bpffs_dir}?")
-    return BpfMap.open_pinned(path, spec.key, spec.value, spec.pin)
+    return open_pinned_map(bpffs_dir, spec)
 
 
 def read_dump(bpffs_dir: Path) -> dict:
@@ -47,7 +49,7 @@ def _read(bpffs_dir: Path, opened: dict[str, BpfMap]) -> dict:
     contents = read_contents(opened[maps.SERVICES.pin], opened[maps.BACKENDS.pin])
     return {
         "bpffsDir": str(bpffs_dir),
-        "services": services_of(contents),
+        "services": services_of(contents, read_counts(opened[maps.COUNTERS.pin])),
         "nodeAddresses": node_addresses_of(opened[maps.NODE_ADDRESSES.pin]),
         "maps": {pin: {"entries": len(bpf_map), "capacity": bpf_map.info().max_entries}
                  for pin, bpf_map in opened.items()},
@@ -56,9 +58,11 @@ def _read(bpffs_dir: Path, opened: dict[str, BpfMap]) -> dict:
     }
 
 
-def services_of(contents: Contents) -> list[dict]:
-    """The services of a dump: every master entry, with its slots 1..count."""
-    return [_service(stored, contents) for stored in contents.frontends]
+def services_of(contents: Contents, counts: dict[int, ServiceCounts]) -> list[dict]:
+    """The services of a dump: every master entry, with its slots 1..count
+    and its counters (zero until a client used it)."""
+    return [_service(stored, contents, counts.get(stored.master.id, ServiceCounts()))
+            for stored in contents.frontends]
 
 
 def node_addresses_of(node_addresses: MapAccess[NodeAddressKey, NodeAddressValue]) -> list[str]:
@@ -67,7 +71,7 @@ def node_addresses_of(node_addresses: MapAccess[NodeAddressKey, NodeAddressValue
     return [str(ip) for ip in sorted(ips, key=lambda ip: (ip.version, int(ip)))]
 
 
-def _service(stored: StoredFrontend, contents: Contents) -> dict:
+def _service(stored: StoredFrontend, contents: Contents, counts: ServiceCounts) -> dict:
     protocol, vip, kind = stored.protocol, stored.vip, stored.kind
     return {
         "vip": str(vip.ip),
@@ -77,6 +81,8 @@ def _service(stored: StoredFrontend, contents: Contents) -> dict:
         "serviceId": stored.master.id,
         "count": stored.master.count,
         "affinityTimeoutSeconds": stored.affinity_timeout,
+        "connections": counts.translated,
+        "rejections": counts.rejected,
         "backends": [_slot(slot, backend_id, contents.backend(backend_id))
                      for slot, backend_id in enumerate(stored.backend_ids(), start=1)],
     }
@@ -96,7 +102,8 @@ def format_text(dump: dict) -> str:
         state = f"{svc['count']} backends" if svc["count"] else "no endpoints: rejects"
         vip = format_host_port(ipaddress.ip_address(svc["vip"]), svc["port"])
         lines.append(f"{vip}/{svc['protocol']} {svc['kind']} "
-                     f"service {svc['serviceId']}: {state}{affinity}")
+                     f"service {svc['serviceId']}: {state}{affinity}, "
+                     f"{svc['connections']} connections, {svc['rejections']} rejected")
         for backend in svc["backends"]:
             lines.append(f"  slot {backend['slot']}: backend {backend['backendId']} "
                          f"{backend['address'] or '(missing)'}")

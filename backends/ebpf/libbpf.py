@@ -40,6 +40,7 @@ _SIGNATURES = {
     "bpf_link_get_next_id": (_c_int, [_c_u32, ct.POINTER(_c_u32)]),
     "bpf_link_get_fd_by_id": (_c_int, [_c_u32]),
     "bpf_prog_get_fd_by_id": (_c_int, [_c_u32]),
+    "libbpf_num_possible_cpus": (_c_int, []),
 }
 for _name, (_restype, _argtypes) in _SIGNATURES.items():
     getattr(_lib, _name).restype = _restype
@@ -52,6 +53,12 @@ def _check(result: int, what: str) -> int:
         code = -result if result != -1 else ct.get_errno()
         raise OSError(code, f"{what}: {os.strerror(code)}")
     return result
+
+
+def possible_cpus() -> int:
+    """How many values a lookup in a per-CPU map gives (the kernel's
+    possible CPUs, not only the online ones)."""
+    return _check(_lib.libbpf_num_possible_cpus(), "count the possible CPUs")
 
 
 def obj_get(path: Path) -> int:

@@ -209,9 +209,7 @@ class Datapath:
             programs = _adopted_programs(config, build)
             if programs is None:
                 programs = _built_programs(config, build)
-            maps = {spec.pin: libbpf.BpfMap.open_pinned(config.bpffs_dir / spec.pin, spec.key,
-                                                        spec.value, spec.pin)
-                    for spec in MAP_SPECS}
+            maps = {spec.pin: open_pinned_map(config.bpffs_dir, spec) for spec in MAP_SPECS}
         except OSError as err:
             raise BackendSetupError(f"cannot set up the datapath under {config.bpffs_dir}: "
                                     f"{err}{privilege_hint(err)}") from err
@@ -293,6 +291,13 @@ def _private_directory(path: Path) -> None:
         path.chmod(0o700)
 
 
+def open_pinned_map(bpffs_dir: Path, spec: MapSpec) -> libbpf.BpfMap:
+    """The map of `spec` pinned under `bpffs_dir`; a per-CPU map's values are
+    arrays of one value per possible CPU (what the kernel reads and writes)."""
+    value = spec.value * libbpf.possible_cpus() if spec.per_cpu else spec.value
+    return libbpf.BpfMap.open_pinned(bpffs_dir / spec.pin, spec.key, value, spec.pin)
+
+
 def _set_aside_incompatible(config: DatapathConfig, spec: MapSpec) -> libbpf.BpfMap | None:
     """BCC reuses any map pinned at a path, whatever its layout or size. A pin
     that does not match this build and these flags is unpinned (the programs
@@ -301,7 +306,7 @@ def _set_aside_incompatible(config: DatapathConfig, spec: MapSpec) -> libbpf.Bpf
     path = config.bpffs_dir / spec.pin
     if not path.exists():
         return None
-    old = libbpf.BpfMap.open_pinned(path, spec.key, spec.value, spec.pin)
+    old = open_pinned_map(config.bpffs_dir, spec)
     info = old.info()
     if spec.matches(info, config.size(spec)):
         old.close()
@@ -371,8 +376,7 @@ def _adopted_programs(config: DatapathConfig, build: str) -> dict[str, int] | No
         return None
     pinned_maps = set()
     for spec in MAP_SPECS:
-        bpf_map = libbpf.BpfMap.open_pinned(config.bpffs_dir / spec.pin, spec.key, spec.value,
-                                            spec.pin)
+        bpf_map = open_pinned_map(config.bpffs_dir, spec)
         try:
             pinned_maps.add(bpf_map.info().id)
         finally:

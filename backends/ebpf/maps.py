@@ -25,6 +25,7 @@ DEFAULT_PIN_DIR = Path("/sys/fs/bpf/kpng-py")
 
 # enum bpf_map_type and map flags (uapi/linux/bpf.h)
 BPF_MAP_TYPE_HASH = 1
+BPF_MAP_TYPE_PERCPU_HASH = 5
 BPF_MAP_TYPE_LRU_HASH = 9
 BPF_F_NO_PREALLOC = 1
 
@@ -171,6 +172,12 @@ class AffinityValue(ct.Structure):
                 ("pad", ct.c_uint32)]
 
 
+class Counters(ct.Structure):
+    """struct lb_counters (16 bytes): one CPU's counts of one frontend."""
+
+    _fields_ = [("translated", ct.c_uint64), ("rejected", ct.c_uint64)]
+
+
 # Every struct of lb_maps.h and its mirror, for the layout test.
 MIRRORS: dict[str, type[ct.Structure]] = {
     "lb_l4addr": L4Addr,
@@ -183,6 +190,7 @@ MIRRORS: dict[str, type[ct.Structure]] = {
     "lb_node_address_value": NodeAddressValue,
     "lb_affinity_key": AffinityKey,
     "lb_affinity_value": AffinityValue,
+    "lb_counters": Counters,
 }
 
 
@@ -197,6 +205,8 @@ class MapSpec:
     flags: int
     size_macro: str
     default_size: int
+    # A lookup gives one value per possible CPU (what `value` is for one).
+    per_cpu: bool = False
 
     @property
     def size_flag(self) -> str:
@@ -225,4 +235,7 @@ AFFINITY = MapSpec("affinity", AffinityKey, AffinityValue, BPF_MAP_TYPE_LRU_HASH
 # A node has a few addresses; room for many interfaces' worth.
 NODE_ADDRESSES = MapSpec("node_addresses", NodeAddressKey, NodeAddressValue, BPF_MAP_TYPE_HASH,
                          BPF_F_NO_PREALLOC, "KPNG_NODE_ADDRESSES_MAX", 1024)
-MAP_SPECS = (SERVICES, BACKENDS, REVERSE_NAT, AFFINITY, NODE_ADDRESSES)
+# One entry per frontend clients used; a full map leaves new ones uncounted.
+COUNTERS = MapSpec("counters", ct.c_uint32, Counters, BPF_MAP_TYPE_PERCPU_HASH,
+                   BPF_F_NO_PREALLOC, "KPNG_COUNTERS_MAX", 65536, per_cpu=True)
+MAP_SPECS = (SERVICES, BACKENDS, REVERSE_NAT, AFFINITY, NODE_ADDRESSES, COUNTERS)

@@ -196,6 +196,8 @@ class MapWrites:
     # (service id, backend) pairs of UDP frontends that are gone: connected
     # sockets still pointing there must be terminated (S9).
     removed_udp: set[tuple[int, HostPort]] = field(default_factory=set)
+    # Service ids of the frontends that are gone: their counters go too.
+    released_service_ids: list[int] = field(default_factory=list)
     # Entries of each step in the rounds already written (buffers emptied).
     written: Counter[str] = field(default_factory=Counter)
 
@@ -280,6 +282,12 @@ class ServiceProgrammer:
         """How long the last apply planned and wrote, in milliseconds
         (`plan_ms`, `write_ms`)."""
         return self._last_stages
+
+    def service_port_of_ids(self) -> dict[int, ServicePortName | None]:
+        """The service id of every programmed frontend, with the service port
+        that owns it (None: recovered from the maps, not claimed yet)."""
+        return {programmed.service_id: self._owners.get(frontend)
+                for frontend, programmed in self._frontends.items()}
 
     def _reset(self) -> None:
         self._frontends: dict[FrontendKeys, Programmed] = {}
@@ -431,6 +439,7 @@ class ServiceProgrammer:
             self._drop_backend(backend_id, frontend, writes.gone_backends, writes)
         self.backend_entries -= len(backend_ids)
         self._service_ids.release(programmed.service_id)
+        writes.released_service_ids.append(programmed.service_id)
 
     def _drop_backend(self, backend_id: int, frontend: FrontendKeys, into: bytearray,
                       writes: MapWrites) -> None:

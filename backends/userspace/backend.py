@@ -36,6 +36,7 @@ from backends.userspace.context import (
     ProxyConfig,
     ProxyContext,
     ProxyStats,
+    Tally,
 )
 from backends.userspace.guard import ClusterIPGuard
 from backends.userspace.listener import Listener
@@ -60,6 +61,7 @@ from kpng_py.model import (
     format_host_port,
 )
 from kpng_py.nodeport_addresses import LocalAddressFollower, LocalAddressSet
+from kpng_py.service_counters import ServiceCounts, ServiceCountersCollector
 from kpng_py.skips import Skips
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,7 @@ class ServicePortListeners:
         self._ctx = ctx
         self.name = name
         self.port: ServicePort | None = None
+        self.tally = Tally()  # of all its listeners, for as long as the port is programmed
         self._listeners: dict[tuple[Frontend, IPAddress, bool], Listener] = {}
         # Why a listener could not be opened: logged and counted once, not
         # again by each retry that fails the same way.
@@ -160,7 +163,7 @@ class ServicePortListeners:
                                   port.affinity_timeout_seconds,
                                   self._ctx.node_addresses.is_local)
         listener = _LISTENERS[frontend.protocol](self._ctx, label, want.address, frontend.port,
-                                                 pickers)
+                                                 pickers, self.tally)
         try:
             listener.start()
         except OSError as err:
@@ -243,6 +246,8 @@ class UserspaceBackend:
                                               ignore_interfaces=(config.interface,))
         self._health_checks = HealthCheckNodePorts(metrics, config.nodeport_addresses)
         self._health: ProxyHealth | None = None
+        self._registry = metrics.registry
+        self._collector = ServiceCountersCollector(self._counts_per_service_port)
         # What is programmed: the service ports, and how many use each ClusterIP.
         self._ports: dict[ServicePortName, ServicePortListeners] = {}
         self._address_users: Counter[IPAddress] = Counter()
@@ -258,6 +263,7 @@ class UserspaceBackend:
         raise_open_files_limit()
         self._addresses.setup()
         self._loop_thread.start()
+        self._registry.register(self._collector)  # unregistered before the loop stops
         self._loop_thread.call(self._ctx.housekeeping.start)
         local = self._follower.start()
         self._loop_thread.call(lambda: self._ctx.node_addresses.set(local))
@@ -347,6 +353,11 @@ class UserspaceBackend:
         else:
             self._incomplete[port.name] = port
 
+    def _counts_per_service_port(self) -> dict[ServicePortName, ServiceCounts]:
+        """What the collector exports at a scrape (read on the loop)."""
+        return self._loop_thread.call(
+            lambda: {name: listeners.tally.counts() for name, listeners in self._ports.items()})
+
     def apply_stages(self) -> Mapping[str, float]:
         return {}  # no stages timed apart
 
@@ -362,6 +373,7 @@ class UserspaceBackend:
         self._follower.stop()
         self._health_checks.close()
         if self._loop_thread.loop.is_running():
+            self._registry.unregister(self._collector)
             self._loop_thread.call(close_all)
         self._loop_thread.stop()
         self._addresses.close()

@@ -10,6 +10,7 @@ from typing import Protocol
 from kpng_py.metrics import Metrics
 from kpng_py.model import IPAddress, IPFamily
 from kpng_py.nodeport_addresses import LocalAddressSet, NodePortAddresses
+from kpng_py.service_counters import ServiceCounts
 
 # The interface the backend creates (and marks as its own) by default.
 DEFAULT_INTERFACE = "kpng-py0"
@@ -47,6 +48,18 @@ class ProxyStats:
 
     def error(self, kind: str) -> None:
         self._errors.labels(kind).inc()
+
+
+class Tally:
+    """What one service port's listeners did with their clients, counted on
+    the event loop (kpng_py.service_counters exports it)."""
+
+    def __init__(self) -> None:
+        self.translated = 0  # TCP connections relayed, UDP sessions opened
+        self.rejected = 0  # clients refused: no endpoint could be reached
+
+    def counts(self) -> ServiceCounts:
+        return ServiceCounts(self.translated, self.rejected)
 
 
 class Expiring(Protocol):

@@ -7,7 +7,7 @@ import logging
 import socket
 from typing import ClassVar
 
-from backends.userspace.context import ProxyContext
+from backends.userspace.context import ProxyContext, Tally
 from backends.userspace.picker import EndpointPicker, FrontendPickers
 from backends.userspace.sockets import attach_source_filter, detach_filter, listening_socket
 from kpng_py.logs import fields
@@ -20,8 +20,9 @@ class Listener:
     KIND: ClassVar[socket.SocketKind]
 
     def __init__(self, ctx: ProxyContext, name: str, address: IPAddress, port: int,
-                 pickers: FrontendPickers) -> None:
+                 pickers: FrontendPickers, tally: Tally) -> None:
         self._ctx = ctx
+        self._tally = tally
         self._loop = ctx.loop
         self.name = name
         self.address = address

@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 
-from backends.userspace.context import ProxyContext
+from backends.userspace.context import ProxyContext, Tally
 from backends.userspace.listener import Listener
 from backends.userspace.picker import FrontendPickers
 from backends.userspace.sockets import reset, sockaddr, socket_family
@@ -164,8 +164,8 @@ class TcpListener(Listener):
     KIND = socket.SOCK_STREAM
 
     def __init__(self, ctx: ProxyContext, name: str, address: IPAddress, port: int,
-                 pickers: FrontendPickers) -> None:
-        super().__init__(ctx, name, address, port, pickers)
+                 pickers: FrontendPickers, tally: Tally) -> None:
+        super().__init__(ctx, name, address, port, pickers, tally)
         self._connecting: set[asyncio.Task] = set()
 
     def _on_readable(self, sock: socket.socket) -> None:
@@ -202,8 +202,10 @@ class TcpListener(Listener):
             client.close()
             raise
         if upstream is None:
+            self._tally.rejected += 1
             reset(client)
             return
+        self._tally.translated += 1
         for sock in (client, upstream):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         TcpRelay(self._ctx, client, upstream).start()

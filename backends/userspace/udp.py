@@ -16,7 +16,7 @@ import ipaddress
 import logging
 import socket
 
-from backends.userspace.context import ProxyContext
+from backends.userspace.context import ProxyContext, Tally
 from backends.userspace.listener import Listener
 from backends.userspace.picker import FrontendPickers
 from backends.userspace.sockets import sockaddr, socket_family
@@ -50,8 +50,8 @@ class UdpListener(Listener):
     KIND = socket.SOCK_DGRAM
 
     def __init__(self, ctx: ProxyContext, name: str, address: IPAddress, port: int,
-                 pickers: FrontendPickers) -> None:
-        super().__init__(ctx, name, address, port, pickers)
+                 pickers: FrontendPickers, tally: Tally) -> None:
+        super().__init__(ctx, name, address, port, pickers, tally)
         self._sessions: dict[ClientAddress, _Session] = {}
         # One receive buffer for the listener and its sessions: the loop runs
         # one callback at a time and each sends what it read before returning.
@@ -110,6 +110,7 @@ class UdpListener(Listener):
         picker = self.picker_for(client_ip)
         candidates = picker.candidates(client_ip, client[1], now, 1)
         if not candidates:
+            self._tally.rejected += 1
             return None
         endpoint = candidates[0]
         sock = socket.socket(socket_family(endpoint.ip), socket.SOCK_DGRAM)
@@ -118,6 +119,7 @@ class UdpListener(Listener):
             sock.connect(sockaddr(endpoint.ip, endpoint.port))
         except OSError as err:
             sock.close()
+            self._tally.rejected += 1
             self._ctx.stats.error("udp-connect")
             log.debug("udp session failed to open", extra=fields(
                 listener=self.name, endpoint=str(endpoint), error=err.strerror))
@@ -126,6 +128,7 @@ class UdpListener(Listener):
         self._sessions[client] = session
         self._loop.add_reader(sock.fileno(), self._on_endpoint_datagrams, session, listening)
         picker.served(client_ip, endpoint, now)
+        self._tally.translated += 1
         self._ctx.stats.udp_sessions.inc()
         self._ctx.housekeeping.watch(self)
         return session

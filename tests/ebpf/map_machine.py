@@ -134,8 +134,9 @@ class MapPair:
             bpf_map.delete_many([key for key, _ in bpf_map.items()])
 
     def dump(self) -> dict:
-        """The parts of an `ebpf dump` that `lab.programmed_frontends` reads."""
-        return {"services": services_of(read_contents(self.services, self.backends)),
+        """The parts of an `ebpf dump` that `lab.programmed_frontends` reads
+        (no counters: only programs count)."""
+        return {"services": services_of(read_contents(self.services, self.backends), {}),
                 "maps": {maps.SERVICES.pin: {"entries": len(self.services)},
                          maps.BACKENDS.pin: {"entries": len(self.backends)}}}
 

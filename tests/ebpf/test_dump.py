@@ -7,7 +7,9 @@ another service's, slots above a master's count or without a master, an
 unknown protocol, an affinity timeout without its flag, a service id of 0
 or used twice, a backend no slot names, kind flags that disagree with
 each other or with the address; and a frontend of each kind, with the
-node-port addresses."""
+node-port addresses, and counters: added up over the CPUs, of a
+frontend used twice, of one that only rejected, and of an id no frontend
+has."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Iterator
 
 import pytest
 
-from backends.ebpf import maps
+from backends.ebpf import libbpf, maps
 from backends.ebpf.dump import dump_json, format_text, read_dump
 from backends.ebpf.mapaccess import MapAccess
 from tests.ebpf.helpers import loaded
@@ -25,7 +27,8 @@ from tests.ebpf.helpers import loaded
 pytestmark = pytest.mark.kernel
 
 EXPECTED = Path(__file__).parent / "dump"
-SIZES = {"services": 64, "backends": 32, "reverse_nat": 16, "affinity": 8, "node_addresses": 4}
+SIZES = {"services": 64, "backends": 32, "reverse_nat": 16, "affinity": 8, "node_addresses": 4,
+         "counters": 8}
 TCP, UDP, SCTP = 6, 17, 132
 # Written in this order (the dump sorts by address, port and protocol).
 SERVICES = [
@@ -79,6 +82,23 @@ def write_state(services: MapAccess, backends: MapAccess) -> None:
         for _, ip, port, service_id in BACKENDS])
 
 
+# service id -> (translated, rejected) of the first CPU, and of the last.
+COUNTERS = {7: ((3, 1), (2, 0)), 9: ((0, 4), (0, 0)), 999: ((1, 0), (0, 0))}
+
+
+def write_counters(counters: MapAccess) -> None:
+    cpus = libbpf.possible_cpus()
+    values = []
+    for first, last in COUNTERS.values():
+        per_cpu = (maps.Counters * cpus)()
+        per_cpu[0] = maps.Counters(*first)
+        spread = per_cpu[cpus - 1]  # the first CPU's again on a one-CPU machine
+        spread.translated += last[0]
+        spread.rejected += last[1]
+        values.append(per_cpu)
+    counters.put_many(list(COUNTERS), values)
+
+
 def write_node_addresses(node_addresses: MapAccess) -> None:
     node_addresses.put_many([maps.NodeAddressKey.of(ipaddress.ip_address(ip))
                              for ip in NODE_ADDRESSES],
@@ -90,6 +110,7 @@ def dumped() -> Iterator[tuple[Path, dict]]:
     with loaded(**SIZES) as datapath:
         write_state(datapath.maps[maps.SERVICES.pin], datapath.maps[maps.BACKENDS.pin])
         write_node_addresses(datapath.maps[maps.NODE_ADDRESSES.pin])
+        write_counters(datapath.maps[maps.COUNTERS.pin])
         yield datapath.config.bpffs_dir, read_dump(datapath.config.bpffs_dir)
 
 

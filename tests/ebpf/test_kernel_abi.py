@@ -36,6 +36,7 @@ def test_bpf_numbers_are_the_kernels(tmp_path: Path) -> None:
     assert_matches_c(tmp_path, BPF_HEADERS, constants({
         "BPF_LINK_TYPE_CGROUP": libbpf.BPF_LINK_TYPE_CGROUP,
         "BPF_MAP_TYPE_HASH": maps.BPF_MAP_TYPE_HASH,
+        "BPF_MAP_TYPE_PERCPU_HASH": maps.BPF_MAP_TYPE_PERCPU_HASH,
         "BPF_MAP_TYPE_LRU_HASH": maps.BPF_MAP_TYPE_LRU_HASH,
         "BPF_F_NO_PREALLOC": maps.BPF_F_NO_PREALLOC,
         **{member.name: member.value for member in AttachType},

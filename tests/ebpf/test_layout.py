@@ -15,7 +15,9 @@ from backends.ebpf.loader import BPF_SOURCE_DIR
 from tests.ebpf.c_layout import assert_matches_c, constants, ctypes_members
 
 # BCC's names of the map types, and the C types of the scalar keys.
-BCC_MAP_TYPES = {'"hash"': maps.BPF_MAP_TYPE_HASH, '"lru_hash"': maps.BPF_MAP_TYPE_LRU_HASH}
+BCC_MAP_TYPES = {'"hash"': maps.BPF_MAP_TYPE_HASH, '"lru_hash"': maps.BPF_MAP_TYPE_LRU_HASH,
+                 '"percpu_hash"': maps.BPF_MAP_TYPE_PERCPU_HASH}
+PER_CPU_TYPES = {maps.BPF_MAP_TYPE_PERCPU_HASH}
 SCALAR_C_TYPES: dict[type, str] = {ct.c_uint32: "__u32"}
 
 
@@ -82,6 +84,7 @@ def assert_specs_declared(c_source: str) -> None:
         assert (BCC_MAP_TYPES[map_type], key, value, size) == (
             spec.type, _c_type(spec.key), _c_type(spec.value), spec.size_macro), spec.pin
         assert flags == (["BPF_F_NO_PREALLOC"] if spec.flags else []), spec.pin
+        assert spec.per_cpu == (spec.type in PER_CPU_TYPES), spec.pin
         assert spec.flags in (0, maps.BPF_F_NO_PREALLOC), spec.pin
 
 

@@ -193,3 +193,28 @@ def test_a_full_change_set_reconciles_with_what_a_previous_run_left(
     assert "10.96.0.20/32" in addresses
     assert VIP4 not in addresses and VIP6 not in addresses and "10.96.99.99" not in addresses
     assert client("tcp", host="10.96.0.20", port=80, count=1)[0]["echo"] == "ping"
+
+
+def test_connections_sessions_and_refusals_are_counted_per_service_port(start_node, client):
+    """The metrics the eBPF backend exports too: a TCP connection relayed, a
+    UDP session opened (one per client socket, not per datagram), a client
+    reset because no endpoint accepted."""
+    node = start_node("--tcp-connect-attempts", "1")
+    node.apply(ServicePortChanges(added=(_web(*SERVER_V4, *SERVER_V6), _dns(*SERVER_V4)),
+                                  full=True))
+    assert len(client("tcp", host=VIP4, port=80, count=5)) == 5
+    assert len(client("tcp", host=VIP6, port=80, count=2)) == 2
+    assert len(client("udp", host=VIP4, port=53, count=3, size=10, connected=False)) == 3
+    counts = node.counts()
+    assert counts["kpng_py_service_connections_total:default/web:p,TCP"] == 7
+    assert counts["kpng_py_service_rejections_total:default/web:p,TCP"] == 0
+    assert counts["kpng_py_service_connections_total:default/dns:p,UDP"] == 3
+    node.apply(ServicePortChanges(updated=((_web(*SERVER_V4, *SERVER_V6),
+                                            _web((SERVER_V4[0], CLOSED_PORT))),)))
+    assert client("tcp", host=VIP4, port=80, count=1) == {"error": "ECONNRESET"}
+    counts = node.counts()
+    assert counts["kpng_py_service_connections_total:default/web:p,TCP"] == 7
+    assert counts["kpng_py_service_rejections_total:default/web:p,TCP"] == 1
+    # A removed service port is no longer exported.
+    node.apply(ServicePortChanges(removed=(_dns(*SERVER_V4),)))
+    assert "kpng_py_service_connections_total:default/dns:p,UDP" not in node.counts()

@@ -138,4 +138,18 @@ struct lb_affinity_value {
 };
 _Static_assert(sizeof(struct lb_affinity_value) == 16, "lb_affinity_value layout");
 
+/*
+ * counters (per-CPU hash): what each frontend's translations did, by service
+ * id, for metrics and `ebpf dump`. A program creates its frontend's entry at
+ * the first translation, so a node pays only for the services its clients
+ * use; the control plane deletes it with the frontend. Per CPU, so a busy
+ * service never bounces one cache line between CPUs; readers add the CPUs.
+ * Key: __u32 service id. Value: 16 bytes per CPU.
+ */
+struct lb_counters {
+	__u64 translated;	/* 0: sockets sent to a backend (TCP connects, UDP socket-backend pairs) */
+	__u64 rejected;		/* 8: connects and sends refused: no endpoints */
+};
+_Static_assert(sizeof(struct lb_counters) == 16, "lb_counters layout");
+
 #endif /* KPNG_LB_MAPS_H */

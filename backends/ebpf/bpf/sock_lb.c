@@ -18,7 +18,7 @@
  *   KPNG_PIN_DIR        bpffs directory holding the pinned maps
  *   KPNG_MAPS_HEADER    the absolute path of lb_maps.h, as a string
  *   KPNG_SERVICES_MAX, KPNG_BACKENDS_MAX, KPNG_REVNAT_MAX, KPNG_AFFINITY_MAX,
- *   KPNG_NODE_ADDRESSES_MAX
+ *   KPNG_NODE_ADDRESSES_MAX, KPNG_COUNTERS_MAX
  *   KPNG_REJECT_WITH_EPERM  kernels without bpf_set_retval (before 5.18)
  */
 #include <uapi/linux/bpf.h>
@@ -47,6 +47,10 @@ BPF_TABLE_PINNED("hash", __u32, struct lb_backend, kpng_backends,
 BPF_TABLE_PINNED("hash", struct lb_node_address_key, struct lb_node_address_value,
 		 kpng_node_addresses, KPNG_NODE_ADDRESSES_MAX, KPNG_PIN_DIR "/node_addresses",
 		 BPF_F_NO_PREALLOC);
+/* Datapath owned, deleted by the control plane with their frontend; no
+ * prealloc: per-CPU memory only for the services clients use. */
+BPF_TABLE_PINNED("percpu_hash", __u32, struct lb_counters, kpng_counters,
+		 KPNG_COUNTERS_MAX, KPNG_PIN_DIR "/counters", BPF_F_NO_PREALLOC);
 /* Datapath owned and bounded by LRU eviction; readers re-validate entries. */
 BPF_TABLE_PINNED("lru_hash", struct lb_revnat_key, struct lb_revnat_value, kpng_revnat,
 		 KPNG_REVNAT_MAX, KPNG_PIN_DIR "/reverse_nat");
@@ -87,6 +91,36 @@ static __always_inline bool l4addr_equal(const struct lb_l4addr *a, const struct
 {
 	return a->addr[0] == b->addr[0] && a->addr[1] == b->addr[1] &&
 	       a->addr[2] == b->addr[2] && a->addr[3] == b->addr[3] && a->port == b->port;
+}
+
+/* This CPU's counters of a service, made at its first translation here or
+ * anywhere (a full map leaves the service uncounted, never untranslated). */
+static __always_inline struct lb_counters *counters_of(__u32 service_id)
+{
+	struct lb_counters *counters = kpng_counters.lookup(&service_id);
+	struct lb_counters zero = {};
+
+	if (counters)
+		return counters;
+	/* Another CPU may create it first: then ours fails, the lookup finds it. */
+	kpng_counters.insert(&service_id, &zero);
+	return kpng_counters.lookup(&service_id);
+}
+
+static __always_inline void count_translated(__u32 service_id)
+{
+	struct lb_counters *counters = counters_of(service_id);
+
+	if (counters)
+		counters->translated++;
+}
+
+static __always_inline void count_rejected(__u32 service_id)
+{
+	struct lb_counters *counters = counters_of(service_id);
+
+	if (counters)
+		counters->rejected++;
 }
 
 /* A connect() or sendto() to a service without endpoints fails at once, as
@@ -187,17 +221,20 @@ static __always_inline struct lb_service_value *find_master(struct lb_service_ke
 	return kpng_services.lookup(key);
 }
 
-/* Write the reverse-NAT entry only when it changed: sendmsg runs per datagram. */
-static __always_inline void remember_vip(__u64 cookie, const struct lb_l4addr *backend,
+/* Write the reverse-NAT entry only when it changed: sendmsg runs per
+ * datagram. A new entry is a new socket at this backend: what is counted as
+ * translated, so a UDP socket counts once per backend, not per datagram. */
+static __always_inline bool remember_vip(__u64 cookie, const struct lb_l4addr *backend,
 					 const struct lb_l4addr *vip, __u32 service_id)
 {
 	struct lb_revnat_key key = { .cookie = cookie, .backend = *backend };
 	struct lb_revnat_value *known = kpng_revnat.lookup(&key);
 
 	if (known && known->service_id == service_id && l4addr_equal(&known->vip, vip))
-		return;
+		return false;
 	struct lb_revnat_value value = { .vip = *vip, .service_id = service_id };
 	kpng_revnat.update(&key, &value);
+	return true;
 }
 
 /* Forward direction: if dst is a service, replace it by one of its backends.
@@ -216,8 +253,10 @@ static __always_inline enum lb_verdict lb_translate(void *ctx, struct lb_l4addr 
 	if (!master)
 		return LB_NOT_A_SERVICE;
 	svc = *master;
-	if (svc.count == 0)
+	if (svc.count == 0) {
+		count_rejected(svc.id);
 		return LB_NO_BACKEND;
+	}
 	cookie = bpf_get_socket_cookie(ctx);
 	if (svc.flags & LB_SVC_F_AFFINITY) {
 		affinity.netns_cookie = bpf_get_netns_cookie(ctx);
@@ -226,15 +265,16 @@ static __always_inline enum lb_verdict lb_translate(void *ctx, struct lb_l4addr 
 		backend = affinity_backend(&affinity, &svc, now);
 	}
 	if (!backend) {
-		if (!slot_backend_id(&key, svc.count, cookie, &backend_id))
+		if (!slot_backend_id(&key, svc.count, cookie, &backend_id) ||
+		    !(backend = kpng_backends.lookup(&backend_id))) {
+			count_rejected(svc.id);
 			return LB_NO_BACKEND;
-		backend = kpng_backends.lookup(&backend_id);
-		if (!backend)
-			return LB_NO_BACKEND;
+		}
 		if (svc.flags & LB_SVC_F_AFFINITY)
 			remember_affinity(&affinity, backend_id, now);
 	}
-	remember_vip(cookie, &backend->addr, dst, svc.id);
+	if (remember_vip(cookie, &backend->addr, dst, svc.id))
+		count_translated(svc.id);
 	*dst = backend->addr;
 	return LB_TRANSLATED;
 }

@@ -1,0 +1,56 @@
+"""The datapath's per-frontend counters (the `counters` map, lb_maps.h) as
+totals per service id, and per service port for kpng_py.service_counters.
+
+The programs count in a per-CPU hash keyed by service id: `translated` (a
+socket sent to a backend: a TCP connect, a UDP socket's first datagram to a
+backend) and `rejected` (a connect or send refused, the service having no
+endpoints). The control plane deletes a frontend's entry with the frontend,
+and at each full change set every entry no frontend has (one a program made
+while its frontend was being removed). The entries are pinned, so the counts
+survive a restart of the backend as the service ids do.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Collection, Iterable, Mapping
+
+from backends.ebpf.mapaccess import MapAccess
+from kpng_py.model import ServicePortName
+from kpng_py.service_counters import ServiceCounts
+
+_U32 = struct.Struct("=I")
+
+
+def read_counts(counters: MapAccess) -> dict[int, ServiceCounts]:
+    """Every entry of the map, by service id (its values: one per CPU)."""
+    found: dict[int, ServiceCounts] = {}
+    for service_id, per_cpu in counters.items():
+        found[int(service_id)] = ServiceCounts(
+            sum(cpu.translated for cpu in per_cpu), sum(cpu.rejected for cpu in per_cpu))
+    return found
+
+
+def forget(counters: MapAccess, service_ids: Iterable[int]) -> None:
+    """Delete the entries of these service ids (those never counted have none)."""
+    counters.delete_packed(b"".join(_U32.pack(service_id) for service_id in service_ids))
+
+
+def keep_only(counters: MapAccess, service_ids: Collection[int]) -> int:
+    """Delete every entry whose service id is not in `service_ids`; how many."""
+    gone = [service_id for service_id in read_counts(counters) if service_id not in service_ids]
+    forget(counters, gone)
+    return len(gone)
+
+
+def per_service_port(counts: Mapping[int, ServiceCounts],
+                     owners: Mapping[int, ServicePortName | None]
+                     ) -> dict[ServicePortName, ServiceCounts]:
+    """The counts of a service port's frontends (ClusterIPs, node ports,
+    ExternalIPs, LB IPs) added up; ids no service port owns are left out."""
+    totals: dict[ServicePortName, ServiceCounts] = {}
+    for service_id, frontend in counts.items():
+        name = owners.get(service_id)
+        if name is not None:
+            totals[name] = totals.get(name, ServiceCounts()) + frontend
+    return totals

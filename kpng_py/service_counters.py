@@ -1,0 +1,65 @@
+"""Per-service-port connection counters, as every backend exports them:
+`kpng_py_service_connections_total` and `kpng_py_service_rejections_total`,
+labelled `service_port` (kube-proxy's `ns/name:port`) and `protocol`.
+
+A backend gives the collector a function that reads its counts at each
+scrape (the eBPF backend from its pinned per-CPU map, the userspace one from
+its listeners); a service port that is gone is no longer exported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from kpng_py.model import ServicePortName
+
+
+@dataclass(frozen=True)
+class ServiceCounts:
+    """What clients did with a service port (or one of its frontends)."""
+
+    # Sockets sent to an endpoint: TCP connections, UDP sockets (once per
+    # endpoint, however many datagrams they send).
+    translated: int = 0
+    # Connects and sends refused: the service port had no endpoint for them.
+    rejected: int = 0
+
+    def __add__(self, other: ServiceCounts) -> ServiceCounts:
+        return ServiceCounts(self.translated + other.translated, self.rejected + other.rejected)
+
+
+class ServiceCountersCollector(Collector):
+    """`kpng_py_service_connections_total` and
+    `kpng_py_service_rejections_total`, by service port and protocol,
+    read from the backend at each scrape."""
+
+    def __init__(self, read: Callable[[], Mapping[ServicePortName, ServiceCounts]]) -> None:
+        self._read = read
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        connections, rejections = self._families()
+        for name, counts in sorted(self._read().items(), key=lambda item: item[0].sort_key()):
+            labels = [str(name), name.protocol.value]
+            connections.add_metric(labels, counts.translated)
+            rejections.add_metric(labels, counts.rejected)
+        yield connections
+        yield rejections
+
+    @staticmethod
+    def _families() -> tuple[CounterMetricFamily, CounterMetricFamily]:
+        labels = ["service_port", "protocol"]
+        return (CounterMetricFamily(
+                    "kpng_py_service_connections",
+                    "Connections (TCP) and sockets (UDP, once per backend) a service port's "
+                    "frontends sent to one of its endpoints.", labels=labels),
+                CounterMetricFamily(
+                    "kpng_py_service_rejections",
+                    "Connects and sends to a service port refused because it had no endpoint.",
+                    labels=labels))
