@@ -12,6 +12,7 @@ import logging
 import signal
 import time
 from collections import Counter
+from prometheus_client.parser import text_string_to_metric_families
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -21,7 +22,7 @@ from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, PortSpec, Serv
 from lab import clients
 from lab.clients import Sample, StreamingProbe, host_literal
 from lab.cluster import Family, Pod
-from lab.procs import Proc, wait_until
+from lab.procs import Proc, in_namespace, run, wait_until
 from lab.servers import ContainerPort
 
 log = logging.getLogger(__name__)
@@ -558,3 +559,77 @@ def hairpin(t: CheckRun) -> None:
     web, srv = t.env.shared("web"), t.env.servers
     t.each_family(f"from {srv[0].name}", lambda f: t.expect_http(web, HTTP, f, srv,
                                                                  client=srv[0]))
+
+
+# -- counters ------------------------------------------------------------
+# The backend's /metrics, where the e2e runs it: its default address, in the node.
+METRICS_URL = "http://127.0.0.1:10249/metrics"
+COUNTED_CONNECTIONS = 10
+COUNTED_QUERIES = 6
+COUNTED_REFUSALS = 4
+
+
+def service_counters(t: CheckRun) -> dict[tuple[str, str, str], float]:
+    """The backend's per-service-port counters: (metric, service_port,
+    protocol) -> value."""
+    cluster = t.env.cluster  # type: ignore[attr-defined]  # the service topology's Env
+    scraped = run(in_namespace(cluster.node_netns, ["curl", "--silent", "--show-error",
+                                                    "--max-time", "5", METRICS_URL]),
+                  timeout=10).stdout
+    return {(sample.name, sample.labels["service_port"], sample.labels["protocol"]): sample.value
+            for family in text_string_to_metric_families(scraped)
+            if family.name in ("kpng_py_service_connections", "kpng_py_service_rejections")
+            for sample in family.samples if sample.name.endswith("_total")}
+
+
+def _counted(t: CheckRun, family: Family, step: str, key: tuple[str, str, str], expected: int,
+             make: Callable[[], int]) -> None:
+    """`make()` makes some connections (returns how many it could); the
+    counter at `key` must have grown by exactly `expected`."""
+    def body() -> None:
+        before = service_counters(t).get(key, 0)
+        made = make()
+        if made != expected:
+            raise CheckFailed(f"the client made {made} of {expected}")
+        grown = service_counters(t).get(key, 0) - before
+        if grown != expected:
+            raise CheckFailed(f"{key[0]}{{service_port={key[1]!r}, protocol={key[2]!r}}} grew by "
+                              f"{grown:g}, expected {expected}")
+    t.step(family, step, body)
+
+
+@check("C1/connection-counters", "(kpng-py) per-service-port connection counters on /metrics "
+       "count what real clients did", translated=True)
+def connection_counters(t: CheckRun) -> None:
+    srv = t.env.servers
+    counted = ServiceSpec("counted", 12, (HTTP, DNS_UDP)).with_endpoints(*srv)
+    refusing = ServiceSpec("refusing", 15, (HTTP,))
+    t.apply(counted, refusing)
+    connections = "kpng_py_service_connections_total"
+    for family in t.active():
+        _counted(t, family, f"{COUNTED_CONNECTIONS} curl connections",
+                 (connections, "default/counted:http", "TCP"), COUNTED_CONNECTIONS,
+                 lambda f=family: len(clients.http(t.env.client, counted.cluster_ip(f), HTTP.port,
+                                                   COUNTED_CONNECTIONS).answers))
+        _counted(t, family, f"{COUNTED_QUERIES} dig queries, a socket each",
+                 (connections, "default/counted:dns", "UDP"), COUNTED_QUERIES,
+                 lambda f=family: sum(clients.dns(t.env.client, counted.cluster_ip(f), DNS_UDP.port,
+                                                  attempts=COUNTED_QUERIES).pods.values()))
+        # Refused in the pod's kernel by eBPF (counted); a userspace proxy
+        # has no listener without endpoints, so the node's kernel refuses
+        # them unseen (not counted).
+        refusals = COUNTED_REFUSALS if t.env.kind.translates_in_pod else 0
+        _counted(t, family, f"{COUNTED_REFUSALS} connects refused",
+                 ("kpng_py_service_rejections_total", "default/refusing:http", "TCP"), refusals,
+                 lambda f=family: refusals if all(
+                     clients.probe(t.env.client, "connect", str(refusing.cluster_ip(f)),
+                                   str(HTTP.port))["errno"] == "ECONNREFUSED"
+                     for _ in range(COUNTED_REFUSALS)) else -1)
+    t.apply(delete=["counted", "refusing"])
+    t.each_family("deleted: no longer exported", lambda f: _not_exported(t, "default/counted:http"))
+
+
+def _not_exported(t: CheckRun, service_port: str) -> None:
+    left = [key for key in service_counters(t) if key[1] == service_port]
+    if left:
+        raise CheckFailed(f"still exported after the service was deleted: {left}")
