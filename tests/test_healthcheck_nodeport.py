@@ -165,17 +165,33 @@ def test_servers_follow_the_allowed_node_addresses(servers):
     assert _get(port)[0] == 200
 
 
-def test_a_port_held_by_another_process_is_counted_once_and_served_when_free(servers):
+@pytest.fixture
+def holder() -> Iterator[socket.socket]:
+    """A port another process listens on (until the test closes it)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    yield sock
+    sock.close()
+
+
+def _bind_errors(metrics: Metrics) -> float | None:
+    return metrics.registry.get_sample_value(
+        "kpng_py_dataplane_errors_total", {"kind": "healthcheck-bind"})
+
+
+def _cluster_only(ip: str) -> ServicePort:
+    """A service port of another service, without a health check."""
+    return _port(0, _endpoint(ip), name="other", type="ClusterIP", external_traffic_local=False)
+
+
+def test_a_port_held_by_another_process_is_counted_once_and_served_when_free(servers, holder):
     checks, _, metrics = servers
-    holder = socket.socket()
-    holder.bind(("127.0.0.1", 0))
-    holder.listen()
     port = holder.getsockname()[1]
     service = _port(port, _endpoint("10.0.0.1"))
     checks.apply(ServicePortChanges(added=(service,), full=True))
     checks.apply(ServicePortChanges(updated=((service, service),)))
-    assert metrics.registry.get_sample_value(
-        "kpng_py_dataplane_errors_total", {"kind": "healthcheck-bind"}) == 1
+    assert _bind_errors(metrics) == 1
     holder.close()
     checks.apply(ServicePortChanges(updated=((service, service),)))
     assert _get(port)[0] == 200
@@ -184,8 +200,7 @@ def test_a_port_held_by_another_process_is_counted_once_and_served_when_free(ser
 def test_ports_without_a_health_check_do_not_call_the_servers_thread(servers, monkeypatch):
     checks, _, _ = servers
     served = _port(_free_port(), _endpoint("10.0.0.1"))
-    cluster_only = _port(0, _endpoint("10.0.0.2"), name="other", type="ClusterIP",
-                         external_traffic_local=False)
+    cluster_only = _cluster_only("10.0.0.2")
     checks.apply(ServicePortChanges(added=(served, cluster_only), full=True))
     calls: list[object] = []
     monkeypatch.setattr(checks, "_call", lambda coroutine: (calls.append(coroutine),
@@ -198,18 +213,13 @@ def test_ports_without_a_health_check_do_not_call_the_servers_thread(servers, mo
     assert len(calls) == 1
 
 
-def test_a_failed_bind_is_retried_by_a_change_set_of_other_ports(servers):
+def test_a_failed_bind_is_retried_by_a_change_set_of_other_ports(servers, holder):
     checks, _, metrics = servers
-    holder = socket.socket()
-    holder.bind(("127.0.0.1", 0))
-    holder.listen()
     port = holder.getsockname()[1]
-    other = _port(0, _endpoint("10.0.0.2"), name="other", type="ClusterIP",
-                  external_traffic_local=False)
+    other = _cluster_only("10.0.0.2")
     checks.apply(ServicePortChanges(added=(_port(port, _endpoint("10.0.0.1")), other),
                                     full=True))
-    assert metrics.registry.get_sample_value(
-        "kpng_py_dataplane_errors_total", {"kind": "healthcheck-bind"}) == 1
+    assert _bind_errors(metrics) == 1
     holder.close()
     checks.apply(ServicePortChanges(updated=((other, other),)))
     assert _get(port)[0] == 200
