@@ -40,9 +40,12 @@ def kill_and_clean_up(demo: subprocess.Popen) -> None:
 
 def test_a_kept_demo_can_be_entered_and_is_torn_down_on_ctrl_c() -> None:
     require_root_bpf()
+    # Started with SIGINT ignored, as a non-interactive shell starts a
+    # background job (how CI may run the suite): Ctrl-C must still end it.
     demo = subprocess.Popen([str(ROOT / "hack" / "demo.sh"), "-i", "ipv4"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "KEEP": "1"})
+                            env={**os.environ, "KEEP": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     names = RunNames(demo.pid)  # demo.sh execs the demo: same process
     seen: list[str] = []
     try:

@@ -43,6 +43,11 @@ def demo(ip_mode: str, keep: bool) -> int:
     kind = BACKENDS["ebpf"]
     control: ControlPlane | None = None
     began = time.monotonic()
+    # Ctrl-C is the way out of a kept demo, also when it was started where
+    # SIGINT is ignored (a background job of a non-interactive shell, as CI
+    # runs the suite): Python then leaves it ignored, and the demo would wait
+    # forever.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _stop)
     try:
         teardown.remove_stale_runs(kind.dataplane_cleanup)
@@ -113,7 +118,9 @@ def _keep_until_interrupted(client: Pod, control: ControlPlane) -> None:
     say(f"   tear down: Ctrl-C here, or kill {os.getpid()}; after a kill -9, "
         "`hack/demo.sh --down` (or the next `make demo`) removes what is left")
     while True:
-        signal.pause()
+        # Not signal.pause(): a signal that came between Python's check for
+        # one and the pause() call would leave it waiting for another.
+        time.sleep(1.0)
 
 
 def _down() -> int:

@@ -14,6 +14,7 @@ from backends.userspace.context import (
     ProxyConfig,
     ProxyContext,
     ProxyStats,
+    Tally,
 )
 from backends.userspace.listener import Listener
 from backends.userspace.picker import FrontendPickers
@@ -39,7 +40,7 @@ def ctx() -> Iterator[ProxyContext]:
 @pytest.mark.parametrize("kind", [TcpListener, UdpListener])
 def test_a_closed_listener_has_nothing_left_to_expire(ctx, kind: type[Listener]):
     pickers = FrontendPickers("test", EP, None, 100, ctx.node_addresses.is_local)
-    listener = kind(ctx, "test", LOOPBACK, 0, pickers)
+    listener = kind(ctx, "test", LOOPBACK, 0, pickers, Tally())
     listener.start()
     listener.picker_for(CLIENT).served(CLIENT, EP[0], now=0)
     assert listener.expire(now=1)
