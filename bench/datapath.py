@@ -138,9 +138,28 @@ def _measure(names: RunNames, workdir: Path, results: Results, contender: Conten
                 if paired:
                     results.add(f"{metric}_ratio", name, n, value / paired)
                     line.append(f"({value / paired:.3f}x direct)")
+            if contender and contender.lab and contender.lab.trace:
+                line.append(_traced_rate(cluster, contender.lab.trace(cluster.names.places),
+                                         results, name, n, tools["dp_conn_rate"], target))
             log.info("dp %s N=%d rep %d: %s", name, n, rep + 1, ", ".join(line))
     finally:
         _stop(worker)
+
+
+def _traced_rate(cluster: Cluster, trace: list[str], results: Results, name: str, n: int,
+                 rate: Callable[[Endpoints], float], target: Endpoints) -> str:
+    """The connection rate with the contender's trace attached (its output
+    to a file on the node), and over the rate without one, back to back."""
+    idle = rate(target)
+    tracer = cluster.spawn_on_node("trace", trace)
+    try:
+        wait_until("the trace attached", lambda: "tracing" in tracer.log.read_text(), 30.0)
+        traced = rate(target)
+    finally:
+        tracer.stop()
+    results.add("dp_conn_rate_traced", name, n, traced)
+    results.add("dp_conn_rate_traced_ratio", name, n, traced / idle)
+    return f"conn_rate traced {traced:.4g} ({traced / idle:.3f}x idle)"
 
 
 # -- the cluster -------------------------------------------------------------

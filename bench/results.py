@@ -62,6 +62,11 @@ METRICS = {m.key: m for m in (
     Metric("dp_connect_latency", "TCP connect latency, median (curl time_connect)", "ms", False),
     Metric("dp_conn_rate_ratio", "New connections per second through the ClusterIP over direct, "
            "measured back to back in the same cluster", "x direct", True),
+    Metric("dp_conn_rate_traced", "New connections per second through the ClusterIP while "
+           "a trace (`kpng-py ebpf trace --json`) is attached and writing every line",
+           "conn/s", True),
+    Metric("dp_conn_rate_traced_ratio", "New connections per second with a trace attached "
+           "over without, measured back to back in the same cluster", "x idle", True),
     Metric("dp_tcp_throughput", "Long-lived TCP throughput (iperf3)", "Gbit/s", True),
     Metric("dp_tcp_throughput_ratio", "TCP throughput through the ClusterIP over direct, "
            "measured back to back in the same cluster", "x direct", True),

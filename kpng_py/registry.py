@@ -80,6 +80,10 @@ class LabSupport:
     # Listening sockets the backend holds open per service port (the bench
     # checks that the open-files limit allows them).
     sockets_per_service_port: int
+    # A command that prints every translation as it happens until SIGTERM
+    # (`--json`: one object per line); None when the backend has none. The
+    # e2e checks its lines, the bench what it costs.
+    trace: Callable[[LabPlaces], list[str]] | None = None
 
 
 @dataclass(frozen=True)

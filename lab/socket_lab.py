@@ -66,6 +66,10 @@ class Agent:
             raise RuntimeError(f"the agent is in cgroup {hello['cgroup']}, not in "
                                f"{group.path}: its sockets would escape the test's programs")
 
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
     def call(self, op: str, **args) -> dict:
         return self.call_raw(json.dumps({"op": op, **args}))
 

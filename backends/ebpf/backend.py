@@ -7,10 +7,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Mapping
 
-from backends.ebpf import counters, maps
+from backends.ebpf import counters, maps, service_id_maps
 from backends.ebpf.loader import Datapath, DatapathConfig
 from backends.ebpf.node_addresses import AddressFollower, FollowerFactory, NodeAddressMap
-from backends.ebpf.programmer import Capacity, ServiceProgrammer
+from backends.ebpf.programmer import Capacity, MapWrites, ServiceProgrammer
 from backends.ebpf.stale_udp import StaleUdpTerminator
 from backends.ebpf.usage import CachedCount
 from kpng_py.backend import BackendSetupError
@@ -88,9 +88,11 @@ class EbpfBackend:
         for spec in maps.MAP_SPECS:
             self._metrics.map_capacity.labels(spec.pin).set(
                 self._datapath.maps[spec.pin].info().max_entries)
-        for spec in (maps.SERVICES, maps.BACKENDS, maps.NODE_ADDRESSES):  # written here
+        for spec in (maps.SERVICES, maps.BACKENDS, maps.NODE_ADDRESSES,
+                     maps.SERVICE_NAMES):  # written here
             self._metrics.map_writes.labels(spec.pin)
-        for spec in (maps.REVERSE_NAT, maps.AFFINITY, maps.COUNTERS):  # made by the datapath
+        # Made by the datapath, or not counted by the programmer: walked.
+        for spec in (maps.REVERSE_NAT, maps.AFFINITY, maps.COUNTERS, maps.SERVICE_NAMES):
             self._metrics.map_entries.labels(spec.pin).set_function(
                 CachedCount(self._datapath.maps[spec.pin].count))
         if self._netfilter is not None:
@@ -170,25 +172,37 @@ class EbpfBackend:
             self._attached = True
         if writes.removed_udp:
             self._terminate_stale_udp(terminator, writes.removed_udp)
-        self._drop_counters(datapath, programmer, writes.released_service_ids, changes.full)
+        self._follow_service_ids(datapath, programmer, writes, changes.full)
         if self._netfilter is not None:
             self._netfilter.apply(changes)
         self._health_checks.apply(changes)
 
-    def _drop_counters(self, datapath: Datapath, programmer: ServiceProgrammer,
-                       released: list[int], full: bool) -> None:
-        """The counters of gone frontends; at a full change set also those
-        no frontend has. A failure only leaves counts behind: logged and
-        counted, the next full change set deletes them."""
-        counter_map = datapath.maps[maps.COUNTERS.pin]
+    def _follow_service_ids(self, datapath: Datapath, programmer: ServiceProgrammer,
+                            writes: MapWrites, full: bool) -> None:
+        """Names and counters follow the frontends' service ids
+        (service_id_maps): a full change set writes every name and deletes
+        what no frontend has, a partial one only what it changed. The
+        datapath does not read them: a failure is logged and counted, and
+        the next full change set repairs both."""
+        names, counter_map = (datapath.maps[maps.SERVICE_NAMES.pin],
+                              datapath.maps[maps.COUNTERS.pin])
         try:
-            counters.forget(counter_map, released)
+            for bpf_map in (names, counter_map):
+                service_id_maps.forget(bpf_map, writes.released_service_ids)
             if full:
-                counters.keep_only(counter_map, programmer.service_port_of_ids().keys())
+                owners = programmer.service_port_of_ids()
+                for bpf_map in (names, counter_map):
+                    service_id_maps.keep_only(bpf_map, owners.keys())
+                named = [(service_id, name) for service_id, name in owners.items() if name]
+            else:
+                named = writes.named_service_ids
+            written = service_id_maps.write_names(names, named)
+            self._metrics.map_writes.labels(maps.SERVICE_NAMES.pin).inc(
+                written + len(writes.released_service_ids))
         except OSError as err:
-            self._metrics.dataplane_errors.labels("counters").inc()
-            log.error("cannot delete the counters of removed services; the next full change "
-                      "set tries again", extra=fields(error=err, service_ids=len(released)))
+            self._metrics.dataplane_errors.labels("service-ids").inc()
+            log.error("cannot write the names or delete the counters of service ids; the next "
+                      "full change set tries again", extra=fields(error=err))
 
     def _counts_per_service_port(self) -> dict[ServicePortName, ServiceCounts]:
         """What the collector exports at a scrape (from the HTTP server's thread)."""

@@ -1,4 +1,4 @@
-"""The eBPF backend's declaration: `to-ebpf`, `kpng-py ebpf cleanup|dump`, and
+"""The eBPF backend's declaration: `to-ebpf`, `kpng-py ebpf cleanup|dump|trace`, and
 how a lab run places, inspects and cleans up its datapath.
 
 Nothing here imports BCC or libbpf at import time, so `kpng-py --help` works
@@ -8,10 +8,14 @@ on machines without them.
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import re
+import signal
 import sys
+import threading
 from pathlib import Path
 
-from backends.ebpf.maps import DEFAULT_PIN_DIR, MAP_SPECS
+from backends.ebpf.maps import DEFAULT_PIN_DIR, SIZED_SPECS
 from backends.ebpf.privileges import privilege_hint
 from kpng_py.backend import Backend, BackendSetupError
 from kpng_py.metrics import Metrics
@@ -23,6 +27,41 @@ def _entries(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) < 1 << 32:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of map entries "
                                          "(1 to 4294967295)")
+    return int(text)
+
+
+_SERVICE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9]*[a-z0-9])?(:[-a-z0-9]+)?")
+
+
+def _service_filter(text: str) -> str:
+    if not _SERVICE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAMESPACE/NAME or "
+                                         "NAMESPACE/NAME:PORT (e.g. default/web:http)")
+    return text
+
+
+def _vip_filter(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int | None]:
+    """IP, IP:PORT, IPV6 or [IPV6]:PORT."""
+    address, port = text, None
+    if text.startswith("["):
+        address, _, rest = text[1:].partition("]")
+        port = rest.removeprefix(":") if rest.startswith(":") else rest or None
+    elif text.count(":") == 1:
+        address, port = text.split(":")
+    try:
+        ip = ipaddress.ip_address(address)
+        number = int(port) if port is not None else None
+    except ValueError:
+        number, ip = -1, None
+    if ip is None or (number is not None and not 0 < number < 65536):
+        raise argparse.ArgumentTypeError(f"{text!r} is not IP, IP:PORT or [IPV6]:PORT "
+                                         "(e.g. 10.96.0.10:80)")
+    return ip, number
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
     return int(text)
 
 
@@ -43,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not program the nftables table `inet kpng-py` that serves "
                              "node ports, ExternalIPs and LB IPs to packets from outside the "
                              "node (default: programmed)")
-    for spec in MAP_SPECS:
+    for spec in SIZED_SPECS:
         parser.add_argument(spec.size_flag, type=_entries, default=spec.default_size,
                             dest=f"map_size_{spec.pin}", metavar="ENTRIES",
                             help=f"capacity of the {spec.pin} map (default: {spec.default_size})")
@@ -57,7 +96,7 @@ def create(args: argparse.Namespace, metrics: Metrics) -> Backend:
     config = DatapathConfig(
         bpffs_dir=args.bpffs_dir,
         cgroup=args.cgroup or default_cgroup(),
-        map_sizes={spec.pin: getattr(args, f"map_size_{spec.pin}") for spec in MAP_SPECS})
+        map_sizes={spec.pin: getattr(args, f"map_size_{spec.pin}") for spec in SIZED_SPECS})
     skips = Skips(metrics)
     netfilter = None
     if args.nodeport_netfilter:
@@ -85,6 +124,21 @@ def _add_tool_arguments(tool: argparse.ArgumentParser) -> None:
                               description="Show what the pinned maps hold.")
     _add_bpffs_dir_flag(dump)
     dump.add_argument("--json", action="store_true", help="print JSON")
+    trace = actions.add_parser(
+        "trace", help="show every translation, live",
+        description="Show every translation of the datapath as it happens (connect and "
+                    "sendmsg: time, hook, protocol, VIP -> backend, service port, verdict, "
+                    "the client's pid, command and cgroup), until Ctrl-C. The programs emit "
+                    "events only while a trace is attached; one trace at a time.")
+    _add_bpffs_dir_flag(trace)
+    trace.add_argument("--service", type=_service_filter, metavar="NS/NAME[:PORT]",
+                       help="only this service (every port) or service port")
+    trace.add_argument("--vip", type=_vip_filter, metavar="IP[:PORT]",
+                       help="only translations of this address (and port) as dialled")
+    trace.add_argument("--pid", type=_positive, default=0, help="only this client process")
+    trace.add_argument("--json", action="store_true", help="print one JSON object per line")
+    trace.add_argument("--count", type=_positive, default=0,
+                       help="exit after showing this many translations")
 
 
 def _run_tool(args: argparse.Namespace) -> None:
@@ -110,6 +164,8 @@ def _run_action(args: argparse.Namespace) -> None:
             removed.append("the nftables table inet kpng-py")
         print("\n".join(f"removed {item}" for item in removed) or
               f"nothing installed under {bpffs_dir}")
+    elif args.ebpf_action == "trace":
+        _trace(bpffs_dir, args)
     else:
         from backends.ebpf.dump import dump_json, format_text, read_dump
 
@@ -121,6 +177,29 @@ def _run_action(args: argparse.Namespace) -> None:
         else:
             lines = [f"nftables {line}" for line in describe_lines()]
             sys.stdout.write("\n".join([format_text(dump), *lines]) + "\n")
+
+
+def _trace(bpffs_dir: Path, args: argparse.Namespace) -> None:
+    from backends.ebpf.trace import TraceFilter, TraceSession
+
+    vip, vip_port = args.vip or (None, None)
+    wanted = TraceFilter(args.service, vip, vip_port, args.pid)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    shown = 0
+    with TraceSession(bpffs_dir) as session:
+        print(f"tracing the datapath under {bpffs_dir}; Ctrl-C to stop", file=sys.stderr,
+              flush=True)
+        try:
+            for seen in session.translations(lambda: not stop.is_set()):
+                if not wanted(seen):
+                    continue
+                print(seen.to_json() if args.json else seen.line(), flush=True)
+                shown += 1
+                if shown == args.count:
+                    break
+        except KeyboardInterrupt:
+            pass
 
 
 def _lab_flags(places: LabPlaces) -> list[str]:
@@ -171,7 +250,9 @@ BACKEND = BackendSpec(
         inspect=lambda places: kpng_py_command("ebpf", "dump",
                                                "--bpffs-dir", str(places.bpffs_dir)),
         cleanup=_lab_cleanup,
-        translates_in_pod=True, survives_restart=True, sockets_per_service_port=0),
+        translates_in_pod=True, survives_restart=True, sockets_per_service_port=0,
+        trace=lambda places: kpng_py_command("ebpf", "trace", "--json",
+                                             "--bpffs-dir", str(places.bpffs_dir))),
     tool=ToolCommand(
         name="ebpf", help="inspect or remove the eBPF datapath",
         description="Inspect or remove the eBPF datapath.",

@@ -4,22 +4,18 @@ totals per service id, and per service port for kpng_py.service_counters.
 The programs count in a per-CPU hash keyed by service id: `translated` (a
 socket sent to a backend: a TCP connect, a UDP socket's first datagram to a
 backend) and `rejected` (a connect or send refused, the service having no
-endpoints). The control plane deletes a frontend's entry with the frontend,
-and at each full change set every entry no frontend has (one a program made
-while its frontend was being removed). The entries are pinned, so the counts
-survive a restart of the backend as the service ids do.
+endpoints). The control plane deletes them as service_id_maps says. The
+entries are pinned, so the counts survive a restart of the backend as the
+service ids do.
 """
 
 from __future__ import annotations
 
-import struct
-from typing import Collection, Iterable, Mapping
+from typing import Mapping
 
 from backends.ebpf.mapaccess import MapAccess
 from kpng_py.model import ServicePortName
 from kpng_py.service_counters import ServiceCounts
-
-_U32 = struct.Struct("=I")
 
 
 def read_counts(counters: MapAccess) -> dict[int, ServiceCounts]:
@@ -29,18 +25,6 @@ def read_counts(counters: MapAccess) -> dict[int, ServiceCounts]:
         found[int(service_id)] = ServiceCounts(
             sum(cpu.translated for cpu in per_cpu), sum(cpu.rejected for cpu in per_cpu))
     return found
-
-
-def forget(counters: MapAccess, service_ids: Iterable[int]) -> None:
-    """Delete the entries of these service ids (those never counted have none)."""
-    counters.delete_packed(b"".join(_U32.pack(service_id) for service_id in service_ids))
-
-
-def keep_only(counters: MapAccess, service_ids: Collection[int]) -> int:
-    """Delete every entry whose service id is not in `service_ids`; how many."""
-    gone = [service_id for service_id in read_counts(counters) if service_id not in service_ids]
-    forget(counters, gone)
-    return len(gone)
 
 
 def per_service_port(counts: Mapping[int, ServiceCounts],

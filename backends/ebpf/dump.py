@@ -19,6 +19,7 @@ from pathlib import Path
 from backends.ebpf import maps
 from backends.ebpf.contents import Contents, StoredBackend, StoredFrontend, read_contents
 from backends.ebpf.counters import read_counts
+from backends.ebpf.service_id_maps import read_names
 from backends.ebpf.libbpf import BpfMap
 from backends.ebpf.mapaccess import MapAccess
 from backends.ebpf.maps import NodeAddressKey, NodeAddressValue
@@ -49,20 +50,30 @@ def _read(bpffs_dir: Path, opened: dict[str, BpfMap]) -> dict:
     contents = read_contents(opened[maps.SERVICES.pin], opened[maps.BACKENDS.pin])
     return {
         "bpffsDir": str(bpffs_dir),
-        "services": services_of(contents, read_counts(opened[maps.COUNTERS.pin])),
+        "services": services_of(contents, read_counts(opened[maps.COUNTERS.pin]),
+                                read_names(opened[maps.SERVICE_NAMES.pin])),
         "nodeAddresses": node_addresses_of(opened[maps.NODE_ADDRESSES.pin]),
-        "maps": {pin: {"entries": len(bpf_map), "capacity": bpf_map.info().max_entries}
-                 for pin, bpf_map in opened.items()},
+        "maps": {spec.pin: _usage(spec, opened[spec.pin]) for spec in maps.MAP_SPECS},
         "links": [{"hook": link.hook, "linkId": link.link_id, "progId": link.prog_id,
                    "cgroupId": link.cgroup_id} for link in pinned_links(bpffs_dir)],
     }
 
 
-def services_of(contents: Contents, counts: dict[int, ServiceCounts]) -> list[dict]:
-    """The services of a dump: every master entry, with its slots 1..count
-    and its counters (zero until a client used it)."""
-    return [_service(stored, contents, counts.get(stored.master.id, ServiceCounts()))
-            for stored in contents.frontends]
+def _usage(spec: maps.MapSpec, bpf_map: BpfMap) -> dict:
+    """Entries and capacity; a ring buffer's capacity in bytes, and no entries."""
+    capacity = bpf_map.info().max_entries
+    if spec.ring_buffer:
+        return {"entries": None, "capacity": capacity}
+    return {"entries": len(bpf_map), "capacity": capacity}
+
+
+def services_of(contents: Contents, counts: dict[int, ServiceCounts],
+                names: dict[int, str]) -> list[dict]:
+    """The services of a dump: every master entry, with its service port's
+    name (None if the map has none for its id), its slots 1..count and its
+    counters (zero until a client used it)."""
+    return [_service(stored, contents, counts.get(stored.master.id, ServiceCounts()),
+                     names.get(stored.master.id)) for stored in contents.frontends]
 
 
 def node_addresses_of(node_addresses: MapAccess[NodeAddressKey, NodeAddressValue]) -> list[str]:
@@ -71,7 +82,8 @@ def node_addresses_of(node_addresses: MapAccess[NodeAddressKey, NodeAddressValue
     return [str(ip) for ip in sorted(ips, key=lambda ip: (ip.version, int(ip)))]
 
 
-def _service(stored: StoredFrontend, contents: Contents, counts: ServiceCounts) -> dict:
+def _service(stored: StoredFrontend, contents: Contents, counts: ServiceCounts,
+             name: str | None) -> dict:
     protocol, vip, kind = stored.protocol, stored.vip, stored.kind
     return {
         "vip": str(vip.ip),
@@ -79,6 +91,7 @@ def _service(stored: StoredFrontend, contents: Contents, counts: ServiceCounts) 
         "protocol": protocol.value if protocol else str(stored.proto),
         "kind": kind.value if kind else "unknown",
         "serviceId": stored.master.id,
+        "servicePort": name,
         "count": stored.master.count,
         "affinityTimeoutSeconds": stored.affinity_timeout,
         "connections": counts.translated,
@@ -101,15 +114,18 @@ def format_text(dump: dict) -> str:
                     if svc["affinityTimeoutSeconds"] else "")
         state = f"{svc['count']} backends" if svc["count"] else "no endpoints: rejects"
         vip = format_host_port(ipaddress.ip_address(svc["vip"]), svc["port"])
+        named = f" ({svc['servicePort']})" if svc["servicePort"] else ""
         lines.append(f"{vip}/{svc['protocol']} {svc['kind']} "
-                     f"service {svc['serviceId']}: {state}{affinity}, "
+                     f"service {svc['serviceId']}{named}: {state}{affinity}, "
                      f"{svc['connections']} connections, {svc['rejections']} rejected")
         for backend in svc["backends"]:
             lines.append(f"  slot {backend['slot']}: backend {backend['backendId']} "
                          f"{backend['address'] or '(missing)'}")
     lines += [f"node-port address {ip}" for ip in dump["nodeAddresses"]]
     for pin, counts in dump["maps"].items():
-        lines.append(f"map {pin}: {counts['entries']} of {counts['capacity']} entries")
+        lines.append(f"map {pin}: ring buffer of {counts['capacity']} bytes"
+                     if counts["entries"] is None else
+                     f"map {pin}: {counts['entries']} of {counts['capacity']} entries")
     for link in dump["links"]:
         lines.append(f"hook {link['hook']}: link {link['linkId']} program {link['progId']} "
                      f"cgroup {link['cgroupId']}")

@@ -13,7 +13,7 @@ import ctypes as ct
 import errno
 import os
 from pathlib import Path
-from typing import Generic, Iterator, Sequence, TypeVar
+from typing import Callable, Generic, Iterator, Sequence, TypeVar
 
 from backends.ebpf.mapaccess import MapFullError, Packed
 
@@ -41,6 +41,9 @@ _SIGNATURES = {
     "bpf_link_get_fd_by_id": (_c_int, [_c_u32]),
     "bpf_prog_get_fd_by_id": (_c_int, [_c_u32]),
     "libbpf_num_possible_cpus": (_c_int, []),
+    "ring_buffer__new": (_p, [_c_int, _p, _p, _p]),
+    "ring_buffer__poll": (_c_int, [_p, _c_int]),
+    "ring_buffer__free": (None, [_p]),
 }
 for _name, (_restype, _argtypes) in _SIGNATURES.items():
     getattr(_lib, _name).restype = _restype
@@ -281,6 +284,43 @@ def _c_buffer(packed: Packed) -> ct.Array:
 
 
 # -- cgroup links -------------------------------------------------------------
+
+
+# int (*ring_buffer_sample_fn)(void *ctx, void *data, size_t size)
+_SampleFn = ct.CFUNCTYPE(_c_int, _p, _p, ct.c_size_t)
+
+
+class RingBuffer:
+    """A consumer of a BPF ring buffer map (libbpf's ring_buffer): `poll`
+    calls `on_sample` with the bytes of each record, on the calling thread."""
+
+    def __init__(self, map_fd: int, on_sample: Callable[[bytes], None], name: str) -> None:
+        self.name = name
+
+        def sample(_ctx: int | None, data: int, size: int) -> int:
+            on_sample(ct.string_at(data, size))
+            return 0
+
+        self._callback = _SampleFn(sample)  # kept: libbpf calls it until freed
+        ring = _lib.ring_buffer__new(map_fd, self._callback, None, None)
+        if not ring:
+            code = ct.get_errno()
+            raise OSError(code, f"read ring buffer {name}: {os.strerror(code)}")
+        self._ring: int | None = ring
+
+    def poll(self, timeout_ms: int) -> int:
+        """Wait up to `timeout_ms` for records and consume them all; how many."""
+        if self._ring is None:
+            raise ValueError(f"ring buffer {self.name} is closed")
+        consumed = _lib.ring_buffer__poll(self._ring, timeout_ms)
+        if consumed < 0 and -consumed != errno.EINTR:
+            raise OSError(-consumed, f"read ring buffer {self.name}: {os.strerror(-consumed)}")
+        return max(consumed, 0)
+
+    def close(self) -> None:
+        if self._ring is not None:
+            _lib.ring_buffer__free(self._ring)
+            self._ring = None
 
 
 def link_create(prog_fd: int, cgroup_fd: int, attach_type: int) -> int:

@@ -170,6 +170,8 @@ class DatapathConfig:
     reject_with_eperm: bool = False
 
     def size(self, spec: MapSpec) -> int:
+        if not spec.resizable:
+            return spec.default_size
         return self.map_sizes.get(spec.pin, spec.default_size)
 
     def checked(self) -> DatapathConfig:
@@ -315,7 +317,7 @@ def _set_aside_incompatible(config: DatapathConfig, spec: MapSpec) -> libbpf.Bpf
         map=spec.pin, pinned_entries=info.max_entries, wanted_entries=config.size(spec),
         same_layout=spec.same_layout(info)))
     path.unlink()
-    if spec.same_layout(info):
+    if spec.same_layout(info) and not spec.ring_buffer:  # events in flight are not kept
         return old
     old.close()
     return None

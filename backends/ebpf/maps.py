@@ -25,8 +25,10 @@ DEFAULT_PIN_DIR = Path("/sys/fs/bpf/kpng-py")
 
 # enum bpf_map_type and map flags (uapi/linux/bpf.h)
 BPF_MAP_TYPE_HASH = 1
+BPF_MAP_TYPE_ARRAY = 2
 BPF_MAP_TYPE_PERCPU_HASH = 5
 BPF_MAP_TYPE_LRU_HASH = 9
+BPF_MAP_TYPE_RINGBUF = 27
 BPF_F_NO_PREALLOC = 1
 
 _V4_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
@@ -178,6 +180,38 @@ class Counters(ct.Structure):
     _fields_ = [("translated", ct.c_uint64), ("rejected", ct.c_uint64)]
 
 
+class ServiceName(ct.Structure):
+    """struct lb_service_name (160 bytes): "namespace/name:port", NUL-terminated."""
+
+    _fields_ = [("name", ct.c_char * 160)]
+
+
+class TraceConfig(ct.Structure):
+    """struct lb_trace_config (8 bytes)."""
+
+    _fields_ = [("tracer_pid", ct.c_uint32), ("pad", ct.c_uint32)]
+
+
+class TraceEvent(ct.Structure):
+    """struct lb_trace_event (88 bytes)."""
+
+    _fields_ = [("ktime_ns", ct.c_uint64), ("cgroup_id", ct.c_uint64), ("pid", ct.c_uint32),
+                ("service_id", ct.c_uint32), ("backend_id", ct.c_uint32), ("hook", ct.c_uint8),
+                ("proto", ct.c_uint8), ("verdict", ct.c_uint8), ("pad", ct.c_uint8),
+                ("vip", L4Addr), ("backend", L4Addr), ("comm", ct.c_char * 16)]
+
+
+# LB_HOOK_* and LB_TRACE_* of an event.
+TRACE_HOOKS = {1: "connect4", 2: "connect6", 3: "sendmsg4", 4: "sendmsg6"}
+TRACE_TRANSLATED, TRACE_AFFINITY, TRACE_REFUSED = 1, 2, 3
+
+
+class NoEntries(ct.Structure):
+    """A ring buffer's key and value: it has no entries (0 bytes)."""
+
+    _fields_: list = []
+
+
 # Every struct of lb_maps.h and its mirror, for the layout test.
 MIRRORS: dict[str, type[ct.Structure]] = {
     "lb_l4addr": L4Addr,
@@ -191,6 +225,9 @@ MIRRORS: dict[str, type[ct.Structure]] = {
     "lb_affinity_key": AffinityKey,
     "lb_affinity_value": AffinityValue,
     "lb_counters": Counters,
+    "lb_service_name": ServiceName,
+    "lb_trace_config": TraceConfig,
+    "lb_trace_event": TraceEvent,
 }
 
 
@@ -207,6 +244,11 @@ class MapSpec:
     default_size: int
     # A lookup gives one value per possible CPU (what `value` is for one).
     per_cpu: bool = False
+    # A ring buffer: its size is bytes, and it has no entries to read,
+    # count or copy.
+    ring_buffer: bool = False
+    # Whether --map-size-* sets its size (else it is default_size).
+    resizable: bool = True
 
     @property
     def size_flag(self) -> str:
@@ -238,4 +280,16 @@ NODE_ADDRESSES = MapSpec("node_addresses", NodeAddressKey, NodeAddressValue, BPF
 # One entry per frontend clients used; a full map leaves new ones uncounted.
 COUNTERS = MapSpec("counters", ct.c_uint32, Counters, BPF_MAP_TYPE_PERCPU_HASH,
                    BPF_F_NO_PREALLOC, "KPNG_COUNTERS_MAX", 65536, per_cpu=True)
-MAP_SPECS = (SERVICES, BACKENDS, REVERSE_NAT, AFFINITY, NODE_ADDRESSES, COUNTERS)
+# One entry per frontend, as services' masters.
+SERVICE_NAMES = MapSpec("service_names", ct.c_uint32, ServiceName, BPF_MAP_TYPE_HASH,
+                        BPF_F_NO_PREALLOC, "KPNG_SERVICE_NAMES_MAX", 65536)
+TRACE_CONFIG = MapSpec("trace_config", ct.c_uint32, TraceConfig, BPF_MAP_TYPE_ARRAY, 0,
+                       "KPNG_TRACE_CONFIG_MAX", 1, resizable=False)
+# 88-byte events (plus an 8-byte header each): room for about 11 000 between
+# two reads of the tracer.
+EVENTS = MapSpec("events", NoEntries, NoEntries, BPF_MAP_TYPE_RINGBUF, 0, "KPNG_EVENTS_MAX",
+                 1 << 20, ring_buffer=True, resizable=False)
+MAP_SPECS = (SERVICES, BACKENDS, REVERSE_NAT, AFFINITY, NODE_ADDRESSES, COUNTERS, SERVICE_NAMES,
+             TRACE_CONFIG, EVENTS)
+# The maps whose size --map-size-* sets.
+SIZED_SPECS = tuple(spec for spec in MAP_SPECS if spec.resizable)

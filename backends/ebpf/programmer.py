@@ -196,8 +196,11 @@ class MapWrites:
     # (service id, backend) pairs of UDP frontends that are gone: connected
     # sockets still pointing there must be terminated (S9).
     removed_udp: set[tuple[int, HostPort]] = field(default_factory=set)
-    # Service ids of the frontends that are gone: their counters go too.
+    # Service ids of the frontends that are gone: their counters and names go too.
     released_service_ids: list[int] = field(default_factory=list)
+    # Service ids whose frontend got a new owner (new frontends among them):
+    # the name the service_names map is to hold.
+    named_service_ids: list[tuple[int, ServicePortName]] = field(default_factory=list)
     # Entries of each step in the rounds already written (buffers emptied).
     written: Counter[str] = field(default_factory=Counter)
 
@@ -477,6 +480,9 @@ class ServiceProgrammer:
             elif frontend in self._unnamed:  # kept as it was, without what no slot names
                 self._drop_unnamed(frontend, set(), writes)
             if frontend in self._frontends:  # programmed now, or kept as it was
+                if self._owners.get(frontend) != port.name:
+                    writes.named_service_ids.append((self._frontends[frontend].service_id,
+                                                     port.name))
                 self._owners[frontend] = port.name
         if no_room:
             kept = any(frontend in self._frontends for frontend in fitting)

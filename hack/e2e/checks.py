@@ -8,6 +8,7 @@ created by the check that needs it, as an e2e test creates its objects.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import time
@@ -633,3 +634,66 @@ def _not_exported(t: CheckRun, service_port: str) -> None:
     left = [key for key in service_counters(t) if key[1] == service_port]
     if left:
         raise CheckFailed(f"still exported after the service was deleted: {left}")
+
+
+# -- trace ---------------------------------------------------------------
+TRACED_CONNECTIONS = 3
+TRACED_QUERIES = 2
+
+
+def no_trace(kind: BackendKind) -> str | None:
+    return None if kind.lab.trace else f"the {kind.name} backend has no trace command"
+
+
+def _traced_lines(trace: Proc) -> list[dict]:
+    """The JSON lines of the trace's output (its log also has its stderr)."""
+    return [json.loads(line) for line in trace.log.read_text().splitlines()
+            if line.startswith("{")]
+
+
+@check("C2/trace-shows-translations", "(kpng-py) `kpng-py ebpf trace` shows one line per "
+       "translation of real clients", translated=True, not_applicable=no_trace)
+def trace_shows_translations(t: CheckRun) -> None:
+    cluster, srv, client = t.env.cluster, t.env.servers, t.env.client  # type: ignore[attr-defined]
+    traced = ServiceSpec("traced", 16, (HTTP, DNS_UDP)).with_endpoints(*srv)
+    t.apply(traced)
+    command = t.env.kind.lab.trace(cluster.names.places)  # type: ignore[misc]  # not n/a
+    trace = cluster.spawn_on_node("trace", [*command, "--service", "default/traced"])
+    try:
+        wait_until("the trace attached", lambda: "tracing" in trace.log.read_text(), 30.0)
+        made = {f: (len(clients.http(client, traced.cluster_ip(f), HTTP.port,
+                                     TRACED_CONNECTIONS, parallel=False).answers),
+                    sum(clients.dns(client, traced.cluster_ip(f), DNS_UDP.port,
+                                    attempts=TRACED_QUERIES).pods.values()))
+                for f in t.active()}
+    finally:
+        trace.stop()
+    lines = _traced_lines(trace)
+    addresses = {str(ip) for pod in srv for ip in pod.ips}
+    for family in t.active():
+        t.step(family, "trace lines", lambda f=family: _expect_traced(
+            lines, traced, f, client, addresses, made[f]))
+
+
+def _expect_traced(lines: list[dict], traced: ServiceSpec, family: Family, client: Pod,
+                   addresses: set[str], made: tuple[int, int]) -> None:
+    connections, queries = made
+    if made != (TRACED_CONNECTIONS, TRACED_QUERIES):
+        raise CheckFailed(f"the clients made {connections} connections and {queries} queries "
+                          f"of {TRACED_CONNECTIONS} and {TRACED_QUERIES}")
+    vip = clients.host_literal(traced.cluster_ip(family))
+    hook = "4" if family is Family.IPV4 else "6"
+    for protocol, port, count, name in (("TCP", HTTP.port, connections, "default/traced:http"),
+                                        ("UDP", DNS_UDP.port, queries, "default/traced:dns")):
+        mine = [line for line in lines if line["vip"] == f"{vip}:{port}"]
+        bad = [line for line in mine if not (
+            line["protocol"] == protocol and line["servicePort"] == name
+            and line["verdict"] == "translated" and line["hook"].endswith(hook)
+            and line["backend"].rpartition(":")[0].strip("[]") in addresses
+            and line["cgroup"].endswith("/" + client.cgroup.name))]
+        if len(mine) < count or bad:
+            raise CheckFailed(f"{vip}:{port}/{protocol}: {len(mine)} trace lines for {count} "
+                              f"sockets; not as expected: {bad[:2]}")
+        commands = {line["comm"] for line in mine}
+        if protocol == "TCP" and commands != {"curl"}:
+            raise CheckFailed(f"TCP lines name {sorted(commands)}, not curl")

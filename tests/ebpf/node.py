@@ -13,7 +13,7 @@ from typing import Iterator, Sequence
 
 from backends.ebpf.dump import read_dump
 from backends.ebpf.loader import cleanup
-from backends.ebpf.maps import MAP_SPECS
+from backends.ebpf.maps import SIZED_SPECS
 from lab.socket_lab import Lab, backend_ip, target
 from tests.brain.helpers import TCP, UDP, StateFile, endpoint, port, service, state
 from tests.ebpf.conftest import TEST_MAP_SIZES
@@ -64,7 +64,8 @@ class Node:
         """`to-ebpf` on the lab's cgroup and bpffs directory, retrying the brain
         after 0.1 s, doubling up to 1 s; returns once it applied `syncs`
         change sets."""
-        sizes = [arg for spec in MAP_SPECS for arg in (spec.size_flag, str(TEST_MAP_SIZES[spec.pin]))]
+        sizes = [arg for spec in SIZED_SPECS
+                 for arg in (spec.size_flag, str(TEST_MAP_SIZES[spec.pin]))]
         backend = self._processes.start(
             "local", "--api", self.api, "--node-name", NODE_NAME, "--error-delay", "0.1",
             "--max-error-delay", "1", *LOOPBACK_PROBES, "to-ebpf",

@@ -7,9 +7,9 @@ another service's, slots above a master's count or without a master, an
 unknown protocol, an affinity timeout without its flag, a service id of 0
 or used twice, a backend no slot names, kind flags that disagree with
 each other or with the address; and a frontend of each kind, with the
-node-port addresses, and counters: added up over the CPUs, of a
-frontend used twice, of one that only rejected, and of an id no frontend
-has."""
+node-port addresses, the service port names of some ids, and counters:
+added up over the CPUs, of a frontend used twice, of one that only
+rejected, and of an id no frontend has."""
 
 from __future__ import annotations
 
@@ -19,16 +19,17 @@ from typing import Iterator
 
 import pytest
 
-from backends.ebpf import libbpf, maps
+from backends.ebpf import libbpf, maps, service_id_maps
 from backends.ebpf.dump import dump_json, format_text, read_dump
 from backends.ebpf.mapaccess import MapAccess
+from kpng_py.model import Protocol, ServicePortName
 from tests.ebpf.helpers import loaded
 
 pytestmark = pytest.mark.kernel
 
 EXPECTED = Path(__file__).parent / "dump"
 SIZES = {"services": 64, "backends": 32, "reverse_nat": 16, "affinity": 8, "node_addresses": 4,
-         "counters": 8}
+         "counters": 8, "service_names": 8}
 TCP, UDP, SCTP = 6, 17, 132
 # Written in this order (the dump sorts by address, port and protocol).
 SERVICES = [
@@ -99,6 +100,13 @@ def write_counters(counters: MapAccess) -> None:
     counters.put_many(list(COUNTERS), values)
 
 
+def write_names(service_names: MapAccess) -> None:
+    service_id_maps.write_names(service_names, [
+        (7, ServicePortName("default", "web", "http", Protocol.TCP)),
+        (8, ServicePortName("kube-system", "kube-dns", "dns", Protocol.UDP)),
+        (14, ServicePortName("default", "web", "", Protocol.TCP))])
+
+
 def write_node_addresses(node_addresses: MapAccess) -> None:
     node_addresses.put_many([maps.NodeAddressKey.of(ipaddress.ip_address(ip))
                              for ip in NODE_ADDRESSES],
@@ -111,6 +119,7 @@ def dumped() -> Iterator[tuple[Path, dict]]:
         write_state(datapath.maps[maps.SERVICES.pin], datapath.maps[maps.BACKENDS.pin])
         write_node_addresses(datapath.maps[maps.NODE_ADDRESSES.pin])
         write_counters(datapath.maps[maps.COUNTERS.pin])
+        write_names(datapath.maps[maps.SERVICE_NAMES.pin])
         yield datapath.config.bpffs_dir, read_dump(datapath.config.bpffs_dir)
 
 

@@ -38,6 +38,8 @@ def test_bpf_numbers_are_the_kernels(tmp_path: Path) -> None:
         "BPF_MAP_TYPE_HASH": maps.BPF_MAP_TYPE_HASH,
         "BPF_MAP_TYPE_PERCPU_HASH": maps.BPF_MAP_TYPE_PERCPU_HASH,
         "BPF_MAP_TYPE_LRU_HASH": maps.BPF_MAP_TYPE_LRU_HASH,
+        "BPF_MAP_TYPE_ARRAY": maps.BPF_MAP_TYPE_ARRAY,
+        "BPF_MAP_TYPE_RINGBUF": maps.BPF_MAP_TYPE_RINGBUF,
         "BPF_F_NO_PREALLOC": maps.BPF_F_NO_PREALLOC,
         **{member.name: member.value for member in AttachType},
     }))

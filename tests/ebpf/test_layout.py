@@ -16,9 +16,10 @@ from tests.ebpf.c_layout import assert_matches_c, constants, ctypes_members
 
 # BCC's names of the map types, and the C types of the scalar keys.
 BCC_MAP_TYPES = {'"hash"': maps.BPF_MAP_TYPE_HASH, '"lru_hash"': maps.BPF_MAP_TYPE_LRU_HASH,
-                 '"percpu_hash"': maps.BPF_MAP_TYPE_PERCPU_HASH}
+                 '"percpu_hash"': maps.BPF_MAP_TYPE_PERCPU_HASH,
+                 '"array"': maps.BPF_MAP_TYPE_ARRAY, '"ringbuf"': maps.BPF_MAP_TYPE_RINGBUF}
 PER_CPU_TYPES = {maps.BPF_MAP_TYPE_PERCPU_HASH}
-SCALAR_C_TYPES: dict[type, str] = {ct.c_uint32: "__u32"}
+SCALAR_C_TYPES: dict[type, str] = {ct.c_uint32: "__u32", maps.NoEntries: "none"}
 
 
 def assert_mirrors_match(header_dir: Path, tmp_path: Path) -> None:
@@ -57,11 +58,16 @@ def test_every_struct_of_the_header_has_a_mirror() -> None:
 
 def pinned_map_declarations(c_source: str) -> dict[str, list[str]]:
     """The arguments of each BPF_TABLE_PINNED(type, key, value, name, size,
-    pin[, flags]) in the code (not in comments), by pin."""
+    pin[, flags]) in the code (not in comments), by pin; a
+    KPNG_RINGBUF_PINNED(name, size, pin) as ("ringbuf", none, none, name,
+    size, pin)."""
     declarations = {}
-    for arguments in re.findall(r"\bBPF_TABLE_PINNED\s*\(([^;]*)\)\s*;",
-                                without_comments(c_source)):
-        parts = [" ".join(part.split()) for part in arguments.split(",")]
+    code = without_comments(c_source)
+    def arguments(macro: str) -> list[list[str]]:
+        return [[" ".join(part.split()) for part in found.split(",")]
+                for found in re.findall(rf"\b{macro}\s*\(([^;]*)\)\s*;", code)]
+    rings = [['"ringbuf"', "none", "none", *parts] for parts in arguments("KPNG_RINGBUF_PINNED")]
+    for parts in arguments("BPF_TABLE_PINNED") + rings:
         pin = re.fullmatch(r'KPNG_PIN_DIR "/(\w+)"', parts[5])
         assert pin is not None, f"{parts[5]!r}: pins must be KPNG_PIN_DIR \"/name\""
         declarations[pin.group(1)] = parts

@@ -228,3 +228,28 @@ def test_a_frontend_that_changes_kind_keeps_its_id_and_gets_its_master_rewritten
     after = pair.services.get(key)
     assert (after.id, after.count, after.flags) == (before.id, 1, maps.SVC_F_EXTERNAL_IP)
     assert writes.steps()["slots"] == 1  # the new ClusterIP's only: 10.96.9.1 kept its slot
+
+
+def test_service_ids_are_named_when_their_frontend_gets_an_owner_and_released_when_it_goes(
+        ) -> None:
+    """What the backend writes to service_names and deletes from it and from
+    counters: a new frontend's id with its port, once; none for a change of
+    endpoints; after a restart, every recovered frontend the full change
+    set claims; the ids of the frontends a change set removes."""
+    pair = fake_pair(100, 100)
+    web = service_port("web", ["10.96.9.1", "fd00:96::9:1"], 80, backends=[1], port_name="http")
+    p = ServiceProgrammer(pair.services, pair.backends, pair.capacity, Skips(Metrics()))
+    first = p.apply(added(web, full=True))
+    ids = {service_id for service_id, _ in first.named_service_ids}
+    assert [name for _, name in first.named_service_ids] == [web.name, web.name]
+    assert p.service_port_of_ids() == {service_id: web.name for service_id in ids}
+    moved = service_port("web", ["10.96.9.1", "fd00:96::9:1"], 80, backends=[2],
+                         port_name="http")
+    assert p.apply(updated(web, moved)).named_service_ids == []
+    restarted = ServiceProgrammer(pair.services, pair.backends, pair.capacity, Skips(Metrics()))
+    assert restarted.service_port_of_ids() == {service_id: None for service_id in ids}
+    claimed = restarted.apply(added(moved, full=True))
+    assert {service_id for service_id, _ in claimed.named_service_ids} == ids
+    gone = restarted.apply(removed(moved))
+    assert sorted(gone.released_service_ids) == sorted(ids)
+    assert restarted.service_port_of_ids() == {}

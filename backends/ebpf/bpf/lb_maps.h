@@ -152,4 +152,56 @@ struct lb_counters {
 };
 _Static_assert(sizeof(struct lb_counters) == 16, "lb_counters layout");
 
+/*
+ * service_names: the service port each service id belongs to, as
+ * kube-proxy names it ("namespace/name:port", NUL-terminated), written by the
+ * control plane with the frontend for `ebpf trace` and `ebpf dump`; the
+ * programs never read it. Key: __u32 service id. Value: 160 bytes (a
+ * namespace and a name are at most 63 bytes, a port name 15).
+ */
+struct lb_service_name {
+	char name[160];		/* 0 */
+};
+_Static_assert(sizeof(struct lb_service_name) == 160, "lb_service_name layout");
+
+/*
+ * trace_config (array of one): whether a `kpng-py ebpf trace` is attached.
+ * Events cost a ring buffer reservation each, so the programs emit none
+ * while nobody reads them. Value: 8 bytes.
+ */
+struct lb_trace_config {
+	__u32 tracer_pid;	/* 0: the tracing process; 0 = no trace, no events */
+	__u32 pad;		/* 4 */
+};
+_Static_assert(sizeof(struct lb_trace_config) == 8, "lb_trace_config layout");
+
+/* The hook of an event. */
+#define LB_HOOK_CONNECT4 1
+#define LB_HOOK_CONNECT6 2
+#define LB_HOOK_SENDMSG4 3
+#define LB_HOOK_SENDMSG6 4
+
+/* What a translation did. */
+#define LB_TRACE_TRANSLATED 1	/* to a backend drawn from the slots */
+#define LB_TRACE_AFFINITY 2	/* to the client's sessionAffinity backend */
+#define LB_TRACE_REFUSED 3	/* no endpoints: the connect or send failed */
+
+/* events (ring buffer): one per translation while a trace is attached, in
+ * the order the CPUs reserved them. 88 bytes. */
+struct lb_trace_event {
+	__u64 ktime_ns;		/* 0: bpf_ktime_get_ns() */
+	__u64 cgroup_id;	/* 8: the client's cgroup v2 id */
+	__u32 pid;		/* 16: the client process (thread group id) */
+	__u32 service_id;	/* 20 */
+	__u32 backend_id;	/* 24: 0 when refused */
+	__u8 hook;		/* 28: LB_HOOK_* */
+	__u8 proto;		/* 29: IPPROTO_TCP or IPPROTO_UDP */
+	__u8 verdict;		/* 30: LB_TRACE_* */
+	__u8 pad;		/* 31 */
+	struct lb_l4addr vip;	/* 32: as dialled (for a node port, the node address) */
+	struct lb_l4addr backend; /* 52: zero when refused */
+	char comm[16];		/* 72: the client's command name */
+};
+_Static_assert(sizeof(struct lb_trace_event) == 88, "lb_trace_event layout");
+
 #endif /* KPNG_LB_MAPS_H */

@@ -18,8 +18,10 @@
  *   KPNG_PIN_DIR        bpffs directory holding the pinned maps
  *   KPNG_MAPS_HEADER    the absolute path of lb_maps.h, as a string
  *   KPNG_SERVICES_MAX, KPNG_BACKENDS_MAX, KPNG_REVNAT_MAX, KPNG_AFFINITY_MAX,
- *   KPNG_NODE_ADDRESSES_MAX, KPNG_COUNTERS_MAX
- *   KPNG_REJECT_WITH_EPERM  kernels without bpf_set_retval (before 5.18)
+ *   KPNG_NODE_ADDRESSES_MAX, KPNG_COUNTERS_MAX, KPNG_SERVICE_NAMES_MAX,
+ *   KPNG_TRACE_CONFIG_MAX, KPNG_EVENTS_MAX (bytes)
+ *   KPNG_REJECT_WITH_EPERM  older kernels: no bpf_set_retval (before 5.18), and
+ *                           trace events without the client's pid and command
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/in.h>
@@ -47,6 +49,29 @@ BPF_TABLE_PINNED("hash", __u32, struct lb_backend, kpng_backends,
 BPF_TABLE_PINNED("hash", struct lb_node_address_key, struct lb_node_address_value,
 		 kpng_node_addresses, KPNG_NODE_ADDRESSES_MAX, KPNG_PIN_DIR "/node_addresses",
 		 BPF_F_NO_PREALLOC);
+/* Read by `ebpf trace` and `ebpf dump` only. */
+BPF_TABLE_PINNED("hash", __u32, struct lb_service_name, kpng_service_names,
+		 KPNG_SERVICE_NAMES_MAX, KPNG_PIN_DIR "/service_names", BPF_F_NO_PREALLOC);
+/* Written by `ebpf trace` as it attaches and leaves. */
+BPF_TABLE_PINNED("array", __u32, struct lb_trace_config, kpng_trace_config,
+		 KPNG_TRACE_CONFIG_MAX, KPNG_PIN_DIR "/trace_config");
+
+/* BCC pins tables but has no pinned ring buffer: this is BPF_RINGBUF_OUTPUT's
+ * table with the pin in its section, as BPF_TABLE_PINNED writes it. */
+#define KPNG_RINGBUF_PINNED(_name, _bytes, _pinned)				\
+	struct _name##_table_t {						\
+		int key;							\
+		u32 leaf;							\
+		int (*ringbuf_output)(void *, u64, u64);			\
+		void *(*ringbuf_reserve)(u64);					\
+		void (*ringbuf_discard)(void *, u64);				\
+		void (*ringbuf_submit)(void *, u64);				\
+		u32 max_entries;						\
+	};									\
+	__attribute__((section("maps/ringbuf:" _pinned)))			\
+	struct _name##_table_t _name = { .max_entries = (_bytes) }
+KPNG_RINGBUF_PINNED(kpng_events, KPNG_EVENTS_MAX, KPNG_PIN_DIR "/events");
+
 /* Datapath owned, deleted by the control plane with their frontend; no
  * prealloc: per-CPU memory only for the services clients use. */
 BPF_TABLE_PINNED("percpu_hash", __u32, struct lb_counters, kpng_counters,
@@ -123,6 +148,42 @@ static __always_inline void count_rejected(__u32 service_id)
 		counters->rejected++;
 }
 
+/* While a trace is attached, the translation as an event; an event the
+ * ring buffer has no room for is lost (the tracer is behind), never the
+ * connect. `backend` is NULL when refused. */
+static __always_inline void trace_translation(__u8 hook, __u8 proto, __u8 verdict,
+					      const struct lb_l4addr *vip, __u32 service_id,
+					      const struct lb_backend *backend, __u32 backend_id)
+{
+	__u32 first = 0;
+	struct lb_trace_config *config = kpng_trace_config.lookup(&first);
+	struct lb_trace_event *event;
+
+	if (!config || !config->tracer_pid)
+		return;
+	event = kpng_events.ringbuf_reserve(sizeof(*event));
+	if (!event)
+		return;
+	/* Reserved memory is not zeroed: every byte is written. */
+	__builtin_memset(event, 0, sizeof(*event));
+	event->ktime_ns = bpf_ktime_get_ns();
+	event->cgroup_id = bpf_get_current_cgroup_id();
+#ifndef KPNG_REJECT_WITH_EPERM
+	event->pid = bpf_get_current_pid_tgid() >> 32;
+	bpf_get_current_comm(event->comm, sizeof(event->comm));
+#endif
+	event->service_id = service_id;
+	event->hook = hook;
+	event->proto = proto;
+	event->verdict = verdict;
+	event->vip = *vip;
+	if (backend) {
+		event->backend_id = backend_id;
+		event->backend = backend->addr;
+	}
+	kpng_events.ringbuf_submit(event, 0);
+}
+
 /* A connect() or sendto() to a service without endpoints fails at once, as
  * kube-proxy's REJECT does; the VIP never reaches the network. */
 static __always_inline int reject(void)
@@ -136,7 +197,8 @@ static __always_inline int reject(void)
 /* sessionAffinity: the backend this client used last, if it is recent enough
  * and still one of the service's backends. */
 static __always_inline const struct lb_backend *
-affinity_backend(const struct lb_affinity_key *key, const struct lb_service_value *svc, __u64 now)
+affinity_backend(const struct lb_affinity_key *key, const struct lb_service_value *svc, __u64 now,
+		 __u32 *backend_id_out)
 {
 	struct lb_affinity_value *seen = kpng_affinity.lookup((struct lb_affinity_key *)key);
 	if (!seen)
@@ -150,6 +212,7 @@ affinity_backend(const struct lb_affinity_key *key, const struct lb_service_valu
 	if (!backend || backend->service_id != svc->id)
 		return NULL;
 	seen->last_used_ns = now;
+	*backend_id_out = backend_id;
 	return backend;
 }
 
@@ -240,21 +303,24 @@ static __always_inline bool remember_vip(__u64 cookie, const struct lb_l4addr *b
 /* Forward direction: if dst is a service, replace it by one of its backends.
  * The reverse-NAT entry keeps dst as dialled (a node address, not the
  * wildcard), which is what recvmsg and getpeername give back. */
-static __always_inline enum lb_verdict lb_translate(void *ctx, struct lb_l4addr *dst, __u32 proto)
+static __always_inline enum lb_verdict lb_translate(void *ctx, struct lb_l4addr *dst, __u32 proto,
+						     __u8 hook)
 {
 	struct lb_service_key key = { .vip = *dst, .proto = (__u8)proto, .slot = 0 };
 	struct lb_service_value *master = find_master(&key);
 	struct lb_affinity_key affinity = {};
 	const struct lb_backend *backend = NULL;
 	struct lb_service_value svc;
+	__u8 verdict = LB_TRACE_TRANSLATED;
 	__u64 cookie, now = 0;
-	__u32 backend_id;
+	__u32 backend_id = 0;
 
 	if (!master)
 		return LB_NOT_A_SERVICE;
 	svc = *master;
 	if (svc.count == 0) {
 		count_rejected(svc.id);
+		trace_translation(hook, proto, LB_TRACE_REFUSED, dst, svc.id, NULL, 0);
 		return LB_NO_BACKEND;
 	}
 	cookie = bpf_get_socket_cookie(ctx);
@@ -262,19 +328,23 @@ static __always_inline enum lb_verdict lb_translate(void *ctx, struct lb_l4addr 
 		affinity.netns_cookie = bpf_get_netns_cookie(ctx);
 		affinity.service_id = svc.id;
 		now = bpf_ktime_get_ns();
-		backend = affinity_backend(&affinity, &svc, now);
+		backend = affinity_backend(&affinity, &svc, now, &backend_id);
+		verdict = LB_TRACE_AFFINITY;
 	}
 	if (!backend) {
 		if (!slot_backend_id(&key, svc.count, cookie, &backend_id) ||
 		    !(backend = kpng_backends.lookup(&backend_id))) {
 			count_rejected(svc.id);
+			trace_translation(hook, proto, LB_TRACE_REFUSED, dst, svc.id, NULL, 0);
 			return LB_NO_BACKEND;
 		}
+		verdict = LB_TRACE_TRANSLATED;
 		if (svc.flags & LB_SVC_F_AFFINITY)
 			remember_affinity(&affinity, backend_id, now);
 	}
 	if (remember_vip(cookie, &backend->addr, dst, svc.id))
 		count_translated(svc.id);
+	trace_translation(hook, proto, verdict, dst, svc.id, backend, backend_id);
 	*dst = backend->addr;
 	return LB_TRANSLATED;
 }
@@ -341,12 +411,12 @@ static __always_inline void store_user_addr(struct bpf_sock_addr *ctx, bool v6,
 }
 
 /* connect and sendmsg: a VIP becomes one of its backends, or is refused. */
-static __always_inline int forward(struct bpf_sock_addr *ctx, bool v6)
+static __always_inline int forward(struct bpf_sock_addr *ctx, bool v6, __u8 hook)
 {
 	struct lb_l4addr dst;
 
 	load_user_addr(ctx, v6, &dst);
-	switch (lb_translate(ctx, &dst, ctx->protocol)) {
+	switch (lb_translate(ctx, &dst, ctx->protocol, hook)) {
 	case LB_TRANSLATED:
 		/* A v4 VIP only ever has v4 backends; anything else is a
 		 * corrupt map, and must not reach the network as the VIP. */
@@ -373,10 +443,10 @@ static __always_inline int reverse(struct bpf_sock_addr *ctx, bool v6)
 	return SYSCALL_ALLOW;
 }
 
-int kpng_connect4(struct bpf_sock_addr *ctx) { return forward(ctx, false); }
-int kpng_connect6(struct bpf_sock_addr *ctx) { return forward(ctx, true); }
-int kpng_sendmsg4(struct bpf_sock_addr *ctx) { return forward(ctx, false); }
-int kpng_sendmsg6(struct bpf_sock_addr *ctx) { return forward(ctx, true); }
+int kpng_connect4(struct bpf_sock_addr *ctx) { return forward(ctx, false, LB_HOOK_CONNECT4); }
+int kpng_connect6(struct bpf_sock_addr *ctx) { return forward(ctx, true, LB_HOOK_CONNECT6); }
+int kpng_sendmsg4(struct bpf_sock_addr *ctx) { return forward(ctx, false, LB_HOOK_SENDMSG4); }
+int kpng_sendmsg6(struct bpf_sock_addr *ctx) { return forward(ctx, true, LB_HOOK_SENDMSG6); }
 int kpng_recvmsg4(struct bpf_sock_addr *ctx) { return reverse(ctx, false); }
 int kpng_recvmsg6(struct bpf_sock_addr *ctx) { return reverse(ctx, true); }
 int kpng_getpeer4(struct bpf_sock_addr *ctx) { return reverse(ctx, false); }
