@@ -19,7 +19,7 @@ from pathlib import Path
 from backends.ebpf import maps
 from backends.ebpf.contents import Contents, StoredBackend, StoredFrontend, read_contents
 from backends.ebpf.counters import read_counts
-from backends.ebpf.service_id_maps import read_names
+from backends.ebpf.service_id_maps import is_of_service, read_names
 from backends.ebpf.libbpf import BpfMap
 from backends.ebpf.mapaccess import MapAccess
 from backends.ebpf.maps import NodeAddressKey, NodeAddressValue
@@ -57,6 +57,13 @@ def _read(bpffs_dir: Path, opened: dict[str, BpfMap]) -> dict:
         "links": [{"hook": link.hook, "linkId": link.link_id, "progId": link.prog_id,
                    "cgroupId": link.cgroup_id} for link in pinned_links(bpffs_dir)],
     }
+
+
+def of_service(dump: dict, service: str) -> dict:
+    """The dump with only the frontends of `service` ("ns/name" or
+    "ns/name:port"), by the names the datapath holds."""
+    return {**dump, "services": [svc for svc in dump["services"]
+                                 if is_of_service(svc["servicePort"], service)]}
 
 
 def _usage(spec: maps.MapSpec, bpf_map: BpfMap) -> dict:

@@ -46,6 +46,14 @@ def write_names(service_names: MapAccess, named: Iterable[tuple[int, ServicePort
     return len(named)
 
 
+def is_of_service(service_port: str | None, service: str) -> bool:
+    """Whether a service port name ("ns/name:port", or "ns/name" for an
+    unnamed port) is `service`: "ns/name" (every port of it) or exactly
+    "ns/name:port"."""
+    return service_port is not None and (
+        service_port == service or service_port.startswith(service + ":"))
+
+
 def read_names(service_names: MapAccess) -> dict[int, str]:
     """Every service id's name, as written (undecodable bytes replaced)."""
     return {int(key): value.name.decode(errors="replace") for key, value in service_names.items()}

@@ -29,6 +29,7 @@ from backends.ebpf import libbpf, maps
 from backends.ebpf.contents import HostPort
 from backends.ebpf.loader import mount_point, open_pinned_map
 from backends.ebpf.maps import TraceConfig, TraceEvent
+from backends.ebpf.service_id_maps import is_of_service
 from kpng_py.backend import BackendSetupError
 from kpng_py.model import IPAddress
 
@@ -88,9 +89,7 @@ class TraceFilter:
     def __call__(self, seen: Translation) -> bool:
         if self.pid and seen.pid != self.pid:
             return False
-        if self.service is not None and not (
-                seen.service_port == self.service
-                or (seen.service_port or "").startswith(self.service + ":")):
+        if self.service is not None and not is_of_service(seen.service_port, self.service):
             return False
         if self.vip is not None and seen.vip.ip != self.vip:
             return False

@@ -14,6 +14,8 @@ rejected, and of an id no frontend has."""
 from __future__ import annotations
 
 import ipaddress
+import json
+import subprocess
 from pathlib import Path
 from typing import Iterator
 
@@ -23,6 +25,7 @@ from backends.ebpf import libbpf, maps, service_id_maps
 from backends.ebpf.dump import dump_json, format_text, read_dump
 from backends.ebpf.mapaccess import MapAccess
 from kpng_py.model import Protocol, ServicePortName
+from kpng_py.registry import kpng_py_command
 from tests.ebpf.helpers import loaded
 
 pytestmark = pytest.mark.kernel
@@ -134,3 +137,22 @@ def test_the_dump_prints_what_it_printed_when_reviewed(dumped: tuple[Path, dict]
     bpffs_dir, dump = dumped
     printed = as_recorded(render(dump) + "\n", bpffs_dir)
     assert printed == (EXPECTED / name).read_text()
+
+
+@pytest.mark.parametrize("service, frontends", [
+    # Service id 7 (default/web:http) has two frontends here; 14 is the
+    # unnamed port of default/web.
+    ("default/web", ["0.0.0.0:30080/TCP", "10.96.0.10:80/TCP", "10.96.0.14:80/TCP"]),
+    ("default/web:http", ["10.96.0.10:80/TCP", "10.96.0.14:80/TCP"]),
+    ("default/we", []),
+    ("kube-system/kube-dns", ["fd00::10:53/UDP"]),
+])
+def test_the_dump_of_one_service_keeps_only_its_frontends(dumped: tuple[Path, dict],
+                                                          service: str,
+                                                          frontends: list[str]) -> None:
+    bpffs_dir, _ = dumped
+    shown = subprocess.run(kpng_py_command("ebpf", "dump", "--json", "--service", service,
+                                           "--bpffs-dir", str(bpffs_dir)),
+                           capture_output=True, text=True, check=True, timeout=60)
+    services = json.loads(shown.stdout)["services"]
+    assert [f"{svc['vip']}:{svc['port']}/{svc['protocol']}" for svc in services] == frontends
