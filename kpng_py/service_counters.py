@@ -1,6 +1,9 @@
 """Per-service-port connection counters, as every backend exports them:
 `kpng_py_service_connections_total` and `kpng_py_service_rejections_total`,
-labelled `service_port` (kube-proxy's `ns/name:port`) and `protocol`.
+labelled `service_port` (kube-proxy's `ns/name:port`) and `protocol`; and,
+from a backend that counts per endpoint when asked (its cardinality is the
+node's endpoints), `kpng_py_service_endpoint_connections_total` with an
+`endpoint` ("ip:port") label too.
 
 A backend gives the collector a function that reads its counts at each
 scrape (the eBPF backend from its pinned per-CPU map, the userspace one from
@@ -37,11 +40,16 @@ class ServiceCountersCollector(Collector):
     `kpng_py_service_rejections_total`, by service port and protocol,
     read from the backend at each scrape."""
 
-    def __init__(self, read: Callable[[], Mapping[ServicePortName, ServiceCounts]]) -> None:
+    def __init__(self, read: Callable[[], Mapping[ServicePortName, ServiceCounts]],
+                 read_endpoints: Callable[[], Mapping[tuple[ServicePortName, str], int]]
+                 | None = None) -> None:
         self._read = read
+        self._read_endpoints = read_endpoints
 
     def describe(self) -> Iterator[CounterMetricFamily]:
-        return iter(self._families())
+        yield from self._families()
+        if self._read_endpoints is not None:
+            yield self._endpoint_family()
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         connections, rejections = self._families()
@@ -51,6 +59,21 @@ class ServiceCountersCollector(Collector):
             rejections.add_metric(labels, counts.rejected)
         yield connections
         yield rejections
+        if self._read_endpoints is not None:
+            endpoints = self._endpoint_family()
+            for (name, endpoint), count in sorted(self._read_endpoints().items(),
+                                                  key=lambda item: (item[0][0].sort_key(),
+                                                                    item[0][1])):
+                endpoints.add_metric([str(name), name.protocol.value, endpoint], count)
+            yield endpoints
+
+    @staticmethod
+    def _endpoint_family() -> CounterMetricFamily:
+        return CounterMetricFamily(
+            "kpng_py_service_endpoint_connections",
+            "Connections (TCP) and sockets (UDP, once per endpoint) a service port's "
+            "frontends sent to this endpoint.",
+            labels=["service_port", "protocol", "endpoint"])
 
     @staticmethod
     def _families() -> tuple[CounterMetricFamily, CounterMetricFamily]:

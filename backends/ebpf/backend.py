@@ -66,7 +66,9 @@ class EbpfBackend:
         # apply() and the follower's callbacks, one at a time.
         self._lock = threading.Lock()
         self._attached = False
-        self._collector = ServiceCountersCollector(self._counts_per_service_port)
+        self._collector = ServiceCountersCollector(
+            self._counts_per_service_port,
+            self._counts_per_endpoint if config.backend_counters else None)
 
     def use_health(self, health: ProxyHealth) -> None:
         """What /healthz says, for the healthCheckNodePort answers (before setup)."""
@@ -92,7 +94,8 @@ class EbpfBackend:
                      maps.SERVICE_NAMES):  # written here
             self._metrics.map_writes.labels(spec.pin)
         # Made by the datapath, or not counted by the programmer: walked.
-        for spec in (maps.REVERSE_NAT, maps.AFFINITY, maps.COUNTERS, maps.SERVICE_NAMES):
+        for spec in (maps.REVERSE_NAT, maps.AFFINITY, maps.COUNTERS, maps.BACKEND_COUNTERS,
+                     maps.SERVICE_NAMES):
             self._metrics.map_entries.labels(spec.pin).set_function(
                 CachedCount(self._datapath.maps[spec.pin].count))
         if self._netfilter is not None:
@@ -184,15 +187,18 @@ class EbpfBackend:
         what no frontend has, a partial one only what it changed. The
         datapath does not read them: a failure is logged and counted, and
         the next full change set repairs both."""
-        names, counter_map = (datapath.maps[maps.SERVICE_NAMES.pin],
-                              datapath.maps[maps.COUNTERS.pin])
+        names, counter_map, backend_counters = (datapath.maps[maps.SERVICE_NAMES.pin],
+                                                datapath.maps[maps.COUNTERS.pin],
+                                                datapath.maps[maps.BACKEND_COUNTERS.pin])
         try:
             for bpf_map in (names, counter_map):
                 service_id_maps.forget(bpf_map, writes.released_service_ids)
+            service_id_maps.forget(backend_counters, writes.released_backend_ids)
             if full:
                 owners = programmer.service_port_of_ids()
                 for bpf_map in (names, counter_map):
                     service_id_maps.keep_only(bpf_map, owners.keys())
+                service_id_maps.keep_only(backend_counters, programmer.backend_ids())
                 named = [(service_id, name) for service_id, name in owners.items() if name]
             else:
                 named = writes.named_service_ids
@@ -212,6 +218,17 @@ class EbpfBackend:
             owners = self._programmer.service_port_of_ids()
             counts = counters.read_counts(self._datapath.maps[maps.COUNTERS.pin])
         return counters.per_service_port(counts, owners)
+
+    def _counts_per_endpoint(self) -> dict[tuple[ServicePortName, str], int]:
+        """With --endpoint-counters, at a scrape: per (service port, endpoint)."""
+        with self._lock:
+            if self._datapath is None or self._programmer is None:
+                return {}
+            owners = self._programmer.service_port_of_ids()
+            targets = self._programmer.backend_targets()
+            counts = counters.read_backend_counts(
+                self._datapath.maps[maps.BACKEND_COUNTERS.pin])
+        return counters.per_endpoint(counts, targets, owners)
 
     def apply_stages(self) -> Mapping[str, float]:
         return self._programmer.last_stages if self._programmer is not None else {}

@@ -82,6 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not program the nftables table `inet kpng-py` that serves "
                              "node ports, ExternalIPs and LB IPs to packets from outside the "
                              "node (default: programmed)")
+    parser.add_argument("--endpoint-counters", action="store_true",
+                        help="count connections per endpoint too "
+                             "(kpng_py_service_endpoint_connections_total; one series per "
+                             "endpoint of the node; default: per service port only)")
     for spec in SIZED_SPECS:
         parser.add_argument(spec.size_flag, type=_entries, default=spec.default_size,
                             dest=f"map_size_{spec.pin}", metavar="ENTRIES",
@@ -96,7 +100,8 @@ def create(args: argparse.Namespace, metrics: Metrics) -> Backend:
     config = DatapathConfig(
         bpffs_dir=args.bpffs_dir,
         cgroup=args.cgroup or default_cgroup(),
-        map_sizes={spec.pin: getattr(args, f"map_size_{spec.pin}") for spec in SIZED_SPECS})
+        map_sizes={spec.pin: getattr(args, f"map_size_{spec.pin}") for spec in SIZED_SPECS},
+        backend_counters=args.endpoint_counters)
     skips = Skips(metrics)
     netfilter = None
     if args.nodeport_netfilter:

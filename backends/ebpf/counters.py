@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from backends.ebpf.contents import HostPort
 from backends.ebpf.mapaccess import MapAccess
 from kpng_py.model import ServicePortName
 from kpng_py.service_counters import ServiceCounts
@@ -25,6 +26,27 @@ def read_counts(counters: MapAccess) -> dict[int, ServiceCounts]:
         found[int(service_id)] = ServiceCounts(
             sum(cpu.translated for cpu in per_cpu), sum(cpu.rejected for cpu in per_cpu))
     return found
+
+
+def read_backend_counts(backend_counters: MapAccess) -> dict[int, int]:
+    """Every entry of backend_counters, by backend id, the CPUs added up."""
+    return {int(backend_id): sum(cpu.translated for cpu in per_cpu)
+            for backend_id, per_cpu in backend_counters.items()}
+
+
+def per_endpoint(counts: Mapping[int, int], targets: Mapping[int, tuple[int, HostPort]],
+                 owners: Mapping[int, ServicePortName | None]
+                 ) -> dict[tuple[ServicePortName, str], int]:
+    """The counts of each (service port, endpoint), over the backends of all
+    the port's frontends (each frontend has its own backend ids)."""
+    totals: dict[tuple[ServicePortName, str], int] = {}
+    for backend_id, count in counts.items():
+        service_id, target = targets.get(backend_id, (0, None))
+        name = owners.get(service_id)
+        if name is not None and target is not None:
+            key = (name, str(target))
+            totals[key] = totals.get(key, 0) + count
+    return totals
 
 
 def per_service_port(counts: Mapping[int, ServiceCounts],

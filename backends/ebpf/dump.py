@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from backends.ebpf import maps
 from backends.ebpf.contents import Contents, StoredBackend, StoredFrontend, read_contents
-from backends.ebpf.counters import read_counts
+from backends.ebpf.counters import read_backend_counts, read_counts
 from backends.ebpf.service_id_maps import is_of_service, read_names
 from backends.ebpf.libbpf import BpfMap
 from backends.ebpf.mapaccess import MapAccess
@@ -50,8 +52,9 @@ def _read(bpffs_dir: Path, opened: dict[str, BpfMap]) -> dict:
     contents = read_contents(opened[maps.SERVICES.pin], opened[maps.BACKENDS.pin])
     return {
         "bpffsDir": str(bpffs_dir),
-        "services": services_of(contents, read_counts(opened[maps.COUNTERS.pin]),
-                                read_names(opened[maps.SERVICE_NAMES.pin])),
+        "services": services_of(contents, ByIds(
+            read_counts(opened[maps.COUNTERS.pin]), read_names(opened[maps.SERVICE_NAMES.pin]),
+            read_backend_counts(opened[maps.BACKEND_COUNTERS.pin]))),
         "nodeAddresses": node_addresses_of(opened[maps.NODE_ADDRESSES.pin]),
         "maps": {spec.pin: _usage(spec, opened[spec.pin]) for spec in maps.MAP_SPECS},
         "links": [{"hook": link.hook, "linkId": link.link_id, "progId": link.prog_id,
@@ -74,13 +77,21 @@ def _usage(spec: maps.MapSpec, bpf_map: BpfMap) -> dict:
     return {"entries": len(bpf_map), "capacity": capacity}
 
 
-def services_of(contents: Contents, counts: dict[int, ServiceCounts],
-                names: dict[int, str]) -> list[dict]:
+@dataclass(frozen=True)
+class ByIds:
+    """What the maps keyed by service or backend id hold for a dump."""
+
+    counts: Mapping[int, ServiceCounts] = field(default_factory=dict)  # by service id
+    names: Mapping[int, str] = field(default_factory=dict)  # by service id
+    backend_counts: Mapping[int, int] = field(default_factory=dict)  # by backend id
+
+
+def services_of(contents: Contents, by_ids: ByIds = ByIds()) -> list[dict]:
     """The services of a dump: every master entry, with its service port's
     name (None if the map has none for its id), its slots 1..count and its
-    counters (zero until a client used it)."""
-    return [_service(stored, contents, counts.get(stored.master.id, ServiceCounts()),
-                     names.get(stored.master.id)) for stored in contents.frontends]
+    counters (zero until a client used it; per backend only counted with
+    --endpoint-counters)."""
+    return [_service(stored, contents, by_ids) for stored in contents.frontends]
 
 
 def node_addresses_of(node_addresses: MapAccess[NodeAddressKey, NodeAddressValue]) -> list[str]:
@@ -89,29 +100,32 @@ def node_addresses_of(node_addresses: MapAccess[NodeAddressKey, NodeAddressValue
     return [str(ip) for ip in sorted(ips, key=lambda ip: (ip.version, int(ip)))]
 
 
-def _service(stored: StoredFrontend, contents: Contents, counts: ServiceCounts,
-             name: str | None) -> dict:
+def _service(stored: StoredFrontend, contents: Contents, by_ids: ByIds) -> dict:
     protocol, vip, kind = stored.protocol, stored.vip, stored.kind
+    counts = by_ids.counts.get(stored.master.id, ServiceCounts())
     return {
         "vip": str(vip.ip),
         "port": vip.port,
         "protocol": protocol.value if protocol else str(stored.proto),
         "kind": kind.value if kind else "unknown",
         "serviceId": stored.master.id,
-        "servicePort": name,
+        "servicePort": by_ids.names.get(stored.master.id),
         "count": stored.master.count,
         "affinityTimeoutSeconds": stored.affinity_timeout,
         "connections": counts.translated,
         "rejections": counts.rejected,
-        "backends": [_slot(slot, backend_id, contents.backend(backend_id))
+        "backends": [_slot(slot, backend_id, contents.backend(backend_id),
+                           by_ids.backend_counts.get(backend_id or 0, 0))
                      for slot, backend_id in enumerate(stored.backend_ids(), start=1)],
     }
 
 
-def _slot(slot: int, backend_id: int | None, backend: StoredBackend | None) -> dict:
+def _slot(slot: int, backend_id: int | None, backend: StoredBackend | None,
+          connections: int) -> dict:
     return {"slot": slot, "backendId": backend_id,
             "address": str(backend.target) if backend is not None else None,
-            "serviceId": backend.service_id if backend is not None else None}
+            "serviceId": backend.service_id if backend is not None else None,
+            "connections": connections}
 
 
 def format_text(dump: dict) -> str:
@@ -126,8 +140,10 @@ def format_text(dump: dict) -> str:
                      f"service {svc['serviceId']}{named}: {state}{affinity}, "
                      f"{svc['connections']} connections, {svc['rejections']} rejected")
         for backend in svc["backends"]:
+            counted = (f", {backend['connections']} connections" if backend["connections"]
+                       else "")
             lines.append(f"  slot {backend['slot']}: backend {backend['backendId']} "
-                         f"{backend['address'] or '(missing)'}")
+                         f"{backend['address'] or '(missing)'}{counted}")
     lines += [f"node-port address {ip}" for ip in dump["nodeAddresses"]]
     for pin, counts in dump["maps"].items():
         lines.append(f"map {pin}: ring buffer of {counts['capacity']} bytes"

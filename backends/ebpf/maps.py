@@ -180,6 +180,12 @@ class Counters(ct.Structure):
     _fields_ = [("translated", ct.c_uint64), ("rejected", ct.c_uint64)]
 
 
+class BackendCounters(ct.Structure):
+    """struct lb_backend_counters (8 bytes): one CPU's count of one backend."""
+
+    _fields_ = [("translated", ct.c_uint64)]
+
+
 class ServiceName(ct.Structure):
     """struct lb_service_name (160 bytes): "namespace/name:port", NUL-terminated."""
 
@@ -225,6 +231,7 @@ MIRRORS: dict[str, type[ct.Structure]] = {
     "lb_affinity_key": AffinityKey,
     "lb_affinity_value": AffinityValue,
     "lb_counters": Counters,
+    "lb_backend_counters": BackendCounters,
     "lb_service_name": ServiceName,
     "lb_trace_config": TraceConfig,
     "lb_trace_event": TraceEvent,
@@ -280,6 +287,10 @@ NODE_ADDRESSES = MapSpec("node_addresses", NodeAddressKey, NodeAddressValue, BPF
 # One entry per frontend clients used; a full map leaves new ones uncounted.
 COUNTERS = MapSpec("counters", ct.c_uint32, Counters, BPF_MAP_TYPE_PERCPU_HASH,
                    BPF_F_NO_PREALLOC, "KPNG_COUNTERS_MAX", 65536, per_cpu=True)
+# One entry per backend clients used, with --backend-counters (as backends).
+BACKEND_COUNTERS = MapSpec("backend_counters", ct.c_uint32, BackendCounters,
+                           BPF_MAP_TYPE_PERCPU_HASH, BPF_F_NO_PREALLOC,
+                           "KPNG_BACKEND_COUNTERS_MAX", 131072, per_cpu=True)
 # One entry per frontend, as services' masters.
 SERVICE_NAMES = MapSpec("service_names", ct.c_uint32, ServiceName, BPF_MAP_TYPE_HASH,
                         BPF_F_NO_PREALLOC, "KPNG_SERVICE_NAMES_MAX", 65536)
@@ -289,7 +300,7 @@ TRACE_CONFIG = MapSpec("trace_config", ct.c_uint32, TraceConfig, BPF_MAP_TYPE_AR
 # two reads of the tracer.
 EVENTS = MapSpec("events", NoEntries, NoEntries, BPF_MAP_TYPE_RINGBUF, 0, "KPNG_EVENTS_MAX",
                  1 << 20, ring_buffer=True, resizable=False)
-MAP_SPECS = (SERVICES, BACKENDS, REVERSE_NAT, AFFINITY, NODE_ADDRESSES, COUNTERS, SERVICE_NAMES,
-             TRACE_CONFIG, EVENTS)
+MAP_SPECS = (SERVICES, BACKENDS, REVERSE_NAT, AFFINITY, NODE_ADDRESSES, COUNTERS,
+             BACKEND_COUNTERS, SERVICE_NAMES, TRACE_CONFIG, EVENTS)
 # The maps whose size --map-size-* sets.
 SIZED_SPECS = tuple(spec for spec in MAP_SPECS if spec.resizable)

@@ -31,7 +31,7 @@ import time
 import types
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, NamedTuple, Sequence
+from typing import Collection, Iterable, Mapping, NamedTuple, Sequence
 
 from backends.ebpf import maps
 from backends.ebpf.contents import (
@@ -198,6 +198,8 @@ class MapWrites:
     removed_udp: set[tuple[int, HostPort]] = field(default_factory=set)
     # Service ids of the frontends that are gone: their counters and names go too.
     released_service_ids: list[int] = field(default_factory=list)
+    # Backend ids released (their counters go too).
+    released_backend_ids: list[int] = field(default_factory=list)
     # Service ids whose frontend got a new owner (new frontends among them):
     # the name the service_names map is to hold.
     named_service_ids: list[tuple[int, ServicePortName]] = field(default_factory=list)
@@ -285,6 +287,17 @@ class ServiceProgrammer:
         """How long the last apply planned and wrote, in milliseconds
         (`plan_ms`, `write_ms`)."""
         return self._last_stages
+
+    def backend_targets(self) -> dict[int, tuple[int, HostPort]]:
+        """Every programmed backend id: its service id and its target."""
+        stored = {backend_id: StoredBackend.of(value)
+                  for backend_id, value in self._backends.items()}
+        return {backend_id: (backend.service_id, backend.target)
+                for backend_id, backend in stored.items()}
+
+    def backend_ids(self) -> Collection[int]:
+        """Every programmed backend id."""
+        return self._backends.keys()
 
     def service_port_of_ids(self) -> dict[int, ServicePortName | None]:
         """The service id of every programmed frontend, with the service port
@@ -411,6 +424,7 @@ class ServiceProgrammer:
         for backend_id in self._stray_backends:
             writes.gone_backends += _U32.pack(backend_id)
             self._backend_id_pool.release(backend_id)
+            writes.released_backend_ids.append(backend_id)
         self.service_entries -= len(self._stray_keys) // _SERVICE_KEY_SIZE
         self.backend_entries -= len(self._stray_backends)
         self._stray_keys, self._stray_backends = b"", []
@@ -449,6 +463,7 @@ class ServiceProgrammer:
         value = self._backends.pop(backend_id)
         del self._backend_ids[value]
         self._backend_id_pool.release(backend_id)
+        writes.released_backend_ids.append(backend_id)
         into += _U32.pack(backend_id)
         if frontend.protocol is Protocol.UDP:
             stored = StoredBackend.of(value)

@@ -1,12 +1,13 @@
 """The maps keyed by service id beside `services`, which follow the
 frontends' ids: `counters` (entries made by the programs) and
-`service_names` (written here, read by `ebpf trace` and `ebpf dump`).
+`service_names` (written here, read by `ebpf trace` and `ebpf dump`); and
+`backend_counters`, keyed by backend id, which follows the backends' alike.
 
-After each apply the backend deletes both maps' entries of the ids
-released. A partial change set then writes the names of the ids that got a
-new owner (new frontends); a full one writes every frontend's name and
-deletes every entry whose id no frontend has (what a connect racing a
-removal, a failed write or a crash between two writes leaves).
+After each apply the backend deletes the entries of the ids released. A
+partial change set then writes the names of the ids that got a new owner
+(new frontends); a full one writes every frontend's name and deletes every
+entry whose id no frontend (or backend) has: what a connect racing a
+removal, a failed write or a crash between two writes leaves.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from tests.support.kernel import require_root_bpf
 
 # Small maps: LRU maps are preallocated, and tests never need many entries.
 TEST_MAP_SIZES = {"services": 4096, "backends": 4096, "reverse_nat": 4096, "affinity": 1024,
-                  "node_addresses": 64, "counters": 1024, "service_names": 1024}
+                  "node_addresses": 64, "counters": 1024, "backend_counters": 4096,
+                  "service_names": 1024}
 
 
 @pytest.fixture(scope="module")

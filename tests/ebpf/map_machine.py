@@ -136,7 +136,7 @@ class MapPair:
     def dump(self) -> dict:
         """The parts of an `ebpf dump` that `lab.programmed_frontends` reads
         (no counters: only programs count)."""
-        return {"services": services_of(read_contents(self.services, self.backends), {}, {}),
+        return {"services": services_of(read_contents(self.services, self.backends)),
                 "maps": {maps.SERVICES.pin: {"entries": len(self.services)},
                          maps.BACKENDS.pin: {"entries": len(self.backends)}}}
 

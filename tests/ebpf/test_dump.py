@@ -9,7 +9,8 @@ or used twice, a backend no slot names, kind flags that disagree with
 each other or with the address; and a frontend of each kind, with the
 node-port addresses, the service port names of some ids, and counters:
 added up over the CPUs, of a frontend used twice, of one that only
-rejected, and of an id no frontend has."""
+rejected, of an id no frontend has, and of a backend (shown in each slot
+naming it)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.kernel
 
 EXPECTED = Path(__file__).parent / "dump"
 SIZES = {"services": 64, "backends": 32, "reverse_nat": 16, "affinity": 8, "node_addresses": 4,
-         "counters": 8, "service_names": 8}
+         "counters": 8, "backend_counters": 8, "service_names": 8}
 TCP, UDP, SCTP = 6, 17, 132
 # Written in this order (the dump sorts by address, port and protocol).
 SERVICES = [
@@ -103,6 +104,13 @@ def write_counters(counters: MapAccess) -> None:
     counters.put_many(list(COUNTERS), values)
 
 
+def write_backend_counters(backend_counters: MapAccess) -> None:
+    """Backend 101 used 3 times, on the first CPU."""
+    per_cpu = (maps.BackendCounters * libbpf.possible_cpus())()
+    per_cpu[0] = maps.BackendCounters(3)
+    backend_counters.put_many([101], [per_cpu])
+
+
 def write_names(service_names: MapAccess) -> None:
     service_id_maps.write_names(service_names, [
         (7, ServicePortName("default", "web", "http", Protocol.TCP)),
@@ -123,6 +131,7 @@ def dumped() -> Iterator[tuple[Path, dict]]:
         write_node_addresses(datapath.maps[maps.NODE_ADDRESSES.pin])
         write_counters(datapath.maps[maps.COUNTERS.pin])
         write_names(datapath.maps[maps.SERVICE_NAMES.pin])
+        write_backend_counters(datapath.maps[maps.BACKEND_COUNTERS.pin])
         yield datapath.config.bpffs_dir, read_dump(datapath.config.bpffs_dir)
 
 

@@ -153,6 +153,17 @@ struct lb_counters {
 _Static_assert(sizeof(struct lb_counters) == 16, "lb_counters layout");
 
 /*
+ * backend_counters (per-CPU hash, only with --backend-counters): sockets
+ * sent to each backend, as `counters` does per frontend. Its cardinality is
+ * the node's endpoints, so it is off unless asked for. Key: __u32 backend
+ * id. Value: 8 bytes per CPU.
+ */
+struct lb_backend_counters {
+	__u64 translated;	/* 0 */
+};
+_Static_assert(sizeof(struct lb_backend_counters) == 8, "lb_backend_counters layout");
+
+/*
  * service_names: the service port each service id belongs to, as
  * kube-proxy names it ("namespace/name:port", NUL-terminated), written by the
  * control plane with the frontend for `ebpf trace` and `ebpf dump`; the

@@ -20,6 +20,7 @@
  *   KPNG_SERVICES_MAX, KPNG_BACKENDS_MAX, KPNG_REVNAT_MAX, KPNG_AFFINITY_MAX,
  *   KPNG_NODE_ADDRESSES_MAX, KPNG_COUNTERS_MAX, KPNG_SERVICE_NAMES_MAX,
  *   KPNG_TRACE_CONFIG_MAX, KPNG_EVENTS_MAX (bytes)
+ *   KPNG_BACKEND_COUNTERS   count per backend too (--backend-counters)
  *   KPNG_REJECT_WITH_EPERM  older kernels: no bpf_set_retval (before 5.18), and
  *                           trace events without the client's pid and command
  */
@@ -49,6 +50,10 @@ BPF_TABLE_PINNED("hash", __u32, struct lb_backend, kpng_backends,
 BPF_TABLE_PINNED("hash", struct lb_node_address_key, struct lb_node_address_value,
 		 kpng_node_addresses, KPNG_NODE_ADDRESSES_MAX, KPNG_PIN_DIR "/node_addresses",
 		 BPF_F_NO_PREALLOC);
+/* Declared always, so that the pins do not depend on the flag; only
+ * counted into with KPNG_BACKEND_COUNTERS. */
+BPF_TABLE_PINNED("percpu_hash", __u32, struct lb_backend_counters, kpng_backend_counters,
+		 KPNG_BACKEND_COUNTERS_MAX, KPNG_PIN_DIR "/backend_counters", BPF_F_NO_PREALLOC);
 /* Read by `ebpf trace` and `ebpf dump` only. */
 BPF_TABLE_PINNED("hash", __u32, struct lb_service_name, kpng_service_names,
 		 KPNG_SERVICE_NAMES_MAX, KPNG_PIN_DIR "/service_names", BPF_F_NO_PREALLOC);
@@ -138,6 +143,22 @@ static __always_inline void count_translated(__u32 service_id)
 
 	if (counters)
 		counters->translated++;
+}
+
+static __always_inline void count_backend(__u32 backend_id)
+{
+#ifdef KPNG_BACKEND_COUNTERS
+	struct lb_backend_counters *counters = kpng_backend_counters.lookup(&backend_id);
+	struct lb_backend_counters zero = {};
+
+	if (!counters) {
+		kpng_backend_counters.insert(&backend_id, &zero);
+		counters = kpng_backend_counters.lookup(&backend_id);
+		if (!counters)
+			return;
+	}
+	counters->translated++;
+#endif
 }
 
 static __always_inline void count_rejected(__u32 service_id)
@@ -342,8 +363,10 @@ static __always_inline enum lb_verdict lb_translate(void *ctx, struct lb_l4addr 
 		if (svc.flags & LB_SVC_F_AFFINITY)
 			remember_affinity(&affinity, backend_id, now);
 	}
-	if (remember_vip(cookie, &backend->addr, dst, svc.id))
+	if (remember_vip(cookie, &backend->addr, dst, svc.id)) {
 		count_translated(svc.id);
+		count_backend(backend_id);
+	}
 	trace_translation(hook, proto, verdict, dst, svc.id, backend, backend_id);
 	*dst = backend->addr;
 	return LB_TRANSLATED;
