@@ -42,7 +42,7 @@ _SIGNATURES = {
     "bpf_prog_get_fd_by_id": (_c_int, [_c_u32]),
     "libbpf_num_possible_cpus": (_c_int, []),
     "ring_buffer__new": (_p, [_c_int, _p, _p, _p]),
-    "ring_buffer__poll": (_c_int, [_p, _c_int]),
+    "ring_buffer__consume": (_c_int, [_p]),
     "ring_buffer__free": (None, [_p]),
 }
 for _name, (_restype, _argtypes) in _SIGNATURES.items():
@@ -291,7 +291,7 @@ _SampleFn = ct.CFUNCTYPE(_c_int, _p, _p, ct.c_size_t)
 
 
 class RingBuffer:
-    """A consumer of a BPF ring buffer map (libbpf's ring_buffer): `poll`
+    """A consumer of a BPF ring buffer map (libbpf's ring_buffer): `consume`
     calls `on_sample` with the bytes of each record, on the calling thread."""
 
     def __init__(self, map_fd: int, on_sample: Callable[[bytes], None], name: str) -> None:
@@ -308,14 +308,14 @@ class RingBuffer:
             raise OSError(code, f"read ring buffer {name}: {os.strerror(code)}")
         self._ring: int | None = ring
 
-    def poll(self, timeout_ms: int) -> int:
-        """Wait up to `timeout_ms` for records and consume them all; how many."""
+    def consume(self) -> int:
+        """Consume every record there is now, without waiting; how many."""
         if self._ring is None:
             raise ValueError(f"ring buffer {self.name} is closed")
-        consumed = _lib.ring_buffer__poll(self._ring, timeout_ms)
-        if consumed < 0 and -consumed != errno.EINTR:
+        consumed = _lib.ring_buffer__consume(self._ring)
+        if consumed < 0:
             raise OSError(-consumed, f"read ring buffer {self.name}: {os.strerror(-consumed)}")
-        return max(consumed, 0)
+        return consumed
 
     def close(self) -> None:
         if self._ring is not None:

@@ -202,7 +202,9 @@ static __always_inline void trace_translation(__u8 hook, __u8 proto, __u8 verdic
 		event->backend_id = backend_id;
 		event->backend = backend->addr;
 	}
-	kpng_events.ringbuf_submit(event, 0);
+	/* No wakeup per event (it cost the connect several microseconds): the
+	 * tracer reads the ring buffer on a timer. */
+	kpng_events.ringbuf_submit(event, BPF_RB_NO_WAKEUP);
 }
 
 /* A connect() or sendto() to a service without endpoints fails at once, as
