@@ -36,7 +36,8 @@ class Limits:
 _DEFAULTS = Limits()
 
 
-def _positive_count(text: str) -> int:
+def positive_count(text: str) -> int:
+    """An argparse type: a whole number above 0."""
     if not text.isdecimal() or int(text) == 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number above 0")
     return int(text)
@@ -45,17 +46,17 @@ def _positive_count(text: str) -> int:
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("limits on the brain's state")
     group.add_argument(
-        "--max-service-ports", type=_positive_count, default=_DEFAULTS.max_service_ports,
+        "--max-service-ports", type=positive_count, default=_DEFAULTS.max_service_ports,
         metavar="N",
         help="ports one service may have (default: %(default)s); a service with more is "
              "refused and its previous version stays in force")
     group.add_argument(
-        "--max-service-endpoints", type=_positive_count,
+        "--max-service-endpoints", type=positive_count,
         default=_DEFAULTS.max_service_endpoints, metavar="N",
         help="ports x endpoint addresses of one service (default: %(default)s); a service "
              "over it is refused whole and its previous version stays in force")
     group.add_argument(
-        "--max-endpoints", type=_positive_count, default=_DEFAULTS.max_endpoints, metavar="N",
+        "--max-endpoints", type=positive_count, default=_DEFAULTS.max_endpoints, metavar="N",
         help="resolved endpoints of all services of the node (default: %(default)s); a "
              "service whose new version would go over it is refused (its previous version "
              "stays in force) until others make room")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
 
 from backends.ebpf import counters, maps, service_id_maps
 from backends.ebpf.loader import Datapath, DatapathConfig
@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # the table's module loads libnftables: only when one is made
     from backends.ebpf.netfilter import NetfilterTable
 
 log = logging.getLogger(__name__)
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class BackendNotReadyError(RuntimeError):
@@ -212,23 +215,23 @@ class EbpfBackend:
 
     def _counts_per_service_port(self) -> dict[ServicePortName, ServiceCounts]:
         """What the collector exports at a scrape (from the HTTP server's thread)."""
-        with self._lock:
-            if self._datapath is None or self._programmer is None:
-                return {}
-            owners = self._programmer.service_port_of_ids()
-            counts = counters.read_counts(self._datapath.maps[maps.COUNTERS.pin])
-        return counters.per_service_port(counts, owners)
+        return self._scraped(lambda datapath, programmer: counters.per_service_port(
+            counters.read_counts(datapath.maps[maps.COUNTERS.pin]),
+            programmer.service_port_of_ids()))
 
     def _counts_per_endpoint(self) -> dict[tuple[ServicePortName, str], int]:
         """With --endpoint-counters, at a scrape: per (service port, endpoint)."""
+        return self._scraped(lambda datapath, programmer: counters.per_endpoint(
+            counters.read_backend_counts(datapath.maps[maps.BACKEND_COUNTERS.pin]),
+            programmer.backend_targets(), programmer.service_port_of_ids()))
+
+    def _scraped(self, read: Callable[[Datapath, ServiceProgrammer], dict[K, V]]) -> dict[K, V]:
+        """`read` of the datapath and the programmer, between two applies
+        (nothing before setup or after close)."""
         with self._lock:
             if self._datapath is None or self._programmer is None:
                 return {}
-            owners = self._programmer.service_port_of_ids()
-            targets = self._programmer.backend_targets()
-            counts = counters.read_backend_counts(
-                self._datapath.maps[maps.BACKEND_COUNTERS.pin])
-        return counters.per_endpoint(counts, targets, owners)
+            return read(self._datapath, self._programmer)
 
     def apply_stages(self) -> Mapping[str, float]:
         return self._programmer.last_stages if self._programmer is not None else {}

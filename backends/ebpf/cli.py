@@ -18,6 +18,7 @@ from pathlib import Path
 from backends.ebpf.maps import DEFAULT_PIN_DIR, SIZED_SPECS
 from backends.ebpf.privileges import privilege_hint
 from kpng_py.backend import Backend, BackendSetupError
+from kpng_py.limits import positive_count
 from kpng_py.metrics import Metrics
 from kpng_py.nodeport_addresses import NodePortAddresses, add_nodeport_addresses_flag
 from kpng_py.registry import BackendSpec, LabPlaces, LabSupport, ToolCommand, kpng_py_command
@@ -57,12 +58,6 @@ def _vip_filter(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Addres
         raise argparse.ArgumentTypeError(f"{text!r} is not IP, IP:PORT or [IPV6]:PORT "
                                          "(e.g. 10.96.0.10:80)")
     return ip, number
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
-    return int(text)
 
 
 def _add_bpffs_dir_flag(parser: argparse.ArgumentParser) -> None:
@@ -142,9 +137,9 @@ def _add_tool_arguments(tool: argparse.ArgumentParser) -> None:
                        help="only this service (every port) or service port")
     trace.add_argument("--vip", type=_vip_filter, metavar="IP[:PORT]",
                        help="only translations of this address (and port) as dialled")
-    trace.add_argument("--pid", type=_positive, default=0, help="only this client process")
+    trace.add_argument("--pid", type=positive_count, default=0, help="only this client process")
     trace.add_argument("--json", action="store_true", help="print one JSON object per line")
-    trace.add_argument("--count", type=_positive, default=0,
+    trace.add_argument("--count", type=positive_count, default=0,
                        help="exit after showing this many translations")
 
 
