@@ -42,15 +42,19 @@ class FirstSync:
         if self.first_message is None:
             self.first_message = time.monotonic()
 
+    def on_ops(self, ops: list[localv1.OpItem]) -> None:
+        self.ops += len(ops)
+
     def on_changeset(self, ops: list[localv1.OpItem]) -> None:
         self.first_sync = time.monotonic()
-        self.ops = len(ops)
+        self.ops += len(ops)
         if self.client is not None:
             self.client.stop()
 
     def on_stream_error(self, reason: str, partial: list[localv1.OpItem]) -> None:
         del reason, partial  # the client retries; a partial change set is not a Sync
         self.first_message = None
+        self.ops = 0
 
 
 def probe(socket: Path, node_name: str, timeout: float) -> FirstSync:

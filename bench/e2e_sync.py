@@ -44,8 +44,8 @@ OTHER_NODE = "node-b"  # the endpoints' node: none is Local
 PROTOCOL_NUMBERS = {"TCP": 1, "UDP": 2}
 SYNC_APPLIED = "sync applied"
 # The `sync applied` fields of the stage breakdown (ms), and their figures (s).
-STAGES = {"receive_ms": "e2e_receive", "state_ms": "e2e_state", "plan_ms": "e2e_plan",
-          "write_ms": "e2e_write", "backend_ms": "e2e_backend"}
+STAGES = {"receive_ms": "e2e_receive", "staged_ms": "e2e_staged", "state_ms": "e2e_state",
+          "plan_ms": "e2e_plan", "write_ms": "e2e_write", "backend_ms": "e2e_backend"}
 # Mapped in a process that has BCC's compiler loaded.
 # The state file's mtime is set this far back, so that the brain serves it at
 # once: a file modified in the last second is waited for (docs/brain.md).

@@ -22,7 +22,8 @@ TARGET_N = 10_000
 LARGE_N = 30_000
 # The columns of the stage breakdown: the first sync of a `kpng-py local` run.
 STAGE_COLUMNS = (("e2e_start_applied", "start to applied (s)"), ("e2e_receive", "receive (s)"),
-                 ("e2e_state", "decode + state (s)"), ("e2e_plan", "plan (s)"),
+                 ("e2e_staged", "of it, decode (s)"), ("e2e_state", "state at the Sync (s)"),
+                 ("e2e_plan", "plan (s)"),
                  ("e2e_write", "write (s)"), ("e2e_backend", "backend (s)"),
                  ("e2e_sync", "sync line (s)"), ("e2e_peak_rss", "peak RSS (MiB)"))
 

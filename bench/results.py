@@ -41,7 +41,10 @@ METRICS = {m.key: m for m in (
            "watch client; iptables-legacy: iptables-restore of the same state)", "s", False),
     Metric("e2e_receive", "First sync, stage: receiving the change set (first message to "
            "Sync)", "s", False),
-    Metric("e2e_state", "First sync, stage: decoding and state model", "s", False),
+    Metric("e2e_staged", "First sync, stage: decoding into the state model as the ops arrive "
+           "(within receiving)", "s", False),
+    Metric("e2e_state", "First sync, stage: from the Sync, the last ops and computing the "
+           "change set", "s", False),
     Metric("e2e_backend", "First sync, stage: the backend's apply", "s", False),
     Metric("e2e_plan", "First sync, stage: eBPF planning (within the backend's apply)", "s",
            False),

@@ -113,13 +113,17 @@ def _receive(client_file: Path, target: str) -> None:
 
     class Sink:
         client = None
+        staged = 0  # ops handed over before the Sync (clients since issue 14)
 
         def on_changeset_started(self) -> None:
             pass
 
+        def on_ops(self, ops) -> None:
+            self.staged += len(ops)
+
         def on_changeset(self, ops) -> None:
             figures.update(wall_s=time.monotonic() - started_wall,
-                           cpu_s=time.process_time() - started_cpu, ops=len(ops))
+                           cpu_s=time.process_time() - started_cpu, ops=self.staged + len(ops))
             self.client.stop()
 
         def on_stream_error(self, reason, partial) -> None:

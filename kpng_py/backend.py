@@ -21,7 +21,7 @@ from typing import Iterable, Mapping, Protocol
 from kpng_py.api import localv1
 from kpng_py.dataplane_census import EXTERNAL, INTERNAL, DataplaneCensus
 from kpng_py.client import Backoff
-from kpng_py.collector import collector_paused, freeze_survivors
+from kpng_py.collector import CollectorPause, collector_paused, freeze_survivors
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePortChanges
@@ -73,18 +73,21 @@ def backend_stages(backend: Backend) -> dict[str, float]:
 @dataclass(frozen=True)
 class SyncTimes:
     """Where the seconds of one applied change set went: receiving its
-    messages (before `apply_ops`; 0 without a transport), decoding them into
-    the state model and computing the change set, the backend's apply, and
-    the whole of `apply_ops` (state and backend)."""
+    messages (from the first to the Sync; 0 without a transport), of which
+    the state took `staged` for the ops handed over before the Sync; from the
+    Sync, the state (the last ops, computing the change set), the backend's
+    apply, and both (`total`)."""
 
     receive: float
+    staged: float
     state: float
     backend: float
     total: float
 
     def log_fields(self) -> dict[str, float]:
         return {"duration_ms": _ms(self.total), "receive_ms": _ms(self.receive),
-                "state_ms": _ms(self.state), "backend_ms": _ms(self.backend)}
+                "staged_ms": _ms(self.staged), "state_ms": _ms(self.state),
+                "backend_ms": _ms(self.backend)}
 
 
 def _ms(seconds: float) -> float:
@@ -133,6 +136,19 @@ class _Unobserved:
         pass
 
 
+@dataclass
+class _Arriving:
+    """The change set being applied as it arrives: its Sets and Deletes so
+    far, and the seconds the state took for them before the Sync."""
+
+    ops: int = 0
+    staged_seconds: float = 0.0
+
+    def add(self, ops: list[localv1.OpItem], seconds: float) -> None:
+        self.ops += sum(1 for op in ops if op.WhichOneof("Op") in ("Set", "Delete"))
+        self.staged_seconds += seconds
+
+
 @dataclass(frozen=True)
 class _Programmed:
     total: float    # seconds since the change set's start
@@ -153,11 +169,18 @@ class ChangeSetApplier:
         self._listener = listener or _Unobserved()
         self._backoff = retry_backoff or Backoff(APPLY_RETRY_FIRST_SECONDS,
                                                  APPLY_RETRY_MAX_SECONDS)
-        # Serializes change sets and retries: both read the state and write the dataplane.
+        # The dataplane: held by a change set's Sync and by a retry from the
+        # state they read to the backend's apply, so neither programs an older state.
         self._lock = threading.Lock()
+        # The state: held while it is read or updated, never while a backend
+        # applies, so ops arriving (on the watch client's event loop) never
+        # wait for one.
+        self._state_lock = threading.Lock()
         self._retry = RetryTimer(self._retry_now, name="apply-retry")
         self._needs_full = False
         self._queued = False  # a change set's first message came since the last apply
+        self._arriving = _Arriving()
+        self._collector = CollectorPause()
         self._census = DataplaneCensus()
         self.syncs = 0
 
@@ -166,38 +189,71 @@ class ChangeSetApplier:
         self._queued = True
         self._metrics.sync_last_queued_timestamp.set_to_current_time()
 
+    def stage_ops(self, ops: list[localv1.OpItem]) -> None:
+        """Ops of the change set arriving, none of them its Sync: into the
+        state now, so that they need not be held; the backend gets them with
+        the Sync (`apply_ops`), or never if it never comes (`changeset_cut`).
+        Waits for no backend (the watch client calls it on its event loop).
+        The collector stays paused from the change set's first ops to its
+        Sync: the state they build is long-lived."""
+        self._note_queued()
+        with self._state_lock:
+            started = time.monotonic()
+            with self._collector.paused():
+                self.state.apply(ops, staged=True)
+            self._arriving.add(ops, time.monotonic() - started)
+
     def apply_ops(self, ops: Iterable[localv1.OpItem], receive_seconds: float = 0.0
                   ) -> ServicePortChanges | None:
-        """Apply one change set (ops up to and including its Sync), whose
-        messages took `receive_seconds` to arrive (logged)."""
+        """Apply a change set: its ops not staged yet, ending with its Sync,
+        which sends what changed to the backend (without a Sync: into the
+        state only, as `stage_ops`). `receive_seconds`: the time its messages
+        took to arrive (logged)."""
         ops = list(ops)
-        if not self._queued:  # handed over whole (an in-process source): queued now
-            self._metrics.sync_last_queued_timestamp.set_to_current_time()
-        self._queued = False
+        self._note_queued()
         with self._lock:
             started = time.monotonic()
-            with collector_paused():
+            with self._state_lock, self._collector.paused():
                 changes = self.state.apply(ops)
+                arriving = self._arriving
+                arriving.add(ops, time.monotonic() - started if changes is None else 0.0)
                 if changes is None:
                     return None
-                self._retry.cancel()  # this change set reconciles, if that is needed
+                self._arriving, self._queued = _Arriving(), False
                 if self._needs_full:
                     changes = replace(self.state.full_changeset(),
                                       service_changes=changes.service_changes,
                                       endpoint_changes=changes.endpoint_changes)
+            try:
+                self._retry.cancel()  # this change set reconciles, if that is needed
                 state_seconds = time.monotonic() - started
                 seconds = self._program(changes, "a change set", started)
+            finally:
+                self._collector.resume()
             if changes.full:
                 freeze_survivors()
             self.syncs += 1
-            self._observe(ops, changes)
+            self._observe(arriving.ops, changes)
             if seconds is not None:
-                self._log_sync(changes, SyncTimes(receive_seconds, state_seconds,
-                                                  seconds.backend, seconds.total))
+                self._log_sync(changes, SyncTimes(receive_seconds, arriving.staged_seconds,
+                                                  state_seconds, seconds.backend, seconds.total))
                 self._listener.changeset_applied()
             else:
                 self._listener.changeset_failed()
         return changes
+
+    def changeset_cut(self) -> None:
+        """The change set being received will never get its Sync (the stream
+        failed). Its ops stay in the state, unpublished: the next stream's
+        Reset and full state supersede them."""
+        with self._state_lock:
+            self._arriving, self._queued = _Arriving(), False
+            self._collector.resume()
+
+    def _note_queued(self) -> None:
+        if not self._queued:  # handed over whole (an in-process source): queued now
+            self._metrics.sync_last_queued_timestamp.set_to_current_time()
+        self._queued = True
 
     def close(self) -> None:
         """Stop retrying (waiting for a retry in progress)."""
@@ -210,7 +266,8 @@ class ChangeSetApplier:
             self._metrics.apply_retries.inc()
             started = time.monotonic()
             with collector_paused():
-                changes = self.state.full_changeset()
+                with self._state_lock:
+                    changes = self.state.full_changeset()
                 seconds = self._program(changes, "the retried reconcile", started)
             freeze_survivors()
             if seconds is not None:
@@ -252,11 +309,11 @@ class ChangeSetApplier:
         for policy in (INTERNAL, EXTERNAL):
             m.no_local_endpoints.labels(policy).set(census.no_local_endpoints(policy))
 
-    def _observe(self, ops: list[localv1.OpItem], changes: ServicePortChanges) -> None:
+    def _observe(self, ops: int, changes: ServicePortChanges) -> None:
         m = self._metrics
         m.service_changes.inc(changes.service_changes)
         m.endpoint_changes.inc(changes.endpoint_changes)
-        m.changeset_ops.observe(sum(1 for op in ops if op.WhichOneof("Op") in ("Set", "Delete")))
+        m.changeset_ops.observe(ops)
         m.changeset_service_ports.observe(len(changes))
 
     def _log_sync(self, changes: ServicePortChanges, times: SyncTimes) -> None:

@@ -8,7 +8,8 @@ time they are promoted: about 40 % of a full sync's apply time, for nothing,
 because almost none of them is garbage, and what is garbage is freed by
 reference counting.
 
-So a change set is applied with the collector paused, and after a full sync
+So a change set is applied with the collector paused (from its first ops
+to its Sync when it is applied as it arrives), and after a full sync
 the objects then alive are frozen (`gc.freeze`): moved out of the
 generations the collector walks, which would otherwise walk the new state
 three times more as it is promoted. Freed frozen objects are still released
@@ -36,6 +37,35 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+class CollectorPause:
+    """`collector_paused` across calls: from `pause` (the first of several)
+    to `resume`, for a change set applied as its ops arrive."""
+
+    def __init__(self) -> None:
+        self._was_enabled: bool | None = None  # None: not paused
+
+    def pause(self) -> None:
+        if self._was_enabled is None:
+            self._was_enabled = gc.isenabled()
+            gc.disable()
+
+    def resume(self) -> None:
+        if self._was_enabled:
+            gc.enable()
+        self._was_enabled = None
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Paused from here on; resumed at once if the block raises (the
+        change set is then given up)."""
+        self.pause()
+        try:
+            yield
+        except BaseException:
+            self.resume()
+            raise
 
 
 def freeze_survivors() -> None:

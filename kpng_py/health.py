@@ -158,6 +158,9 @@ class HealthSink:
         self._health.changeset_started()
         self._sink.on_changeset_started()
 
+    def on_ops(self, ops: list[localv1.OpItem]) -> None:
+        self._sink.on_ops(ops)
+
     def on_changeset(self, ops: list[localv1.OpItem]) -> None:
         # In-process sources hand over whole change sets, without a start.
         self._health.changeset_received()

@@ -37,6 +37,9 @@ class StopAfter:
     def on_changeset_started(self) -> None:
         self._sink.on_changeset_started()
 
+    def on_ops(self, ops: list[localv1.OpItem]) -> None:
+        self._sink.on_ops(ops)
+
     def on_changeset(self, ops: list[localv1.OpItem]) -> None:
         self._sink.on_changeset(ops)
         self._seen += 1
@@ -48,9 +51,10 @@ class StopAfter:
 
 
 class ApplierSink:
-    """Feeds complete change sets to the applier, with the time their messages
-    took to arrive (from the first to the Sync); partial ones are dropped (the
-    next stream's Reset and full state supersede them)."""
+    """Feeds change sets to the applier as they arrive, with the time their
+    messages took (from the first to the Sync); the dataplane gets a change
+    set only with its Sync, never one cut short (the next stream's Reset and
+    full state supersede it)."""
 
     def __init__(self, applier: ChangeSetApplier) -> None:
         self._applier = applier
@@ -61,6 +65,9 @@ class ApplierSink:
             self._receiving_since = time.monotonic()
             self._applier.changeset_queued()
 
+    def on_ops(self, ops: list[localv1.OpItem]) -> None:
+        self._applier.stage_ops(ops)
+
     def on_changeset(self, ops: list[localv1.OpItem]) -> None:
         since, self._receiving_since = self._receiving_since, None
         received = 0.0 if since is None else time.monotonic() - since  # None: no transport
@@ -69,6 +76,7 @@ class ApplierSink:
     def on_stream_error(self, reason: str, partial: list[localv1.OpItem]) -> None:
         del reason, partial  # the client logged it; the dataplane stays as it is
         self._receiving_since = None
+        self._applier.changeset_cut()
 
 
 def _watch_client(config: ClientConfig, sink: OpsSink, metrics: Metrics,
@@ -174,12 +182,16 @@ class RecordSink:
             self._writer = RecordingWriter(out)
 
     def on_changeset_started(self) -> None:
-        pass  # ops are written as a whole change set, or as the partial one of a failure
+        pass  # ops are written as they come, and flushed at the Sync or the failure
 
-    def on_changeset(self, ops: list[localv1.OpItem]) -> None:
+    def on_ops(self, ops: list[localv1.OpItem]) -> None:
         with self._writing():
             for op in ops:
                 self._writer.op(op)
+
+    def on_changeset(self, ops: list[localv1.OpItem]) -> None:
+        self.on_ops(ops)
+        with self._writing():
             self._writer.flush()
 
     def on_stream_error(self, reason: str, partial: list[localv1.OpItem]) -> None:

@@ -147,8 +147,11 @@ class NodeState:
 
     # -- applying ops ----------------------------------------------------------
 
-    def apply(self, ops: Iterable[localv1.OpItem]) -> ServicePortChanges | None:
-        """Apply ops; return the ServicePortChanges at the Sync (None if there was none)."""
+    def apply(self, ops: Iterable[localv1.OpItem], staged: bool = False
+              ) -> ServicePortChanges | None:
+        """Apply ops; return the ServicePortChanges at the Sync (None if there
+        was none). `staged`: ops before their Sync, none of which may be one
+        (ValueError: what was staged must reach the backend with its Sync)."""
         changes = None
         for op in ops:
             kind = op.WhichOneof("Op")
@@ -161,6 +164,9 @@ class NodeState:
                 # go unseen (nothing on a first stream).
                 self._resync_seen = set() if self._services or self._rejected else None
             elif kind == "Sync":
+                if staged:
+                    raise ValueError("a Sync among staged ops; hand it over with the "
+                                     "change set's last ops")
                 changes = self._sync()
         return changes
 

@@ -244,6 +244,87 @@ def test_a_collector_disabled_by_someone_else_stays_disabled(new_applier) -> Non
         gc.enable()
 
 
+def test_staged_ops_reach_the_backend_only_with_their_sync(new_applier) -> None:
+    backend = FlakyBackend()
+    applier = new_applier(backend)
+    *staged, last = web_and_dns()
+    applier.stage_ops(staged[:3])
+    applier.stage_ops(staged[3:])
+    assert backend.calls == []
+    changes = applier.apply_ops([last])
+    assert changes is not None and changes.full
+    assert sorted(backend.held) == ["default/dns:dns", "default/web:http"]
+
+
+def test_a_cut_change_set_never_reaches_the_backend_and_the_next_stream_supersedes_it(
+        new_applier) -> None:
+    """Staged ops of a change set whose Sync never came stay out of the
+    dataplane; the next stream's Reset and full state leave exactly what it
+    holds, as if the cut change set had never been sent."""
+    backend = FlakyBackend()
+    applier = new_applier(backend)
+    applier.apply_ops(web_and_dns())
+    gone = L.OpItem(Delete=L.Ref(Set=L.ServicesSet, Path="default/dns"))
+    applier.stage_ops([set_endpoint("default", "web", "b", endpoint(["10.244.0.6"])), gone])
+    applier.changeset_cut()
+    assert len(backend.calls) == 1
+    changes = applier.apply_ops(web_and_dns())  # the next stream: Reset, the same full state
+    assert changes is not None and not changes.updated and not changes.removed
+    assert sorted(backend.held) == ["default/dns:dns", "default/web:http"]
+    assert [str(e.ip) for e in backend.held["default/web:http"].endpoints] == ["10.244.0.5"]
+
+
+def test_a_sync_among_staged_ops_is_refused(new_applier) -> None:
+    applier = new_applier(FlakyBackend())
+    with pytest.raises(ValueError, match="a Sync among staged ops"):
+        applier.stage_ops(web_and_dns())
+    assert gc.isenabled()  # the change set is given up: the collector is back
+
+
+def test_the_collector_stays_paused_from_staged_ops_to_their_sync_or_cut(new_applier) -> None:
+    backend = CollectorWatchingBackend()
+    applier = new_applier(backend)
+    *staged, last = web_and_dns()
+    applier.stage_ops(staged)
+    assert not gc.isenabled()
+    applier.apply_ops([last])
+    assert gc.isenabled() and backend.collector_enabled == [False]
+    applier.stage_ops([set_endpoint("default", "web", "b", endpoint(["10.244.0.6"]))])
+    assert not gc.isenabled()
+    applier.changeset_cut()
+    assert gc.isenabled()
+
+
+class GatedRetryBackend(FlakyBackend):
+    """Fails its first apply; the next one (the retry) waits for `go`."""
+
+    def __init__(self) -> None:
+        super().__init__(failures=1)
+        self.retrying, self.go = threading.Event(), threading.Event()
+
+    def apply(self, changes: ServicePortChanges) -> None:
+        if self.calls:
+            self.retrying.set()
+            assert self.go.wait(WAIT)
+        super().apply(changes)
+
+
+def test_staging_ops_does_not_wait_for_a_retry_in_progress(new_applier) -> None:
+    """The watch client stages ops on its event loop: a reconcile that takes
+    long must not hold it up; the change set's Sync waits for it."""
+    backend = GatedRetryBackend()
+    applier = new_applier(backend)
+    applier.apply_ops(web_and_dns())  # fails: the retry is armed, and then waits
+    assert backend.retrying.wait(WAIT)
+    applier.stage_ops([set_endpoint("default", "web", "b", endpoint(["10.244.0.6"]))])
+    assert len(backend.calls) == 1  # staged while the retry still waits
+    backend.go.set()
+    changes = applier.apply_ops([sync()])
+    assert changes is not None and [new.name for _, new in changes.updated] == [
+        backend.held["default/web:http"].name]
+    assert len(backend.held["default/web:http"].endpoints) == 2
+
+
 def get_healthz(port: int) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as response:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kpng_py.client import Backoff, ClientConfig
+from kpng_py.api import localv1 as L
+from kpng_py.client import Backoff, ClientConfig, WatchClient, WholeChangeSets
 from kpng_py.metrics import Metrics
 from kpng_py.server import Reply
 from kpng_py.transport import AddressError, DialTarget, TLSFiles, dial_target
@@ -187,6 +188,92 @@ def test_the_sink_runs_on_one_thread_without_an_event_loop(tmp_path: Path) -> No
     assert len(sink.threads) == 1 and sink.loop_running == [False] * 3
 
 
+def _on_a_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
+
+
+class HandOverSink:
+    """Records each hand-over: its kind, the ops' kinds, and whether it ran
+    where an event loop runs; stops the client at the first Sync or error."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[str], bool]] = []
+        self.client: WatchClient | None = None
+
+    def on_changeset_started(self) -> None:
+        pass
+
+    def on_ops(self, ops: list[L.OpItem]) -> None:
+        self.calls.append(("ops", [op.WhichOneof("Op") for op in ops], _on_a_loop()))
+
+    def on_changeset(self, ops: list[L.OpItem]) -> None:
+        self.calls.append(("changeset", [op.WhichOneof("Op") for op in ops], _on_a_loop()))
+        self.client.stop()
+
+    def on_stream_error(self, reason: str, partial: list[L.OpItem]) -> None:
+        self.calls.append(("error", [op.WhichOneof("Op") for op in partial], _on_a_loop()))
+        self.client.stop()
+
+
+def run_hand_over(target: str, staged_batch: int, metrics: Metrics) -> HandOverSink:
+    sink = HandOverSink()
+    sink.client = WatchClient(ClientConfig(target, "n", staged_batch=staged_batch,
+                                           error_delay=600), sink, metrics)
+    worker = threading.Thread(target=sink.client.run, daemon=True)
+    worker.start()
+    worker.join(20)
+    assert not worker.is_alive()
+    return sink
+
+
+def test_ops_are_handed_over_in_batches_on_the_loop_and_the_sync_on_the_sink_thread(
+        tmp_path: Path) -> None:
+    sets = [set_service(service(f"s{i}", v4=[f"10.96.0.{i + 1}"])) for i in range(5)]
+    source = ScriptedSource([Reply((reset(), *sets, sync()))])
+    server, target = start(source, tmp_path)
+    try:
+        sink = run_hand_over(target, 2, Metrics())
+    finally:
+        server.stop(0)
+    assert sink.calls == [("ops", ["Reset", "Set"], True), ("ops", ["Set", "Set"], True),
+                          ("ops", ["Set", "Set"], True), ("changeset", ["Sync"], False)]
+
+
+def test_a_cut_change_set_counts_its_staged_ops_and_hands_over_only_the_rest(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    sets = [set_service(service(f"s{i}", v4=[f"10.96.0.{i + 1}"])) for i in range(2)]
+    brain = H2Brain(framed(reset(), *sets), end_status=(14, "brain crashed"))
+    target = brain.start(tmp_path / "h2.sock")
+    metrics = Metrics()
+    try:
+        sink = run_hand_over(target, 2, metrics)
+    finally:
+        brain.stop()
+    assert sink.calls == [("ops", ["Reset", "Set"], True), ("error", ["Set"], False)]
+    failed = [r for r in caplog.records if r.getMessage() == "watch stream to the brain failed"]
+    assert [r.kpng_fields["discarded_ops"] for r in failed] == [3]
+    assert metrics.registry.get_sample_value(
+        "kpng_py_skipped_total", {"reason": "incomplete-changeset"}) == 1
+
+
+def test_whole_change_sets_gives_the_ops_held_with_the_rest() -> None:
+    inner = RecordingSink()
+    partials: list[list[L.OpItem]] = []
+    inner.on_stream_error = lambda reason, partial: partials.append(partial)
+    sink = WholeChangeSets(inner)
+    first, second = (set_service(service(name, v4=["10.96.0.1"])) for name in ("a", "b"))
+    sink.on_ops([reset(), first])
+    sink.on_changeset([second, sync()])
+    sink.on_ops([reset()])
+    sink.on_stream_error("cut", [first])
+    assert inner.changesets == [[reset(), first, second, sync()]]
+    assert partials == [[reset(), first]]
+
+
 def test_keepalive_goes_on_while_the_sink_applies(tmp_path: Path) -> None:
     """An apply much longer than keepalive time + timeout: the client's
     pings are still answered and their answers read, so the stream stays up
@@ -264,6 +351,28 @@ def test_a_length_prefix_over_the_limit_is_refused_before_its_bytes_come(
     assert "raise --max-msg-size" in sink.errors[0]
     assert metrics.registry.get_sample_value(
         "kpng_py_skipped_total", {"reason": "oversized-message"}) == 1
+
+
+def test_a_change_set_before_a_bad_prefix_in_the_same_read_is_applied(tmp_path: Path) -> None:
+    """Messages are split out of everything received at once: a whole change
+    set followed by a prefix over the limit is still handed over, and then
+    the stream fails."""
+    web = set_service(service("web", v4=["10.96.0.1"]))
+    brain = H2Brain(framed(reset(), web, sync()) + struct.pack(">?I", False, 1 << 30))
+    target = brain.start(tmp_path / "h2.sock")
+
+    class StopAtTheError(RecordingSink):
+        def on_stream_error(self, reason, partial):
+            super().on_stream_error(reason, partial)
+            self.client.stop()
+
+    sink = StopAtTheError()
+    try:
+        run_client(ClientConfig(target, "n", max_msg_size=4096, error_delay=600), sink, 20)
+    finally:
+        brain.stop()
+    assert sink.changesets == [[reset(), web, sync()]]
+    assert len(sink.errors) == 1 and "a message of 1073741824 bytes" in sink.errors[0]
 
 
 def test_ops_before_a_status_and_reset_read_at_once_are_a_cut_short_change_set(

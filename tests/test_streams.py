@@ -65,6 +65,14 @@ def test_replay_to_print(name: str, tmp_path: Path) -> None:
     assert replay_to_print(STREAMS / f"{name}.jsonl", tmp_path) == expected_lines(name)
 
 
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_ops_staged_one_at_a_time_print_the_same(name: str, tmp_path: Path) -> None:
+    """Every op taken into the state as it arrives, cut-short change sets
+    included: the dataplane sees the same change sets."""
+    assert replay_to_print(STREAMS / f"{name}.jsonl", tmp_path,
+                           staged_batch=1) == expected_lines(name)
+
+
 def test_bad_inputs_are_counted_by_reason(tmp_path: Path) -> None:
     metrics = Metrics()
     replay_to_print(STREAMS / "bad-inputs.jsonl", tmp_path, metrics)

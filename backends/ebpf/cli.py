@@ -204,6 +204,10 @@ def _trace(bpffs_dir: Path, args: argparse.Namespace) -> None:
                     break
         except KeyboardInterrupt:
             pass
+        lost = session.lost()
+    if lost:
+        print(f"{lost} translations were not traced: the ring buffer was full (this "
+              "trace read more slowly than connections were made)", file=sys.stderr, flush=True)
 
 
 def _lab_flags(places: LabPlaces) -> list[str]:

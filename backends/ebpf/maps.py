@@ -195,7 +195,7 @@ class ServiceName(ct.Structure):
 class TraceConfig(ct.Structure):
     """struct lb_trace_config (8 bytes)."""
 
-    _fields_ = [("tracer_pid", ct.c_uint32), ("pad", ct.c_uint32)]
+    _fields_ = [("tracer_pid", ct.c_uint32), ("lost", ct.c_uint32)]
 
 
 class TraceEvent(ct.Structure):

@@ -12,7 +12,7 @@ lives; one that was killed (SIGKILL) leaves its pid behind, and the programs
 emit into a ring buffer nobody reads (each event then fails its reservation,
 which costs the connect nothing more) until the next trace takes over.
 Events the ring buffer has no room for (a reader that falls behind) are
-lost; the connects are not.
+lost, and counted in `trace_config`; the connects are not.
 """
 
 from __future__ import annotations
@@ -169,6 +169,11 @@ class TraceSession:
         if self._events >= 0:
             os.close(self._events)
             self._events = -1
+
+    def lost(self) -> int:
+        """Events the ring buffer had no room for since this trace attached."""
+        current = self._config.get(0)
+        return current.lost if current is not None and current.tracer_pid == os.getpid() else 0
 
     def translations(self, keep_going: Callable[[], bool]) -> Iterator[Translation]:
         """The events as they come (at most 50 ms late), while

@@ -18,7 +18,7 @@ from kpng_py.api import localv1
 from kpng_py.backend import ChangeSetApplier
 from kpng_py.brain.source import BrainSource
 from kpng_py.brain.watcher import StateFileWatcher
-from kpng_py.client import ClientConfig, WatchClient
+from kpng_py.client import ClientConfig, WatchClient, WholeChangeSets
 from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePortChanges
 from kpng_py.print_backend import PrintBackend
@@ -169,7 +169,7 @@ class Client:
         self.sink = RecordingSink()
         config = ClientConfig(target=f"unix://{socket}", node_name=node_name,
                               error_delay=0.05, max_error_delay=0.2)
-        self._client = WatchClient(config, self.sink, Metrics())
+        self._client = WatchClient(config, WholeChangeSets(self.sink), Metrics())
         self._thread = threading.Thread(target=self._client.run, daemon=True)
         self._thread.start()
 

@@ -18,6 +18,7 @@ from backends.ebpf.backend import EbpfBackend
 from backends.ebpf.loader import mount_point, open_pinned_map
 from backends.ebpf.trace import TraceSession, Translation
 from kpng_py.registry import kpng_py_command
+from lab.procs import wait_until
 from lab.socket_lab import Agent, Lab, backend_ip
 from tests.ebpf.helpers import added, service_port
 
@@ -84,6 +85,24 @@ def test_each_translation_is_one_event_naming_what_it_did(traced: EbpfBackend, a
         "refused", None, "default/empty")
     assert refused.line().startswith(time.strftime("%H:"))
     assert "10.96.11.3:80 -> (no endpoints) default/empty refused" in refused.line()
+
+
+def test_events_the_ring_buffer_has_no_room_for_are_counted(traced: EbpfBackend, agent: Agent,
+                                                             the_lab: Lab) -> None:
+    """A trace that does not read: once the ring buffer is full (1 MiB, about
+    11 000 events), each translation is counted as lost, the connects go on;
+    what was traced and what was lost add up to what the client did."""
+    with TraceSession(the_lab.bpffs_dir) as session:
+        assert agent.call("loop_start", targets=[
+            {"proto": "tcp", "host": "10.96.11.3", "port": 80, "family": 4}])["ok"]
+        try:
+            wait_until("a lost event", lambda: session.lost() > 0, 60)
+        finally:
+            stats = agent.call("loop_stop")
+        traced_count = sum(1 for _ in session.translations(lambda: False))
+        lost = session.lost()
+    assert stats["errors"] == {"tcp 111": stats["connects"]}  # all refused: no endpoints
+    assert lost > 0 and traced_count + lost == stats["connects"], (traced_count, lost, stats)
 
 
 def test_one_trace_at_a_time_and_the_flag_is_cleared_after(traced: EbpfBackend,

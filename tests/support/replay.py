@@ -21,9 +21,10 @@ from kpng_py.state import NodeState
 from tests.support.watch import start
 
 
-def replay_to_print(recording: Path, socket_dir: Path,
-                    metrics: Metrics | None = None) -> list[str]:
-    """The lines `to-print` writes for the whole recording."""
+def replay_to_print(recording: Path, socket_dir: Path, metrics: Metrics | None = None,
+                    staged_batch: int = ClientConfig.staged_batch) -> list[str]:
+    """The lines `to-print` writes for the whole recording, the client
+    handing ops over `staged_batch` at a time before their Sync."""
     segments = read_segments(recording)
     syncs = sum(1 for s in segments if s.disconnect is None)
     server, target = start(ReplaySource(segments), socket_dir)
@@ -31,8 +32,8 @@ def replay_to_print(recording: Path, socket_dir: Path,
     metrics = metrics or Metrics()
     applier = ChangeSetApplier(PrintBackend(out), NodeState(Skips(metrics)), metrics)
     sink = StopAfter(ApplierSink(applier), syncs)
-    client = WatchClient(ClientConfig(target=target, node_name="node-a", error_delay=0.05),
-                         sink, metrics)
+    client = WatchClient(ClientConfig(target=target, node_name="node-a", error_delay=0.05,
+                                      staged_batch=staged_batch), sink, metrics)
     sink.client = client
     worker = threading.Thread(target=client.run, daemon=True)
     worker.start()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kpng_py.api import localv1 as L
-from kpng_py.client import ClientConfig, WatchClient
+from kpng_py.client import ClientConfig, WatchClient, WholeChangeSets
 from kpng_py.metrics import Metrics
 from kpng_py.server import Reply, wait_until_cancelled
 from kpng_py.transport import TLSFiles
@@ -93,7 +93,7 @@ def run_client(config: ClientConfig, sink: RecordingSink, seconds: float,
                metrics: Metrics | None = None, **client_args) -> WatchClient:
     """Run a WatchClient (with `client_args`, e.g. a clock) for at most
     `seconds`, or until the sink stops it."""
-    client = WatchClient(config, sink, metrics or Metrics(), **client_args)
+    client = WatchClient(config, WholeChangeSets(sink), metrics or Metrics(), **client_args)
     sink.client = client
     worker = threading.Thread(target=client.run, daemon=True)
     worker.start()

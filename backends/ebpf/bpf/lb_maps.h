@@ -178,11 +178,13 @@ _Static_assert(sizeof(struct lb_service_name) == 160, "lb_service_name layout");
 /*
  * trace_config (array of one): whether a `kpng-py ebpf trace` is attached.
  * Events cost a ring buffer reservation each, so the programs emit none
- * while nobody reads them. Value: 8 bytes.
+ * while nobody reads them; those the ring buffer has no room for (the
+ * tracer fell behind) are counted, so that the tracer can say so. Value:
+ * 8 bytes.
  */
 struct lb_trace_config {
 	__u32 tracer_pid;	/* 0: the tracing process; 0 = no trace, no events */
-	__u32 pad;		/* 4 */
+	__u32 lost;		/* 4: events not emitted for want of room, since then */
 };
 _Static_assert(sizeof(struct lb_trace_config) == 8, "lb_trace_config layout");
 

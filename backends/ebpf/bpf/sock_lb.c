@@ -170,8 +170,8 @@ static __always_inline void count_rejected(__u32 service_id)
 }
 
 /* While a trace is attached, the translation as an event; an event the
- * ring buffer has no room for is lost (the tracer is behind), never the
- * connect. `backend` is NULL when refused. */
+ * ring buffer has no room for is lost and counted (the tracer is behind),
+ * never the connect. `backend` is NULL when refused. */
 static __always_inline void trace_translation(__u8 hook, __u8 proto, __u8 verdict,
 					      const struct lb_l4addr *vip, __u32 service_id,
 					      const struct lb_backend *backend, __u32 backend_id)
@@ -183,8 +183,10 @@ static __always_inline void trace_translation(__u8 hook, __u8 proto, __u8 verdic
 	if (!config || !config->tracer_pid)
 		return;
 	event = kpng_events.ringbuf_reserve(sizeof(*event));
-	if (!event)
+	if (!event) {
+		__sync_fetch_and_add(&config->lost, 1);
 		return;
+	}
 	/* Reserved memory is not zeroed: every byte is written. */
 	__builtin_memset(event, 0, sizeof(*event));
 	event->ktime_ns = bpf_ktime_get_ns();
