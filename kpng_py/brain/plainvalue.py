@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from typing import Iterable, NoReturn
+from typing import Iterable, Mapping, NoReturn
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
@@ -165,6 +165,7 @@ class _Field:
     is_repeated: bool
     message: Descriptor | None
     scalar_type: int
+    enum_numbers: Mapping[str, int] | None  # an enum's numbers by name
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,10 @@ class _Plan:
 def _plan(descriptor: Descriptor) -> _Plan:
     def field(f: FieldDescriptor) -> _Field:
         is_map = f.message_type is not None and f.message_type.GetOptions().map_entry
-        return _Field(f.full_name, f.name, is_map, f.is_repeated, f.message_type, f.type)
+        numbers = ({v.name: v.number for v in f.enum_type.values}
+                   if f.enum_type is not None else None)
+        return _Field(f.full_name, f.name, is_map, f.is_repeated, f.message_type, f.type,
+                      numbers)
 
     return _Plan(
         descriptor.full_name,
@@ -245,6 +249,10 @@ def _scalar(field: _Field, value: Plain, checks: FieldChecks) -> object:
         result: object = _text(value)
     elif kind == FieldDescriptor.TYPE_BOOL:
         result = _boolean(value)
+    elif type(value) is str and field.enum_numbers is not None:
+        result = field.enum_numbers.get(value)  # type: ignore[arg-type]
+        if result is None:
+            _unchecked("not a name of the enum")
     else:
         result = _integer(value, *INT_RANGES[kind])
     check = checks.get(field.full_name)

@@ -4,8 +4,9 @@
 file, the path from the document's root (``services[0].endpoints[1].endpoint``)
 and the line. Its typed accessors reject what does not fit, naming that place.
 `Value.fill` reads a protobuf message the way KPNG's state file writes one:
-keys are the message's field names lower-cased, enums are integers, a oneof is
-a mapping under its own lower-cased name.
+keys are the message's field names lower-cased, enums are integers (or, for
+people writing one, their names: `protocol: TCP`), a oneof is a mapping under
+its own lower-cased name.
 
 Like the upstream parser (Go's yaml.v2, strict mode): unknown and repeated keys
 are errors; a null value is the same as an absent one; a string field takes
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, NoReturn, Protocol
 
 import yaml
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.descriptor import EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 # libyaml's parser when PyYAML was built with it (much faster on big files);
@@ -182,6 +183,18 @@ class Value:
             self.fail(f"{number} is outside {low}..{high}")
         return number
 
+    def enum(self, enum: EnumDescriptor) -> int:
+        """One of `enum`'s numbers, given as the number or as its name."""
+        if self._node is None:
+            return 0
+        node = self._scalar("a whole number or a name")
+        if node.tag != _TAG + "str":
+            return self.integer(*INT_RANGES[FieldDescriptor.TYPE_ENUM])
+        named = enum.values_by_name.get(node.value)
+        if named is None:
+            self.fail(f"{node.value!r} is not one of {enum_choices(enum)}")
+        return named.number
+
     def string_map(self) -> dict[str, str]:
         if self._node is None:
             return {}
@@ -235,6 +248,8 @@ class Value:
             value: object = self.string()
         elif field.type == FieldDescriptor.TYPE_BOOL:
             value = self.boolean()
+        elif field.type == FieldDescriptor.TYPE_ENUM:
+            value = self.enum(field.enum_type)
         elif field.type in INT_RANGES:
             value = self.integer(*INT_RANGES[field.type])
         else:  # pragma: no cover - localv1 has no other scalar types
@@ -243,6 +258,11 @@ class Value:
         if check is not None:
             check(self, value)
         return value
+
+
+def enum_choices(enum: EnumDescriptor) -> str:
+    """`enum`'s values as a state file may give them: `TCP (1), UDP (2)`."""
+    return ", ".join(f"{value.name} ({value.number})" for value in enum.values)
 
 
 def read_document(text: str, file: str) -> Value:

@@ -183,6 +183,27 @@ services:
 """
 
 
+@pytest.mark.parametrize("style", ["flow", "block"])
+def test_protocols_may_be_given_by_name_as_well_as_number(style: str) -> None:
+    """`protocol: TCP` reads as `protocol: 1` (KPNG's files carry numbers;
+    people write names), in the strict reader (flow style) and in the block
+    reader that goes first."""
+    def state(tcp: str, udp: str) -> str:
+        if style == "flow":
+            ports = (f"    - {{name: http, protocol: {tcp}, port: 80}}\n"
+                     f"    - {{name: dns, protocol: {udp}, port: 53}}\n")
+        else:
+            ports = (f"    - name: http\n      protocol: {tcp}\n      port: 80\n"
+                     f"    - name: dns\n      protocol: {udp}\n      port: 53\n")
+        return ("services:\n- service:\n    name: web\n    ips:\n      clusterips:\n"
+                "        v4:\n        - 10.96.0.10\n    ports:\n" + ports)
+
+    by_name = parse_state(state("TCP", "UDP").encode(), "state.yaml")
+    assert by_name == parse_state(state("1", "2").encode(), "state.yaml")
+    service = localv1.Service.FromString(by_name.services[0].service)
+    assert [p.Protocol for p in service.Ports] == [localv1.TCP, localv1.UDP]
+
+
 @pytest.mark.parametrize("old, new, message", [
     ("name: web", "name: web\n    colour: blue",
      "state.yaml:4: services[0].service.colour: unknown key 'colour'; expected one of: "
@@ -201,6 +222,12 @@ services:
      "2 (UDP), 3 (SCTP)"),
     ("protocol: 1, ", "",
      "state.yaml:6: services[0].service.ports[0]: no protocol; set protocol to 1 (TCP)"),
+    ("protocol: 1", "protocol: tcp",
+     "state.yaml:6: services[0].service.ports[0].protocol: 'tcp' is not one of "
+     "UnknownProtocol (0), TCP (1), UDP (2), SCTP (3)"),
+    ("protocol: 1", "protocol: [TCP]",
+     "state.yaml:6: services[0].service.ports[0].protocol: expected a whole number or a name, "
+     "found a list"),
     ("protocol: 1, port: 80", "protocol: 1",
      "state.yaml:6: services[0].service.ports[0]: no port; set port to a number in 1..65535"),
     ("endpoint: {ips: {v4: [10.1.0.1]}}",
