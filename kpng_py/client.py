@@ -30,8 +30,9 @@ runs one of its own in every call). Credit is unchanged: the next WatchReq is
 sent only once the sink returned. Only the ops handed over before their Sync
 (`on_ops`) are given on the loop's own thread: taking them into a state is
 short and waits for nothing, and handing them to another thread while the
-loop goes on receiving cost about a fifth more CPU in all than either thread
-alone (two threads taking turns at the interpreter on two cores).
+loop went on receiving cost about a tenth more CPU than holding them all
+until the Sync, where the loop's thread costs nothing more (two threads
+taking turns at the interpreter on two cores; docs/bench.md "Transport").
 """
 
 from __future__ import annotations
