@@ -12,6 +12,7 @@ its listeners); a service port that is gone is no longer exported.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping
 
@@ -86,3 +87,11 @@ class ServiceCountersCollector(Collector):
                     "kpng_py_service_rejections",
                     "Connects and sends to a service port refused because it had no endpoint.",
                     labels=labels))
+
+
+def add_endpoint_counters_flag(parser: argparse.ArgumentParser) -> None:
+    """`--endpoint-counters`, as every backend that can count per endpoint takes it."""
+    parser.add_argument("--endpoint-counters", action="store_true",
+                        help="count connections per endpoint too "
+                             "(kpng_py_service_endpoint_connections_total; one series per "
+                             "endpoint of the node; default: per service port only)")

@@ -22,6 +22,7 @@ from kpng_py.limits import positive_count
 from kpng_py.metrics import Metrics
 from kpng_py.nodeport_addresses import NodePortAddresses, add_nodeport_addresses_flag
 from kpng_py.registry import BackendSpec, LabPlaces, LabSupport, ToolCommand, kpng_py_command
+from kpng_py.service_counters import add_endpoint_counters_flag
 
 
 def _entries(text: str) -> int:
@@ -77,10 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not program the nftables table `inet kpng-py` that serves "
                              "node ports, ExternalIPs and LB IPs to packets from outside the "
                              "node (default: programmed)")
-    parser.add_argument("--endpoint-counters", action="store_true",
-                        help="count connections per endpoint too "
-                             "(kpng_py_service_endpoint_connections_total; one series per "
-                             "endpoint of the node; default: per service port only)")
+    add_endpoint_counters_flag(parser)
     for spec in SIZED_SPECS:
         parser.add_argument(spec.size_flag, type=_entries, default=spec.default_size,
                             dest=f"map_size_{spec.pin}", metavar="ENTRIES",

@@ -114,7 +114,8 @@ class ServicePortListeners:
         self._ctx = ctx
         self.name = name
         self.port: ServicePort | None = None
-        self.tally = Tally()  # of all its listeners, for as long as the port is programmed
+        # Of all its listeners, for as long as the port is programmed.
+        self.tally = Tally(per_endpoint=ctx.config.endpoint_counters)
         self._listeners: dict[tuple[Frontend, IPAddress, bool], Listener] = {}
         # Why a listener could not be opened: logged and counted once, not
         # again by each retry that fails the same way.
@@ -140,6 +141,7 @@ class ServicePortListeners:
         or it cannot listen), for the backend to try again with the next
         change set."""
         self.port = port
+        self.tally.keep_only(port.endpoints)
         wanted = {w.key: w for w in self._wanted(port)}
         for key in self._listeners.keys() - wanted.keys():
             self._listeners.pop(key).close()
@@ -247,7 +249,9 @@ class UserspaceBackend:
         self._health_checks = HealthCheckNodePorts(metrics, config.nodeport_addresses)
         self._health: ProxyHealth | None = None
         self._registry = metrics.registry
-        self._collector = ServiceCountersCollector(self._counts_per_service_port)
+        self._collector = ServiceCountersCollector(
+            self._counts_per_service_port,
+            self._counts_per_endpoint if config.endpoint_counters else None)
         # What is programmed: the service ports, and how many use each ClusterIP.
         self._ports: dict[ServicePortName, ServicePortListeners] = {}
         self._address_users: Counter[IPAddress] = Counter()
@@ -357,6 +361,12 @@ class UserspaceBackend:
         """What the collector exports at a scrape (read on the loop)."""
         return self._loop_thread.call(
             lambda: {name: listeners.tally.counts() for name, listeners in self._ports.items()})
+
+    def _counts_per_endpoint(self) -> dict[tuple[ServicePortName, str], int]:
+        """With --endpoint-counters, at a scrape: per (service port, endpoint)."""
+        return self._loop_thread.call(lambda: {
+            (name, endpoint): count for name, listeners in self._ports.items()
+            for endpoint, count in (listeners.tally.endpoints or {}).items()})
 
     def apply_stages(self) -> Mapping[str, float]:
         return {}  # no stages timed apart

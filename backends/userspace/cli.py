@@ -10,6 +10,7 @@ from kpng_py.cli import _positive_float, _size
 from kpng_py.metrics import Metrics
 from kpng_py.nodeport_addresses import add_nodeport_addresses_flag
 from kpng_py.registry import BackendSpec, LabPlaces, LabSupport
+from kpng_py.service_counters import add_endpoint_counters_flag
 
 # Linux's IFNAMSIZ less the terminating NUL.
 _MAX_INTERFACE_NAME = 15
@@ -61,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="capacity of each splice pipe, i.e. bytes moved per event-loop "
                              "wake-up, per connection and direction (default: 1M)")
     add_nodeport_addresses_flag(parser)
+    add_endpoint_counters_flag(parser)
 
 
 def create(args: argparse.Namespace, metrics: Metrics):
@@ -73,6 +75,7 @@ def create(args: argparse.Namespace, metrics: Metrics):
         tcp_connect_attempts=args.tcp_connect_attempts,
         pipe_size=args.tcp_pipe_size,
         nodeport_addresses=args.nodeport_addresses,
+        endpoint_counters=args.endpoint_counters,
     )
     return UserspaceBackend(config, metrics)
 

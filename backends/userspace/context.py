@@ -4,11 +4,12 @@ and the periodic expiry of per-client state."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Iterable, Protocol
 
 from kpng_py.metrics import Metrics
-from kpng_py.model import IPAddress, IPFamily
+from kpng_py.model import Endpoint, IPAddress, IPFamily, format_host_port
 from kpng_py.nodeport_addresses import LocalAddressSet, NodePortAddresses
 from kpng_py.service_counters import ServiceCounts
 
@@ -33,6 +34,8 @@ class ProxyConfig:
     pipe_size: int = 1 << 20
     # Where node ports and healthCheckNodePorts answer (`--nodeport-addresses`).
     nodeport_addresses: NodePortAddresses = NodePortAddresses()
+    # Connections counted per endpoint too (`--endpoint-counters`).
+    endpoint_counters: bool = False
 
 
 class ProxyStats:
@@ -52,11 +55,27 @@ class ProxyStats:
 
 class Tally:
     """What one service port's listeners did with their clients, counted on
-    the event loop (kpng_py.service_counters exports it)."""
+    the event loop (kpng_py.service_counters exports it); per endpoint too
+    when asked, for the endpoints the port has."""
 
-    def __init__(self) -> None:
+    def __init__(self, per_endpoint: bool = False) -> None:
         self.translated = 0  # TCP connections relayed, UDP sessions opened
         self.rejected = 0  # clients refused: no endpoint could be reached
+        # Of `translated`, by endpoint ("ip:port"); None: not counted.
+        self.endpoints: Counter[str] | None = Counter() if per_endpoint else None
+
+    def sent_to(self, endpoint: Endpoint) -> None:
+        self.translated += 1
+        if self.endpoints is not None:
+            self.endpoints[format_host_port(endpoint.ip, endpoint.port)] += 1
+
+    def keep_only(self, endpoints: Iterable[Endpoint]) -> None:
+        """Forget the endpoints the port no longer has (as the eBPF backend
+        deletes a gone backend's count)."""
+        if self.endpoints:
+            kept = {format_host_port(e.ip, e.port) for e in endpoints}
+            for gone in self.endpoints.keys() - kept:
+                del self.endpoints[gone]
 
     def counts(self) -> ServiceCounts:
         return ServiceCounts(self.translated, self.rejected)

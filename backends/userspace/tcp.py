@@ -22,7 +22,7 @@ from backends.userspace.listener import Listener
 from backends.userspace.picker import FrontendPickers
 from backends.userspace.sockets import reset, sockaddr, socket_family
 from kpng_py.logs import fields
-from kpng_py.model import IPAddress
+from kpng_py.model import Endpoint, IPAddress
 
 log = logging.getLogger(__name__)
 
@@ -197,22 +197,24 @@ class TcpListener(Listener):
     async def _serve(self, client: socket.socket, peer: tuple) -> None:
         client_ip = ipaddress.ip_address(peer[0])
         try:
-            upstream = await self._connect_upstream(client_ip, peer[1])
+            connected = await self._connect_upstream(client_ip, peer[1])
         except asyncio.CancelledError:  # the backend is shutting down
             client.close()
             raise
-        if upstream is None:
+        if connected is None:
             self._tally.rejected += 1
             reset(client)
             return
-        self._tally.translated += 1
+        upstream, endpoint = connected
+        self._tally.sent_to(endpoint)
         for sock in (client, upstream):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         TcpRelay(self._ctx, client, upstream).start()
 
-    async def _connect_upstream(self, client_ip: IPAddress, client_port: int) -> socket.socket | None:
+    async def _connect_upstream(self, client_ip: IPAddress, client_port: int
+                                ) -> tuple[socket.socket, Endpoint] | None:
         """Connect to the client's endpoints in Maglev order, a bounded number of
-        them; None if all failed."""
+        them: the socket and the endpoint it reached; None if all failed."""
         config = self._ctx.config
         now = self._loop.time()
         picker = self.picker_for(client_ip)
@@ -236,5 +238,5 @@ class TcpListener(Listener):
             picker.served(client_ip, endpoint, self._loop.time())
             if picker.affinity is not None:
                 self._ctx.housekeeping.watch(self)
-            return sock
+            return sock, endpoint
         return None

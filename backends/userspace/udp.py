@@ -128,7 +128,7 @@ class UdpListener(Listener):
         self._sessions[client] = session
         self._loop.add_reader(sock.fileno(), self._on_endpoint_datagrams, session, listening)
         picker.served(client_ip, endpoint, now)
-        self._tally.translated += 1
+        self._tally.sent_to(endpoint)
         self._ctx.stats.udp_sessions.inc()
         self._ctx.housekeeping.watch(self)
         return session

@@ -10,7 +10,7 @@ import pytest
 
 from backends.userspace.picker import EndpointPicker
 from kpng_py.model import ServicePortChanges, IPFamily, Protocol, ServicePort
-from lab.proxy_node import CLOSED_PORT, SERVER_V4, SERVER_V6, service_port
+from lab.proxy_node import CLOSED_PORT, ENDPOINT_PORT, SERVER_V4, SERVER_V6, service_port
 
 pytestmark = pytest.mark.kernel
 
@@ -218,3 +218,35 @@ def test_connections_sessions_and_refusals_are_counted_per_service_port(start_no
     # A removed service port is no longer exported.
     node.apply(ServicePortChanges(removed=(_dns(*SERVER_V4),)))
     assert "kpng_py_service_connections_total:default/dns:p,UDP" not in node.counts()
+
+
+def test_endpoint_counters_count_each_endpoints_connections_and_forget_a_gone_one(
+        start_node, client):
+    """With --endpoint-counters, as the eBPF backend: per (service port,
+    endpoint), matching what the clients saw; an endpoint the port no longer
+    has is no longer exported."""
+    node = start_node("--endpoint-counters")
+    node.apply(ServicePortChanges(added=(_web(*SERVER_V4), _dns(*SERVER_V4)), full=True))
+    results = client("tcp", host=VIP4, port=80, count=9)
+    client("udp", host=VIP4, port=53, count=2, size=10, connected=False)
+    served = {ip: sum(1 for r in results if r["endpoint"] == ip) for ip in SERVER_V4}
+
+    def per_endpoint(service: str, protocol: str) -> dict[str, float]:
+        prefix = f"kpng_py_service_endpoint_connections_total:default/{service}:p,{protocol},"
+        return {key[len(prefix):]: value for key, value in node.counts().items()
+                if key.startswith(prefix)}
+
+    assert per_endpoint("web", "TCP") == {f"{ip}:{ENDPOINT_PORT}": n
+                                          for ip, n in served.items() if n}
+    assert sum(per_endpoint("dns", "UDP").values()) == 2
+    node.apply(ServicePortChanges(updated=((_web(*SERVER_V4), _web(*SERVER_V4[1:])),)))
+    assert f"{SERVER_V4[0]}:{ENDPOINT_PORT}" not in per_endpoint("web", "TCP")
+
+
+def test_without_the_flag_there_are_no_endpoint_series(start_node, client):
+    node = start_node()
+    node.apply(ServicePortChanges(added=(_web(*SERVER_V4),), full=True))
+    assert len(client("tcp", host=VIP4, port=80, count=2)) == 2
+    assert not any(key.startswith("kpng_py_service_endpoint_connections")
+                   for key in node.counts())
+
