@@ -124,6 +124,10 @@ def _add_tool_arguments(tool: argparse.ArgumentParser) -> None:
     dump.add_argument("--json", action="store_true", help="print JSON")
     dump.add_argument("--service", type=_service_filter, metavar="NS/NAME[:PORT]",
                       help="only the frontends of this service (every port) or service port")
+    dump.add_argument("--vip", type=_vip_filter, metavar="IP[:PORT]",
+                      help="only the frontends a client reaches at this address (and port): "
+                           "its ClusterIP, ExternalIP or LB IP ones, and the node ports if it "
+                           "is a node-port address")
     trace = actions.add_parser(
         "trace", help="show every translation, live",
         description="Show every translation of the datapath as it happens (connect and "
@@ -167,13 +171,15 @@ def _run_action(args: argparse.Namespace) -> None:
     elif args.ebpf_action == "trace":
         _trace(bpffs_dir, args)
     else:
-        from backends.ebpf.dump import dump_json, format_text, of_service, read_dump
+        from backends.ebpf.dump import dump_json, format_text, of_service, of_vip, read_dump
 
         from backends.ebpf.netfilter import describe_lines, describe_table
 
         dump = read_dump(bpffs_dir)
         if args.service:
             dump = of_service(dump, args.service)
+        if args.vip:
+            dump = of_vip(dump, *args.vip)
         if args.json:
             sys.stdout.write(dump_json({**dump, "netfilterTable": describe_table()}) + "\n")
         else:

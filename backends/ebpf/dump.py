@@ -27,7 +27,7 @@ from backends.ebpf.mapaccess import MapAccess
 from backends.ebpf.maps import NodeAddressKey, NodeAddressValue
 from backends.ebpf.loader import open_pinned_map, pinned_links
 from kpng_py.backend import BackendSetupError
-from kpng_py.model import format_host_port
+from kpng_py.model import FrontendKind, IPAddress, format_host_port
 from kpng_py.service_counters import ServiceCounts
 
 
@@ -67,6 +67,21 @@ def of_service(dump: dict, service: str) -> dict:
     "ns/name:port"), by the names the datapath holds."""
     return {**dump, "services": [svc for svc in dump["services"]
                                  if is_of_service(svc["servicePort"], service)]}
+
+
+def of_vip(dump: dict, ip: IPAddress, port: int | None) -> dict:
+    """The dump with only the frontends a client reaches at `ip` (and
+    `port`): those at that address, and the node ports of its family when it
+    is one of the node-port addresses."""
+    node_port_address = str(ip) in dump["nodeAddresses"]
+
+    def reached(svc: dict) -> bool:
+        vip = ipaddress.ip_address(svc["vip"])
+        at = vip == ip or (node_port_address and vip.version == ip.version
+                           and svc["kind"] == FrontendKind.NODE_PORT.value)
+        return at and (port is None or svc["port"] == port)
+
+    return {**dump, "services": [svc for svc in dump["services"] if reached(svc)]}
 
 
 def _usage(spec: maps.MapSpec, bpf_map: BpfMap) -> dict:

@@ -148,6 +148,30 @@ def test_the_dump_prints_what_it_printed_when_reviewed(dumped: tuple[Path, dict]
     assert printed == (EXPECTED / name).read_text()
 
 
+def dumped_frontends(bpffs_dir: Path, *flags: str) -> list[str]:
+    """`ebpf dump --json FLAGS`'s frontends, as "vip:port/protocol"."""
+    shown = subprocess.run(kpng_py_command("ebpf", "dump", "--json", *flags,
+                                           "--bpffs-dir", str(bpffs_dir)),
+                           capture_output=True, text=True, check=True, timeout=60)
+    services = json.loads(shown.stdout)["services"]
+    return [f"{svc['vip']}:{svc['port']}/{svc['protocol']}" for svc in services]
+
+
+@pytest.mark.parametrize("vip, frontends", [
+    ("10.96.0.10", ["10.96.0.10:80/TCP", "10.96.0.10:80/UDP"]),
+    ("10.96.0.10:80", ["10.96.0.10:80/TCP", "10.96.0.10:80/UDP"]),
+    ("10.96.0.10:81", []),
+    ("203.0.113.7", ["203.0.113.7:80/TCP"]),  # an ExternalIP
+    ("10.0.0.5:30080", ["0.0.0.0:30080/TCP"]),  # a node-port address: its family's node ports
+    ("[fd00::5]:30080", [":::30080/TCP"]),
+    ("10.96.0.99", []),
+])
+def test_the_dump_of_one_vip_keeps_what_a_client_reaches_there(dumped: tuple[Path, dict],
+                                                               vip: str,
+                                                               frontends: list[str]) -> None:
+    assert dumped_frontends(dumped[0], "--vip", vip) == frontends
+
+
 @pytest.mark.parametrize("service, frontends", [
     # Service id 7 (default/web:http) has two frontends here; 14 is the
     # unnamed port of default/web.
@@ -159,9 +183,4 @@ def test_the_dump_prints_what_it_printed_when_reviewed(dumped: tuple[Path, dict]
 def test_the_dump_of_one_service_keeps_only_its_frontends(dumped: tuple[Path, dict],
                                                           service: str,
                                                           frontends: list[str]) -> None:
-    bpffs_dir, _ = dumped
-    shown = subprocess.run(kpng_py_command("ebpf", "dump", "--json", "--service", service,
-                                           "--bpffs-dir", str(bpffs_dir)),
-                           capture_output=True, text=True, check=True, timeout=60)
-    services = json.loads(shown.stdout)["services"]
-    assert [f"{svc['vip']}:{svc['port']}/{svc['protocol']}" for svc in services] == frontends
+    assert dumped_frontends(dumped[0], "--service", service) == frontends
