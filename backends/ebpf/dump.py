@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Mapping
 
 from backends.ebpf import maps
+from backends.ebpf.cgroup_paths import CgroupPaths
 from backends.ebpf.contents import Contents, StoredBackend, StoredFrontend, read_contents
 from backends.ebpf.counters import read_backend_counts, read_counts
 from backends.ebpf.service_id_maps import is_of_service, read_names
 from backends.ebpf.libbpf import BpfMap
 from backends.ebpf.mapaccess import MapAccess
 from backends.ebpf.maps import NodeAddressKey, NodeAddressValue
-from backends.ebpf.loader import open_pinned_map, pinned_links
+from backends.ebpf.loader import mount_point, open_pinned_map, pinned_links
 from kpng_py.backend import BackendSetupError
 from kpng_py.model import FrontendKind, IPAddress, format_host_port
 from kpng_py.service_counters import ServiceCounts
@@ -50,6 +51,7 @@ def read_dump(bpffs_dir: Path) -> dict:
 
 def _read(bpffs_dir: Path, opened: dict[str, BpfMap]) -> dict:
     contents = read_contents(opened[maps.SERVICES.pin], opened[maps.BACKENDS.pin])
+    cgroups = CgroupPaths(mount_point("cgroup2"))
     return {
         "bpffsDir": str(bpffs_dir),
         "services": services_of(contents, ByIds(
@@ -58,7 +60,8 @@ def _read(bpffs_dir: Path, opened: dict[str, BpfMap]) -> dict:
         "nodeAddresses": node_addresses_of(opened[maps.NODE_ADDRESSES.pin]),
         "maps": {spec.pin: _usage(spec, opened[spec.pin]) for spec in maps.MAP_SPECS},
         "links": [{"hook": link.hook, "linkId": link.link_id, "progId": link.prog_id,
-                   "cgroupId": link.cgroup_id} for link in pinned_links(bpffs_dir)],
+                   "cgroupId": link.cgroup_id, "cgroup": cgroups.path(link.cgroup_id)}
+                  for link in pinned_links(bpffs_dir)],
     }
 
 
@@ -166,7 +169,7 @@ def format_text(dump: dict) -> str:
                      f"map {pin}: {counts['entries']} of {counts['capacity']} entries")
     for link in dump["links"]:
         lines.append(f"hook {link['hook']}: link {link['linkId']} program {link['progId']} "
-                     f"cgroup {link['cgroupId']}")
+                     f"cgroup {link['cgroup']} (id {link['cgroupId']})")
     return "\n".join(lines)
 
 

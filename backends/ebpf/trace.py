@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from backends.ebpf import libbpf, maps
+from backends.ebpf.cgroup_paths import CgroupPaths
 from backends.ebpf.contents import HostPort
 from backends.ebpf.loader import mount_point, open_pinned_map
 from backends.ebpf.maps import TraceConfig, TraceEvent
@@ -39,7 +40,6 @@ _VERDICTS = {maps.TRACE_TRANSLATED: "translated", maps.TRACE_AFFINITY: "affinity
 # The programs submit without waking the reader (a wakeup per event cost
 # each traced connect several microseconds): it reads on this timer.
 _READ_EVERY_SECONDS = 0.05
-_CGROUP_RESCAN_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -96,31 +96,6 @@ class TraceFilter:
         if self.vip is not None and seen.vip.ip != self.vip:
             return False
         return self.vip_port is None or seen.vip.port == self.vip_port
-
-
-class CgroupPaths:
-    """Cgroup v2 ids (inode numbers) to paths under the cgroup2 mount,
-    walked again (at most once a second) when an id is unknown."""
-
-    def __init__(self, root: Path | None) -> None:
-        self._root = root
-        self._paths: dict[int, str] = {}
-        self._scanned = 0.0
-
-    def path(self, cgroup_id: int) -> str:
-        if cgroup_id not in self._paths and self._root is not None and (
-                time.monotonic() - self._scanned > _CGROUP_RESCAN_SECONDS):
-            self._scan(self._root)
-        return self._paths.get(cgroup_id, f"cgroup {cgroup_id}")
-
-    def _scan(self, root: Path) -> None:
-        self._scanned = time.monotonic()
-        for directory, _, _ in os.walk(root):
-            try:
-                self._paths[os.stat(directory).st_ino] = "/" + os.path.relpath(directory, root)
-            except OSError:  # removed meanwhile
-                continue
-        self._paths[os.stat(root).st_ino] = "/"
 
 
 class TraceSession:

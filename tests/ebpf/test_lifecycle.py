@@ -15,7 +15,13 @@ from typing import Iterator
 import pytest
 
 from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.loader import PROGRAMS_DIR, DatapathConfig, build_identity, pinned_links
+from backends.ebpf.loader import (
+    PROGRAMS_DIR,
+    DatapathConfig,
+    build_identity,
+    mount_point,
+    pinned_links,
+)
 from kpng_py.api import localv1
 from kpng_py.metrics import Metrics
 from kpng_py.recording import RecordingWriter
@@ -127,8 +133,13 @@ def test_dump_shows_the_programmed_services(the_lab: Lab, brain: str) -> None:
     assert {link["hook"] for link in dump["links"]} == {
         "connect4", "connect6", "sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6",
         "getpeername4", "getpeername6"}
+    cgroup = "/" + str(the_lab.group.path.relative_to(mount_point("cgroup2")))
+    assert {link["cgroup"] for link in dump["links"]} == {cgroup}  # by path, not id
     text = kpng_py("ebpf", "dump", "--bpffs-dir", str(the_lab.bpffs_dir)).stdout
     assert f"{VIP}:80/TCP" in text and "slot 3: backend" in text
+    (connect4,) = [link for link in dump["links"] if link["hook"] == "connect4"]
+    assert (f"hook connect4: link {connect4['linkId']} program {connect4['progId']} "
+            f"cgroup {cgroup} (id {connect4['cgroupId']})") in text
 
 
 def attached_programs(group: Path) -> list[dict]:
