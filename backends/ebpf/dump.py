@@ -147,21 +147,24 @@ def _slot(slot: int, backend_id: int | None, backend: StoredBackend | None,
 
 
 def format_text(dump: dict) -> str:
+    """Grouped by service, as an operator looks for one: its ports'
+    frontends under it (in the order of the maps), then the frontends no
+    service port's name was found for."""
     lines = [f"datapath pinned at {dump['bpffsDir']}"]
+    by_service: dict[str | None, list[dict]] = {}
     for svc in dump["services"]:
-        affinity = (f" affinity={svc['affinityTimeoutSeconds']}s"
-                    if svc["affinityTimeoutSeconds"] else "")
-        state = f"{svc['count']} backends" if svc["count"] else "no endpoints: rejects"
-        vip = format_host_port(ipaddress.ip_address(svc["vip"]), svc["port"])
-        named = f" ({svc['servicePort']})" if svc["servicePort"] else ""
-        lines.append(f"{vip}/{svc['protocol']} {svc['kind']} "
-                     f"service {svc['serviceId']}{named}: {state}{affinity}, "
-                     f"{svc['connections']} connections, {svc['rejections']} rejected")
-        for backend in svc["backends"]:
-            counted = (f", {backend['connections']} connections" if backend["connections"]
-                       else "")
-            lines.append(f"  slot {backend['slot']}: backend {backend['backendId']} "
-                         f"{backend['address'] or '(missing)'}{counted}")
+        name = svc["servicePort"]
+        by_service.setdefault(name.partition(":")[0] if name else None, []).append(svc)
+    for service in sorted(name for name in by_service if name is not None):
+        lines.append(f"service {service}")
+        for svc in sorted(by_service[service],
+                          key=lambda svc: svc["servicePort"].partition(":")[2]):
+            port = svc["servicePort"].partition(":")[2] or "(unnamed)"
+            lines += _frontend_lines(svc, f"  port {port}: ")
+    if None in by_service:
+        lines.append("no service port's name (a leftover, or written before its name)")
+        for svc in by_service[None]:
+            lines += _frontend_lines(svc, "  ")
     lines += [f"node-port address {ip}" for ip in dump["nodeAddresses"]]
     for pin, counts in dump["maps"].items():
         lines.append(f"map {pin}: ring buffer of {counts['capacity']} bytes"
@@ -171,6 +174,22 @@ def format_text(dump: dict) -> str:
         lines.append(f"hook {link['hook']}: link {link['linkId']} program {link['progId']} "
                      f"cgroup {link['cgroup']} (id {link['cgroupId']})")
     return "\n".join(lines)
+
+
+def _frontend_lines(svc: dict, lead: str) -> list[str]:
+    affinity = (f" affinity={svc['affinityTimeoutSeconds']}s"
+                if svc["affinityTimeoutSeconds"] else "")
+    state = f"{svc['count']} backends" if svc["count"] else "no endpoints: rejects"
+    vip = format_host_port(ipaddress.ip_address(svc["vip"]), svc["port"])
+    lines = [f"{lead}{vip}/{svc['protocol']} {svc['kind']} service {svc['serviceId']}: "
+             f"{state}{affinity}, {svc['connections']} connections, "
+             f"{svc['rejections']} rejected"]
+    indent = " " * (len(lead) - len(lead.lstrip()) + 2)
+    for backend in svc["backends"]:
+        counted = f", {backend['connections']} connections" if backend["connections"] else ""
+        lines.append(f"{indent}slot {backend['slot']}: backend {backend['backendId']} "
+                     f"{backend['address'] or '(missing)'}{counted}")
+    return lines
 
 
 def dump_json(dump: dict) -> str:
