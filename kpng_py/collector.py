@@ -26,22 +26,10 @@ from contextlib import contextmanager
 from typing import Iterator
 
 
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """No cyclic collection inside the block; the collector's previous
-    setting comes back after it, also when the block raises."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 class CollectorPause:
-    """`collector_paused` across calls: from `pause` (the first of several)
-    to `resume`, for a change set applied as its ops arrive."""
+    """The collector paused from `pause` (the first of several calls) to
+    `resume`: across calls for a change set applied as its ops arrive, around
+    one block for `collector_paused`."""
 
     def __init__(self) -> None:
         self._was_enabled: bool | None = None  # None: not paused
@@ -66,6 +54,18 @@ class CollectorPause:
         except BaseException:
             self.resume()
             raise
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic collection inside the block; the collector's previous
+    setting comes back after it, also when the block raises."""
+    pause = CollectorPause()
+    pause.pause()
+    try:
+        yield
+    finally:
+        pause.resume()
 
 
 def freeze_survivors() -> None:

@@ -151,19 +151,18 @@ def format_text(dump: dict) -> str:
     frontends under it (in the order of the maps), then the frontends no
     service port's name was found for."""
     lines = [f"datapath pinned at {dump['bpffsDir']}"]
-    by_service: dict[str | None, list[dict]] = {}
+    # service -> its ports' frontends as (port name, frontend); None: no name
+    by_service: dict[str | None, list[tuple[str, dict]]] = {}
     for svc in dump["services"]:
-        name = svc["servicePort"]
-        by_service.setdefault(name.partition(":")[0] if name else None, []).append(svc)
+        service, _, port = (svc["servicePort"] or "").partition(":")
+        by_service.setdefault(service or None, []).append((port, svc))
     for service in sorted(name for name in by_service if name is not None):
         lines.append(f"service {service}")
-        for svc in sorted(by_service[service],
-                          key=lambda svc: svc["servicePort"].partition(":")[2]):
-            port = svc["servicePort"].partition(":")[2] or "(unnamed)"
-            lines += _frontend_lines(svc, f"  port {port}: ")
+        for port, svc in sorted(by_service[service], key=lambda named: named[0]):
+            lines += _frontend_lines(svc, f"  port {port or '(unnamed)'}: ")
     if None in by_service:
         lines.append("no service port's name (a leftover, or written before its name)")
-        for svc in by_service[None]:
+        for _, svc in by_service[None]:
             lines += _frontend_lines(svc, "  ")
     lines += [f"node-port address {ip}" for ip in dump["nodeAddresses"]]
     for pin, counts in dump["maps"].items():

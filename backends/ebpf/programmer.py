@@ -290,10 +290,11 @@ class ServiceProgrammer:
 
     def backend_targets(self) -> dict[int, tuple[int, HostPort]]:
         """Every programmed backend id: its service id and its target."""
-        stored = {backend_id: StoredBackend.of(value)
-                  for backend_id, value in self._backends.items()}
-        return {backend_id: (backend.service_id, backend.target)
-                for backend_id, backend in stored.items()}
+        targets = {}
+        for backend_id, value in self._backends.items():
+            backend = StoredBackend.of(value)
+            targets[backend_id] = (backend.service_id, backend.target)
+        return targets
 
     def backend_ids(self) -> Collection[int]:
         """Every programmed backend id."""
