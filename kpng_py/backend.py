@@ -136,19 +136,6 @@ class _Unobserved:
         pass
 
 
-@dataclass
-class _Arriving:
-    """The change set being applied as it arrives: its Sets and Deletes so
-    far, and the seconds the state took for them before the Sync."""
-
-    ops: int = 0
-    staged_seconds: float = 0.0
-
-    def add(self, ops: list[localv1.OpItem], seconds: float) -> None:
-        self.ops += sum(1 for op in ops if op.WhichOneof("Op") in ("Set", "Delete"))
-        self.staged_seconds += seconds
-
-
 @dataclass(frozen=True)
 class _Programmed:
     total: float    # seconds since the change set's start
@@ -179,7 +166,8 @@ class ChangeSetApplier:
         self._retry = RetryTimer(self._retry_now, name="apply-retry")
         self._needs_full = False
         self._queued = False  # a change set's first message came since the last apply
-        self._arriving = _Arriving()
+        # Seconds the state took for the ops of the change set arriving, before its Sync.
+        self._staged_seconds = 0.0
         self._collector = CollectorPause()
         self._census = DataplaneCensus()
         self.syncs = 0
@@ -201,7 +189,7 @@ class ChangeSetApplier:
             started = time.monotonic()
             with self._collector.paused():
                 self.state.apply(ops, staged=True)
-            self._arriving.add(ops, time.monotonic() - started)
+            self._staged_seconds += time.monotonic() - started
 
     def apply_ops(self, ops: Iterable[localv1.OpItem], receive_seconds: float = 0.0
                   ) -> ServicePortChanges | None:
@@ -215,15 +203,16 @@ class ChangeSetApplier:
             started = time.monotonic()
             with self._state_lock, self._collector.paused():
                 changes = self.state.apply(ops)
-                arriving = self._arriving
-                arriving.add(ops, time.monotonic() - started if changes is None else 0.0)
                 if changes is None:
+                    self._staged_seconds += time.monotonic() - started
                     return None
-                self._arriving, self._queued = _Arriving(), False
+                staged_seconds, self._staged_seconds = self._staged_seconds, 0.0
+                self._queued = False
                 if self._needs_full:
                     changes = replace(self.state.full_changeset(),
                                       service_changes=changes.service_changes,
-                                      endpoint_changes=changes.endpoint_changes)
+                                      endpoint_changes=changes.endpoint_changes,
+                                      ops=changes.ops)
             try:
                 self._retry.cancel()  # this change set reconciles, if that is needed
                 state_seconds = time.monotonic() - started
@@ -233,9 +222,9 @@ class ChangeSetApplier:
             if changes.full:
                 freeze_survivors()
             self.syncs += 1
-            self._observe(arriving.ops, changes)
+            self._observe(changes)
             if seconds is not None:
-                self._log_sync(changes, SyncTimes(receive_seconds, arriving.staged_seconds,
+                self._log_sync(changes, SyncTimes(receive_seconds, staged_seconds,
                                                   state_seconds, seconds.backend, seconds.total))
                 self._listener.changeset_applied()
             else:
@@ -247,7 +236,7 @@ class ChangeSetApplier:
         failed). Its ops stay in the state, unpublished: the next stream's
         Reset and full state supersede them."""
         with self._state_lock:
-            self._arriving, self._queued = _Arriving(), False
+            self._staged_seconds, self._queued = 0.0, False
             self._collector.resume()
 
     def _note_queued(self) -> None:
@@ -309,11 +298,11 @@ class ChangeSetApplier:
         for policy in (INTERNAL, EXTERNAL):
             m.no_local_endpoints.labels(policy).set(census.no_local_endpoints(policy))
 
-    def _observe(self, ops: int, changes: ServicePortChanges) -> None:
+    def _observe(self, changes: ServicePortChanges) -> None:
         m = self._metrics
         m.service_changes.inc(changes.service_changes)
         m.endpoint_changes.inc(changes.endpoint_changes)
-        m.changeset_ops.observe(ops)
+        m.changeset_ops.observe(changes.ops)
         m.changeset_service_ports.observe(len(changes))
 
     def _log_sync(self, changes: ServicePortChanges, times: SyncTimes) -> None:

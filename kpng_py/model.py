@@ -265,6 +265,7 @@ class ServicePortChanges:
     full: bool = False
     service_changes: int = 0
     endpoint_changes: int = 0
+    ops: int = 0  # the Sets and Deletes of the change set that made it
 
     def __len__(self) -> int:
         return len(self.added) + len(self.updated) + len(self.removed)

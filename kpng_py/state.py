@@ -106,6 +106,7 @@ class _ServiceEntry:
 class _Counts:
     service_changes: int = 0
     endpoint_changes: int = 0
+    ops: int = 0  # Sets and Deletes received
 
 
 class NodeState:
@@ -156,8 +157,10 @@ class NodeState:
         for op in ops:
             kind = op.WhichOneof("Op")
             if kind == "Set":
+                self._counts.ops += 1
                 self._set(op.Set)
             elif kind == "Delete":
+                self._counts.ops += 1
                 self._delete(op.Delete.Set, op.Delete.Path)
             elif kind == "Reset":
                 # What is set from now on is seen; only what exists now can
@@ -290,7 +293,8 @@ class NodeState:
         full, self._synced = not self._synced, True
         changes = ServicePortChanges(tuple(added), tuple(updated), tuple(removed), full=full,
                             service_changes=self._counts.service_changes,
-                            endpoint_changes=self._counts.endpoint_changes)
+                            endpoint_changes=self._counts.endpoint_changes,
+                            ops=self._counts.ops)
         self._dirty.clear()
         self._counts = _Counts()
         return changes
