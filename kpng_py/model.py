@@ -17,9 +17,10 @@ from __future__ import annotations
 import enum
 import ipaddress
 from dataclasses import dataclass, field, replace
-from typing import Container, Iterable, Union
+from typing import Callable, Container, Iterable, Union
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 
 MAX_PORT = 65535
 
@@ -237,6 +238,23 @@ class ServicePort:
             for ep in self.endpoints
             if ep.internal and (family is None or ep.family == family)
         )
+
+    def source_ranges(self, on_bad: Callable[[str], None]) -> tuple[IPNetwork, ...] | None:
+        """Who may reach this port's load-balancer IPs (loadBalancerSourceRanges),
+        as every backend filters it: None when anyone may; else the ranges that
+        are CIDRs, `on_bad(text)` called for each that is not. A bad entry
+        allows nothing (only bad ones: the LB IPs answer no one), and a family
+        without a range of its own allows no one either: filtering fails closed.
+        NodePorts and ExternalIPs are never filtered (N13)."""
+        if not self.load_balancer_source_ranges:
+            return None
+        ranges = []
+        for text in self.load_balancer_source_ranges:
+            try:
+                ranges.append(ipaddress.ip_network(text.strip(), strict=False))
+            except ValueError:
+                on_bad(text)
+        return tuple(ranges)
 
 
 def sorted_endpoints(endpoints: Iterable[Endpoint]) -> tuple[Endpoint, ...]:

@@ -54,6 +54,19 @@ class LocalAddressSet:
     primary: frozenset[IPAddress] = frozenset()
 
 
+def parse_cidrs(items: Iterable[str], alternatives: str = "") -> tuple[IPNetwork, ...]:
+    """CIDRs of either family; a ValueError names the first that is not one
+    (and what else would have been accepted)."""
+    cidrs: list[IPNetwork] = []
+    for item in items:
+        try:
+            cidrs.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ValueError(f"{item!r} is not a CIDR (such as 10.0.0.0/8 or fd00::/64)"
+                             f"{alternatives}") from None
+    return tuple(cidrs)
+
+
 @dataclass(frozen=True)
 class NodePortAddresses:
     """`--nodeport-addresses`: CIDRs, or the primary addresses; neither
@@ -71,14 +84,7 @@ class NodePortAddresses:
             return cls(primary=True)
         if PRIMARY in items:
             raise ValueError(f"{PRIMARY!r} cannot be combined with CIDRs (got {text!r})")
-        cidrs: list[IPNetwork] = []
-        for item in items:
-            try:
-                cidrs.append(ipaddress.ip_network(item, strict=False))
-            except ValueError:
-                raise ValueError(f"{item!r} is not a CIDR (such as 10.0.0.0/8 or fd00::/64) "
-                                 f"nor {PRIMARY!r}") from None
-        return cls(cidrs=tuple(cidrs))
+        return cls(cidrs=parse_cidrs(items, f" nor {PRIMARY!r}"))
 
     def allowed(self, local: LocalAddressSet) -> frozenset[IPAddress]:
         """The local addresses that answer on node ports."""

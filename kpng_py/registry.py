@@ -48,6 +48,7 @@ class LabPlaces:
     cgroup: Path  # the cgroup of the run's pods
     bpffs_dir: Path
     service_interface: str  # a link name for ClusterIPs, free in node_netns
+    pod_cidrs: tuple[str, ...] = ()  # where the run's pods have their addresses
 
 
 def kpng_py_command(*args: str) -> list[str]:

@@ -72,3 +72,9 @@ class Skips:
         log.log(level, "skipped %s: %s", obj, detail,
                 extra=fields(reason=reason.value, object=obj))
         self._counter.labels(reason.value).inc()
+
+    def bad_source_range(self, owner: str, text: str) -> None:
+        """A loadBalancerSourceRanges entry that is no CIDR (ServicePort.source_ranges)."""
+        self.skip(SkipReason.BAD_IP, owner,
+                  f"loadBalancerSourceRanges entry {text!r} is no CIDR: it allows nothing "
+                  "(fix the service's spec.loadBalancerSourceRanges)")

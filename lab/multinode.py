@@ -81,7 +81,8 @@ class Node:
 
     @property
     def places(self) -> LabPlaces:
-        return LabPlaces(self.netns, self.cgroup, self.bpffs_dir, self.service_interface)
+        return LabPlaces(self.netns, self.cgroup, self.bpffs_dir, self.service_interface,
+                         tuple(str(ADDRESSING[f].cluster_pod_cidr) for f in self.families))
 
     @property
     def host(self) -> Pod:

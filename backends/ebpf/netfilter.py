@@ -28,7 +28,7 @@ from backends.ebpf.netfilter_txn import (Command, Transaction, full_table, set_e
                                          table_command)
 from kpng_py.logs import fields
 from kpng_py.model import IPAddress, Protocol, ServicePort, ServicePortChanges, ServicePortName
-from kpng_py.skips import SkipReason, Skips
+from kpng_py.skips import Skips
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +126,7 @@ class NetfilterTable:
         """What `port` gets in the table. Its frontends are its own: the state
         model gives each node port, ExternalIP and LB IP to one service port
         (nftables would refuse a map key twice)."""
-        def bad(cidr: str) -> None:
-            self._skips.skip(SkipReason.BAD_IP, str(port.name),
-                             f"loadBalancerSourceRanges entry {cidr!r} is no CIDR: it is left "
-                             "out (fix the service's spec.loadBalancerSourceRanges)")
-        return port_objects(port, bad)
+        return port_objects(port, lambda text: self._skips.bad_source_range(str(port.name), text))
 
     def _full(self, changes: ServicePortChanges
               ) -> tuple[Transaction, dict[ServicePortName, Held]]:

@@ -24,7 +24,6 @@ each with the endpoints of its family.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
 import re
 from dataclasses import dataclass, field
@@ -265,20 +264,6 @@ def node_port_of(port: ServicePort, family: IPFamily) -> int:
     return port.node_port if family in port.node_port_families else 0
 
 
-def source_ranges(port: ServicePort, on_bad: Callable[[str], None]) -> tuple[nx.Network, ...]:
-    """The port's loadBalancerSourceRanges; `on_bad(cidr)` for each that is
-    no CIDR (it then allows nothing)."""
-    ranges = []
-    for text in port.load_balancer_source_ranges:
-        try:
-            network = ipaddress.ip_network(text.strip(), strict=False)
-        except ValueError:
-            on_bad(text)
-            continue
-        ranges.append(network)
-    return tuple(ranges)
-
-
 def port_objects(port: ServicePort, on_bad_range: Callable[[str], None]) -> PortObjects:
     """Everything `port` needs in the table (nothing for a port with no
     frontend from outside)."""
@@ -287,12 +272,12 @@ def port_objects(port: ServicePort, on_bad_range: Callable[[str], None]) -> Port
     chains: list[Chain] = []
     sets: list[NamedSet] = []
     elements: set[Element] = set()
-    ranges = source_ranges(port, on_bad_range)
+    ranges = port.source_ranges(on_bad_range)
     for family in families(port):
         ends = frontends(port, family)
         if not ends:
             continue
-        objects = _family_objects(port, family, ends,
+        objects = _family_objects(port, family, ends, None if ranges is None else
                                   tuple(r for r in ranges if r.version == family.value))
         chains += objects.chains
         sets += objects.sets
@@ -301,7 +286,7 @@ def port_objects(port: ServicePort, on_bad_range: Callable[[str], None]) -> Port
 
 
 def _family_objects(port: ServicePort, family: IPFamily, ends: Frontends,
-                    ranges: tuple[nx.Network, ...]) -> PortObjects:
+                    ranges: tuple[nx.Network, ...] | None) -> PortObjects:
     pid = _port_id(port, family)
     proto = nx.l4proto(port.protocol)
     ip_keys = [(str(ip), proto, port.port) for ip in ends.external_ips + ends.load_balancer_ips]
@@ -329,7 +314,7 @@ def _family_objects(port: ServicePort, family: IPFamily, ends: Frontends,
         kind, target = ("drop", "") if elsewhere else ("goto", REJECT_CHAIN)
         to(NO_ENDPOINT_SERVICES, ip_keys, kind, target)
         to(NO_ENDPOINT_NODEPORTS, port_keys, kind, target)
-    if ends.load_balancer_ips and port.load_balancer_source_ranges:
+    if ends.load_balancer_ips and ranges is not None:
         fw = f"fw{pid}"
         allow = [[nx.match(nx.addr(family, "saddr"),
                            nx.anonymous_set([nx.prefix(r) for r in ranges])),

@@ -40,7 +40,7 @@ from backends.userspace.context import (
 )
 from backends.userspace.guard import ClusterIPGuard
 from backends.userspace.listener import Listener
-from backends.userspace.picker import FrontendPickers
+from backends.userspace.picker import FrontendPickers, PortAffinity
 from backends.userspace.tcp import TcpListener
 from backends.userspace.udp import UdpListener
 from kpng_py.aio import new_event_loop
@@ -53,6 +53,7 @@ from kpng_py.model import (
     FrontendKind,
     IPAddress,
     IPFamily,
+    IPNetwork,
     Protocol,
     ServicePort,
     ServicePortChanges,
@@ -91,12 +92,15 @@ def external_endpoints(port: ServicePort, family: IPFamily) -> tuple[Endpoint, .
 class _Wanted:
     """One listener a service port needs: its frontend, the address it binds
     (the frontend's own, or one node address for a node port) and the
-    endpoints of each side (`external` None: a ClusterIP, all clients alike)."""
+    endpoints of each side (`external` None: a ClusterIP, all clients alike)
+    and who may connect."""
 
     frontend: Frontend
     address: IPAddress
     cluster: tuple[Endpoint, ...]
     external: tuple[Endpoint, ...] | None
+    # Of an LB IP whose port has loadBalancerSourceRanges; None: not filtered.
+    source_ranges: tuple[IPNetwork, ...] | None
 
     @property
     def key(self) -> tuple[Frontend, IPAddress, bool]:
@@ -110,19 +114,24 @@ class ServicePortListeners:
     port one on each allowed node address of its family. No endpoints, no
     listener: the kernel refuses clients."""
 
-    def __init__(self, ctx: ProxyContext, name: ServicePortName) -> None:
+    def __init__(self, ctx: ProxyContext, name: ServicePortName, skips: Skips) -> None:
         self._ctx = ctx
+        self._skips = skips
         self.name = name
         self.port: ServicePort | None = None
         # Of all its listeners, for as long as the port is programmed.
         self.tally = Tally(per_endpoint=ctx.config.endpoint_counters)
+        self.affinity = PortAffinity(ctx.housekeeping.watch)
         self._listeners: dict[tuple[Frontend, IPAddress, bool], Listener] = {}
         # Why a listener could not be opened: logged and counted once, not
         # again by each retry that fails the same way.
         self._listen_errors: dict[tuple[Frontend, IPAddress, bool], str] = {}
+        self._ranges_given: tuple[str, ...] = ()
+        self._ranges: tuple[IPNetwork, ...] | None = None
 
     def _wanted(self, port: ServicePort) -> list[_Wanted]:
         wanted = []
+        ranges = self._source_ranges(port)
         for frontend in port.frontends():
             family = family_of(frontend.ip)
             cluster = port.cluster_endpoints(family)
@@ -132,15 +141,29 @@ class ServicePortListeners:
                 continue
             addresses = (self._ctx.node_addresses.node_port_addresses(family)
                          if frontend.is_node_port else [frontend.ip])
-            wanted.extend(_Wanted(frontend, address, cluster, external) for address in addresses)
+            lb_ip = not frontend.is_node_port and frontend.ip in port.load_balancer_ips
+            filtered = ranges if lb_ip else None
+            wanted.extend(_Wanted(frontend, address, cluster, external, filtered)
+                          for address in addresses)
         return wanted
+
+    def _source_ranges(self, port: ServicePort) -> tuple[IPNetwork, ...] | None:
+        """The port's source ranges, parsed (and bad entries reported) once
+        per value they take."""
+        if port.load_balancer_source_ranges != self._ranges_given:
+            self._ranges_given = port.load_balancer_source_ranges
+            self._ranges = port.source_ranges(
+                lambda text: self._skips.bad_source_range(str(self.name), text))
+        return self._ranges
 
     def update(self, port: ServicePort, on_interface: Callable[[IPAddress], bool]) -> bool:
         """Listen as `port` says, on the node addresses known now; False while
         a listener it needs is missing (its address is not on the interface,
         or it cannot listen), for the backend to try again with the next
         change set."""
+        gone = set() if self.port is None else set(self.port.endpoints).difference(port.endpoints)
         self.port = port
+        self.affinity.update(port.affinity_timeout_seconds, gone)
         self.tally.keep_only(port.endpoints)
         wanted = {w.key: w for w in self._wanted(port)}
         for key in self._listeners.keys() - wanted.keys():
@@ -151,21 +174,20 @@ class ServicePortListeners:
         for key, want in wanted.items():
             listener = self._listeners.get(key)
             if listener is not None:
-                listener.update(want.cluster, want.external, port.affinity_timeout_seconds)
+                listener.update(want.cluster, want.external, want.source_ranges)
             elif not ((want.frontend.is_node_port or on_interface(want.address))
-                      and self._open(want, port)):
+                      and self._open(want)):
                 complete = False
         return complete
 
-    def _open(self, want: _Wanted, port: ServicePort) -> bool:
+    def _open(self, want: _Wanted) -> bool:
         frontend = want.frontend
         address = format_host_port(want.address, frontend.port)
         label = f"{self.name}/{frontend.protocol.value} {address}"
-        pickers = FrontendPickers(label, want.cluster, want.external,
-                                  port.affinity_timeout_seconds,
-                                  self._ctx.node_addresses.is_local)
+        pickers = FrontendPickers(label, want.cluster, want.external, self.affinity,
+                                  self._ctx.node_addresses.is_internal)
         listener = _LISTENERS[frontend.protocol](self._ctx, label, want.address, frontend.port,
-                                                 pickers, self.tally)
+                                                 pickers, self.tally, want.source_ranges)
         try:
             listener.start()
         except OSError as err:
@@ -189,6 +211,7 @@ class ServicePortListeners:
         for listener in self._listeners.values():
             listener.close()
         self._listeners.clear()
+        self.affinity.update(0, set())  # no new flow can use it: nothing to expire
 
 
 def _addresses(port: ServicePort) -> set[IPAddress]:
@@ -236,12 +259,13 @@ class UserspaceBackend:
         self.config = config
         self._stats = ProxyStats(metrics)
         self._addresses = ClusterIPAddresses(config.interface, self._stats)
-        self._guard = ClusterIPGuard(Skips(metrics))
+        self._skips = Skips(metrics)
+        self._guard = ClusterIPGuard(self._skips)
         self._loop_thread = _LoopThread()
         interval = min(MAX_HOUSEKEEPING_INTERVAL, config.udp_idle_timeout / 4)
         self._ctx = ProxyContext(self._loop_thread.loop, config, self._stats,
                                  Housekeeping(self._loop_thread.loop, interval),
-                                 NodeAddresses(config.nodeport_addresses))
+                                 NodeAddresses(config.nodeport_addresses, config.cluster_cidrs))
         # The node's own addresses (not those of the backend's interface),
         # followed live; and the healthCheckNodePort servers on them.
         self._follower = LocalAddressFollower(self._node_addresses_changed,
@@ -345,7 +369,8 @@ class UserspaceBackend:
         for port in current:
             listeners = self._ports.get(port.name)
             if listeners is None:
-                listeners = self._ports[port.name] = ServicePortListeners(self._ctx, port.name)
+                listeners = self._ports[port.name] = ServicePortListeners(self._ctx, port.name,
+                                                                          self._skips)
             self._track(port, listeners.update(port, holds))
         changed = {p.name for p in current}
         for port in [p for name, p in self._incomplete.items() if name not in changed]:

@@ -8,7 +8,8 @@ import argparse
 from backends.userspace.context import MARKER, ProxyConfig
 from kpng_py.cli import _positive_float, _size
 from kpng_py.metrics import Metrics
-from kpng_py.nodeport_addresses import add_nodeport_addresses_flag
+from kpng_py.model import IPNetwork
+from kpng_py.nodeport_addresses import add_nodeport_addresses_flag, parse_cidrs
 from kpng_py.registry import BackendSpec, LabPlaces, LabSupport
 from kpng_py.service_counters import add_endpoint_counters_flag
 
@@ -37,6 +38,13 @@ def _pipe_size(text: str) -> int:
     return size
 
 
+def _cluster_cidrs(text: str) -> tuple[IPNetwork, ...]:
+    try:
+        return parse_cidrs(item.strip() for item in text.split(",") if item.strip())
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = ProxyConfig()
     parser.add_argument("--interface", type=_interface_name, default=defaults.interface,
@@ -61,6 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tcp-pipe-size", type=_pipe_size, default=defaults.pipe_size,
                         help="capacity of each splice pipe, i.e. bytes moved per event-loop "
                              "wake-up, per connection and direction (default: 1M)")
+    parser.add_argument("--cluster-cidr", type=_cluster_cidrs, default=defaults.cluster_cidrs,
+                        metavar="CIDRS",
+                        help="the pods' addresses, as kube-proxy's flag (comma-separated, "
+                             "one per family or more): a client in them dialling a node port, "
+                             "ExternalIP or LB IP is served like a client on the node, from "
+                             "the cluster endpoints whatever externalTrafficPolicy says (N9); "
+                             "without it a pod is served as a client from outside")
     add_nodeport_addresses_flag(parser)
     add_endpoint_counters_flag(parser)
 
@@ -76,6 +91,7 @@ def create(args: argparse.Namespace, metrics: Metrics):
         pipe_size=args.tcp_pipe_size,
         nodeport_addresses=args.nodeport_addresses,
         endpoint_counters=args.endpoint_counters,
+        cluster_cidrs=args.cluster_cidr,
     )
     return UserspaceBackend(config, metrics)
 
@@ -91,7 +107,8 @@ BACKEND = BackendSpec(
     add_arguments=add_arguments,
     create=create,
     lab=LabSupport(
-        flags=lambda places: ["--interface", places.service_interface],
+        flags=lambda places: ["--interface", places.service_interface, *(
+            ["--cluster-cidr", ",".join(places.pod_cidrs)] if places.pod_cidrs else [])],
         capacity_flags=lambda service_ports, endpoints: [],
         inspect=_inspect,
         # Its interface and sockets go with the node's namespace and its process.

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
 from kpng_py.metrics import Metrics
-from kpng_py.model import Endpoint, IPAddress, IPFamily, format_host_port
+from kpng_py.model import Endpoint, IPAddress, IPFamily, IPNetwork, format_host_port
 from kpng_py.nodeport_addresses import LocalAddressSet, NodePortAddresses
 from kpng_py.service_counters import ServiceCounts
 
@@ -36,6 +36,9 @@ class ProxyConfig:
     nodeport_addresses: NodePortAddresses = NodePortAddresses()
     # Connections counted per endpoint too (`--endpoint-counters`).
     endpoint_counters: bool = False
+    # The pods' addresses (`--cluster-cidr`, kube-proxy's flag): clients in
+    # them are served like clients on the node.
+    cluster_cidrs: tuple[IPNetwork, ...] = ()
 
 
 class ProxyStats:
@@ -124,8 +127,10 @@ class NodeAddresses:
     """The node's addresses as the listeners see them (used on the loop only):
     where node ports listen, and which clients are on the node."""
 
-    def __init__(self, flag: NodePortAddresses) -> None:
+    def __init__(self, flag: NodePortAddresses,
+                 cluster_cidrs: tuple[IPNetwork, ...] = ()) -> None:
         self._flag = flag
+        self.cluster_cidrs = cluster_cidrs
         self._local: frozenset[IPAddress] = frozenset()
         self._allowed: frozenset[IPAddress] = frozenset()
         # The service addresses on the backend's interface: local too, so a
@@ -145,11 +150,14 @@ class NodeAddresses:
         """The node's own addresses (not those of the backend's interface)."""
         return self._local
 
-    def is_local(self, address: IPAddress) -> bool:
-        """Whether a client at `address` is on the node (a process of the host
-        network namespace; pods have addresses of their own)."""
+    def is_internal(self, address: IPAddress) -> bool:
+        """Whether a client at `address` is served as from inside the cluster
+        (N9): a process of the node's network namespace, or a pod when
+        `--cluster-cidr` says where pods are (kube-proxy's detect-local-mode
+        ClusterCIDR). Without it a pod looks like any client from outside."""
         return (address.is_loopback or address in self._local
-                or address in self.service_addresses)
+                or address in self.service_addresses
+                or any(address in cidr for cidr in self.cluster_cidrs))
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Endpoint choice for one listener (one ClusterIP:port, one family):
 Maglev consistent hashing on the client's address and port, with
-sessionAffinity ClientIP on top.
+sessionAffinity ClientIP on top, shared by every listener of the service
+port.
 
 The Maglev table is built lazily, on the first new flow after the endpoints
 changed: a full sync of many services costs nothing here, and services that
@@ -13,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from backends.userspace.context import Expiring
 from backends.userspace.maglev import MaglevTable, table_size
 from kpng_py.logs import fields
 from kpng_py.model import Endpoint, IPAddress
@@ -62,36 +64,70 @@ class AffinityTable:
             del self._entries[client]
 
 
+class PortAffinity:
+    """sessionAffinity ClientIP of one service port, shared by all its
+    listeners: kube-proxy keeps one list per service port and endpoint, so a
+    client sent to an endpoint through the ClusterIP stays with it through
+    the node port, an ExternalIP or an LB IP of the same port (N15), and the
+    other way round. `table` is None while the port has no affinity.
+
+    `watch(self)` is called when an entry is remembered, so that expiry
+    (`Housekeeping`) runs only while the port has entries.
+    """
+
+    def __init__(self, watch: Callable[[Expiring], None]) -> None:
+        self._watch = watch
+        self.table: AffinityTable | None = None
+
+    def update(self, timeout: int, gone: set[Endpoint]) -> None:
+        """The port's timeout now (0: no affinity) and the endpoints it lost."""
+        if not timeout:
+            self.table = None
+        elif self.table is None or self.table.timeout != timeout:
+            self.table = AffinityTable(timeout)
+        elif gone:
+            self.table.forget_endpoints(gone)
+
+    def remember(self, client: IPAddress, endpoint: Endpoint, now: float) -> None:
+        if self.table is not None:
+            self.table.remember(client, endpoint, now)
+            self._watch(self)
+
+    def expire(self, now: float) -> bool:
+        """Drop expired entries; False once none is left."""
+        if self.table is None:
+            return False
+        self.table.expire(now)
+        return len(self.table) > 0
+
+
 def client_key(address: IPAddress, port: int) -> bytes:
     """What Maglev hashes: the client's packed address and port."""
     return address.packed + port.to_bytes(2, "big")
 
 
 class EndpointPicker:
-    """Chooses endpoints for new flows to one listener."""
+    """Chooses endpoints for new flows to one listener, from one side's
+    endpoints (see FrontendPickers)."""
 
-    def __init__(self, name: str, endpoints: Iterable[Endpoint], affinity_timeout: int) -> None:
+    def __init__(self, name: str, endpoints: Iterable[Endpoint], affinity: PortAffinity) -> None:
         self.name = name
+        self.affinity = affinity
         self.endpoints: tuple[Endpoint, ...] = ()
+        self._members: frozenset[Endpoint] = frozenset()
         self._table: MaglevTable[Endpoint] | None = None
         self._table_size = 0
-        self.affinity: AffinityTable | None = None
-        self.update(endpoints, affinity_timeout)
+        self.update(endpoints)
 
-    def update(self, endpoints: Iterable[Endpoint], affinity_timeout: int) -> set[Endpoint]:
-        """Take new endpoints and affinity setting; returns the endpoints that went."""
+    def update(self, endpoints: Iterable[Endpoint]) -> set[Endpoint]:
+        """Take new endpoints; returns the endpoints that went."""
         endpoints = tuple(endpoints)
         gone: set[Endpoint] = set()
         if endpoints != self.endpoints:
             gone = set(self.endpoints).difference(endpoints)
             self.endpoints = endpoints
+            self._members = frozenset(endpoints)
             self._table = None
-        if not affinity_timeout:
-            self.affinity = None
-        elif self.affinity is None or self.affinity.timeout != affinity_timeout:
-            self.affinity = AffinityTable(affinity_timeout)
-        elif gone:
-            self.affinity.forget_endpoints(gone)
         return gone
 
     def _maglev(self) -> MaglevTable[Endpoint]:
@@ -107,14 +143,17 @@ class EndpointPicker:
 
     def candidates(self, address: IPAddress, port: int, now: float, limit: int) -> list[Endpoint]:
         """Up to `limit` distinct endpoints for a new flow from address:port,
-        best first: the client's affine endpoint if it has a live one, then
-        Maglev's order for the client's address and port."""
+        best first: the client's affine endpoint if it has a live one among
+        this side's endpoints (from outside with eTP=Local, an affinity to a
+        remote endpoint does not apply), then Maglev's order for the client's
+        address and port."""
         if not self.endpoints:
             return []
         chosen: list[Endpoint] = []
-        if self.affinity is not None:
-            affine = self.affinity.get(address, now)
-            if affine is not None:
+        table = self.affinity.table
+        if table is not None:
+            affine = table.get(address, now)
+            if affine is not None and affine in self._members:
                 chosen.append(affine)
         if len(chosen) >= limit:  # the affine endpoint is all that was asked for
             return chosen
@@ -127,15 +166,7 @@ class EndpointPicker:
 
     def served(self, address: IPAddress, endpoint: Endpoint, now: float) -> None:
         """A flow from `address` now runs to `endpoint`: refresh its affinity."""
-        if self.affinity is not None:
-            self.affinity.remember(address, endpoint, now)
-
-    def expire(self, now: float) -> int:
-        """Drop expired affinity entries; returns how many remain."""
-        if self.affinity is None:
-            return 0
-        self.affinity.expire(now)
-        return len(self.affinity)
+        self.affinity.remember(address, endpoint, now)
 
 
 class FrontendPickers:
@@ -146,17 +177,18 @@ class FrontendPickers:
     node the same way (N9: "exactly like a ClusterIP"), and clients from
     outside from the External-scope endpoints (with eTP=Local the brain
     leaves only local ones there). A userspace proxy sees no more of the
-    client than its address: `is_local` says whether it is the node's.
+    client than its address: `is_internal` says whether it is the node's
+    (or a pod's, with --cluster-cidr).
     """
 
     def __init__(self, name: str, cluster: tuple[Endpoint, ...],
-                 external: tuple[Endpoint, ...] | None, affinity_timeout: int,
-                 is_local: Callable[[IPAddress], bool]) -> None:
-        self.inside = EndpointPicker(name, cluster, affinity_timeout)
+                 external: tuple[Endpoint, ...] | None, affinity: PortAffinity,
+                 is_internal: Callable[[IPAddress], bool]) -> None:
+        self.inside = EndpointPicker(name, cluster, affinity)
         # None for a ClusterIP: everyone is served from the cluster endpoints.
         self.outside = (None if external is None
-                        else EndpointPicker(f"{name} (external)", external, affinity_timeout))
-        self._is_local = is_local
+                        else EndpointPicker(f"{name} (external)", external, affinity))
+        self._is_internal = is_internal
 
     @property
     def drops_outside(self) -> bool:
@@ -164,23 +196,15 @@ class FrontendPickers:
         node): their packets are dropped (N8), not refused."""
         return self.outside is not None and not self.outside.endpoints
 
-    @property
-    def has_affinity(self) -> bool:
-        return self.inside.affinity is not None
-
     def for_client(self, address: IPAddress) -> EndpointPicker:
-        if self.outside is None or self._is_local(address):
+        if self.outside is None or self._is_internal(address):
             return self.inside
         return self.outside
 
-    def update(self, cluster: tuple[Endpoint, ...], external: tuple[Endpoint, ...] | None,
-               affinity_timeout: int) -> set[Endpoint]:
-        """New endpoints and affinity setting; the endpoints that went from
-        either side."""
-        gone = self.inside.update(cluster, affinity_timeout)
+    def update(self, cluster: tuple[Endpoint, ...], external: tuple[Endpoint, ...] | None
+               ) -> set[Endpoint]:
+        """New endpoints; the endpoints that went from either side."""
+        gone = self.inside.update(cluster)
         if self.outside is not None and external is not None:
-            gone |= self.outside.update(external, affinity_timeout)
+            gone |= self.outside.update(external)
         return gone
-
-    def expire(self, now: float) -> int:
-        return self.inside.expire(now) + (0 if self.outside is None else self.outside.expire(now))

@@ -22,7 +22,7 @@ from backends.userspace.listener import Listener
 from backends.userspace.picker import FrontendPickers
 from backends.userspace.sockets import reset, sockaddr, socket_family
 from kpng_py.logs import fields
-from kpng_py.model import Endpoint, IPAddress
+from kpng_py.model import Endpoint, IPAddress, IPNetwork
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +164,9 @@ class TcpListener(Listener):
     KIND = socket.SOCK_STREAM
 
     def __init__(self, ctx: ProxyContext, name: str, address: IPAddress, port: int,
-                 pickers: FrontendPickers, tally: Tally) -> None:
-        super().__init__(ctx, name, address, port, pickers, tally)
+                 pickers: FrontendPickers, tally: Tally,
+                 source_ranges: tuple[IPNetwork, ...] | None = None) -> None:
+        super().__init__(ctx, name, address, port, pickers, tally, source_ranges)
         self._connecting: set[asyncio.Task] = set()
 
     def _on_readable(self, sock: socket.socket) -> None:
@@ -218,8 +219,10 @@ class TcpListener(Listener):
         config = self._ctx.config
         now = self._loop.time()
         picker = self.picker_for(client_ip)
+        if picker is None:
+            return None
         for endpoint in picker.candidates(client_ip, client_port, now,
-                                               config.tcp_connect_attempts):
+                                          config.tcp_connect_attempts):
             sock = socket.socket(socket_family(endpoint.ip), socket.SOCK_STREAM)
             sock.setblocking(False)
             try:
@@ -236,7 +239,5 @@ class TcpListener(Listener):
                     listener=self.name, endpoint=str(endpoint), error=repr(err)))
                 continue
             picker.served(client_ip, endpoint, self._loop.time())
-            if picker.affinity is not None:
-                self._ctx.housekeeping.watch(self)
             return sock, endpoint
         return None

@@ -21,7 +21,7 @@ from backends.userspace.listener import Listener
 from backends.userspace.picker import FrontendPickers
 from backends.userspace.sockets import sockaddr, socket_family
 from kpng_py.logs import fields
-from kpng_py.model import Endpoint, IPAddress
+from kpng_py.model import Endpoint, IPAddress, IPNetwork
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,9 @@ class UdpListener(Listener):
     KIND = socket.SOCK_DGRAM
 
     def __init__(self, ctx: ProxyContext, name: str, address: IPAddress, port: int,
-                 pickers: FrontendPickers, tally: Tally) -> None:
-        super().__init__(ctx, name, address, port, pickers, tally)
+                 pickers: FrontendPickers, tally: Tally,
+                 source_ranges: tuple[IPNetwork, ...] | None = None) -> None:
+        super().__init__(ctx, name, address, port, pickers, tally, source_ranges)
         self._sessions: dict[ClientAddress, _Session] = {}
         # One receive buffer for the listener and its sessions: the loop runs
         # one callback at a time and each sends what it read before returning.
@@ -59,10 +60,10 @@ class UdpListener(Listener):
         self._view = memoryview(self._buffer)
 
     def update(self, cluster: tuple[Endpoint, ...], external: tuple[Endpoint, ...] | None,
-               affinity_timeout: int) -> set[Endpoint]:
+               source_ranges: tuple[IPNetwork, ...] | None = None) -> set[Endpoint]:
         """Sessions to endpoints that went end: the client's next datagram
         opens one to a live endpoint."""
-        gone = super().update(cluster, external, affinity_timeout)
+        gone = super().update(cluster, external, source_ranges)
         if gone:
             for session in [s for s in self._sessions.values() if s.endpoint in gone]:
                 self._end(session)
@@ -77,7 +78,7 @@ class UdpListener(Listener):
         idle_before = now - self._ctx.config.udp_idle_timeout
         for session in [s for s in self._sessions.values() if s.last_used <= idle_before]:
             self._end(session)
-        return super().expire(now) or bool(self._sessions)
+        return bool(self._sessions)
 
     def _on_readable(self, sock: socket.socket) -> None:
         """Datagrams from clients."""
@@ -108,8 +109,7 @@ class UdpListener(Listener):
         client_ip = ipaddress.ip_address(client[0])
         now = self._loop.time()
         picker = self.picker_for(client_ip)
-        candidates = picker.candidates(client_ip, client[1], now, 1)
-        if not candidates:
+        if picker is None or not (candidates := picker.candidates(client_ip, client[1], now, 1)):
             self._tally.rejected += 1
             return None
         endpoint = candidates[0]

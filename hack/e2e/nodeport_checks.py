@@ -60,24 +60,10 @@ def keeps_client_address(kind: BackendKind) -> str | None:
     return None
 
 
-def tells_pods_from_outside(kind: BackendKind) -> str | None:
-    if proxy_in_process(kind):
-        return ("known gap: a pod of this node dialling a node port looks like an outside "
-                "client to a userspace proxy (localv1 carries no pod CIDR), so it gets the "
-                "External scope (docs/userspace.md)")
-    return None
-
-
-def filters_source_ranges(kind: BackendKind) -> str | None:
-    if proxy_in_process(kind):
-        return ("known gap: the userspace backend does not filter loadBalancerSourceRanges "
-                "yet (issue 15)")
-    return None
-
-
-def shares_affinity_across_frontends(kind: BackendKind) -> str | None:
-    if proxy_in_process(kind):
-        return "known gap: the userspace backend keeps affinity per listener (issue 15)"
+def shares_affinity_on_the_node(kind: BackendKind) -> str | None:
+    if not proxy_in_process(kind):
+        return ("known gap: the socket hooks keep a pod's affinity per frontend, not per "
+                "service port (docs/ebpf.md, Limits)")
     return None
 
 
@@ -406,8 +392,8 @@ def external_local_drops(t: CheckRun) -> None:
 
 
 @nodeport_check("N9/external-local-from-the-node", "externalTrafficPolicy Local from a pod or "
-                "the host of a node: cluster endpoints are used", translated=True,
-                not_applicable=tells_pods_from_outside)
+                "the host of a node: cluster endpoints are used (userspace: with "
+                "--cluster-cidr)", translated=True)
 def external_local_from_the_node(t: CheckRun) -> None:
     env = _env(t)
     node2 = env.nodes[1]
@@ -483,8 +469,7 @@ def _host_range(ip: IPAddress) -> str:
 
 
 @nodeport_check("N13/load-balancer-source-ranges", "should only allow access from service "
-                "loadbalancer source ranges (loadbalancer.go)",
-                not_applicable=filters_source_ranges)
+                "loadbalancer source ranges (loadbalancer.go)")
 def load_balancer_source_ranges(t: CheckRun) -> None:
     env, cluster = _env(t), _env(t).cluster
     node1 = env.nodes[0]
@@ -525,13 +510,25 @@ def external_ip(t: CheckRun) -> None:
 
 
 # -- N15, N16, N17 --------------------------------------------------------
+def _sticky(env: NodePortEnv) -> ServiceSpec:
+    return ServiceSpec("sticky", 10, who(31000), type="LoadBalancer", lb_ips=vips(11),
+                       affinity_timeout=10800).with_endpoints(*refs(env.cluster, env.servers()))
+
+
+def _shared_by(t: CheckRun, client: Pod, first: tuple[IPAddress, int],
+               then: tuple[IPAddress, int]) -> None:
+    """A burst to `first` sticks to one pod; a burst to `then` sticks to it too."""
+    env = _env(t)
+    pod = _one_pod(t, client, *first, env.servers())
+    expect_answers(t, client, *then, [env.cluster.pods[pod]], attempts=AFFINITY_BURST)
+
+
 @nodeport_check("N15/session-affinity", "should have session affinity work for NodePort "
                 "service; should be able to switch session affinity for NodePort service")
 def session_affinity(t: CheckRun) -> None:
     env = _env(t)
     node1, servers = env.nodes[0], env.servers()
-    sticky = ServiceSpec("sticky", 10, who(31000), type="LoadBalancer", lb_ips=vips(11),
-                         affinity_timeout=10800).with_endpoints(*refs(env.cluster, servers))
+    sticky = _sticky(env)
     t.apply(sticky)
     t.each_family("outside: the NodePort", lambda f: _one_pod(
         t, env.client, node1.ip(f), 31000, servers))
@@ -550,24 +547,26 @@ def session_affinity(t: CheckRun) -> None:
 
 @nodeport_check("N15/affinity-shared-across-frontends", "session affinity shared by the "
                 "NodePort and the LB IP of one service port (kube-proxy: one affinity per "
-                "service port)", not_applicable=shares_affinity_across_frontends)
+                "service port)")
 def affinity_shared_across_frontends(t: CheckRun) -> None:
     env = _env(t)
-    node1, servers = env.nodes[0], env.servers()
-    sticky = ServiceSpec("sticky", 10, who(31000), type="LoadBalancer", lb_ips=vips(11),
-                         affinity_timeout=10800).with_endpoints(*refs(env.cluster, servers))
+    node1 = env.nodes[0]
+    t.apply(_sticky(env))
+    t.each_family("outside: NodePort, then the LB IP", lambda f: _shared_by(
+        t, env.client, (node1.ip(f), 31000), (vip(f, 11), WHOAMI_PORT)))
+
+
+@nodeport_check("N15/affinity-shared-on-the-node", "session affinity shared by the ClusterIP "
+                "and the NodePort of one service port, for a pod of the node",
+                not_applicable=shares_affinity_on_the_node)
+def affinity_shared_on_the_node(t: CheckRun) -> None:
+    env = _env(t)
+    node1 = env.nodes[0]
+    sticky = _sticky(env)
     t.apply(sticky)
-
-    def shared_by(client: Pod, first: tuple[IPAddress, int], then: tuple[IPAddress, int]) -> None:
-        """A burst to `first` sticks to one pod; a burst to `then` sticks to it too."""
-        pod = _one_pod(t, client, *first, servers)
-        expect_answers(t, client, *then, [env.cluster.pods[pod]], attempts=AFFINITY_BURST)
-
-    # From outside (the netfilter table) only: a pod's ClusterIP and NodePort
-    # choices are not shared yet, the socket hooks keeping affinity per
-    # frontend (docs/ebpf.md, Limits).
-    t.each_family("outside: NodePort, then the LB IP", lambda f: shared_by(
-        env.client, (node1.ip(f), 31000), (vip(f, 11), WHOAMI_PORT)))
+    pod_client = env.pod_client(node1)
+    t.each_family("pod: ClusterIP, then the NodePort", lambda f: _shared_by(
+        t, pod_client, (sticky.cluster_ip(f), WHOAMI_PORT), (node1.ip(f), 31000)))
 
 
 @nodeport_check("N16/hairpin", "a pod reaching itself through a NodePort or an LB IP",

@@ -5,6 +5,8 @@ own there, so that nothing under tests/ imports the harness."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import subprocess
 import sys
@@ -174,7 +176,10 @@ def test_multinode_addressing_names_and_places():
     assert all(owner_pid(p.name) == 4194304 for p in (node1.cgroup, node1.bpffs_dir))
     assert all(owner_pid(ns) == 4194304 for ns in (node1.netns, cluster.pods["n2-srv1"].netns))
     assert node1.host.cgroup.parent == node1.cgroup  # the host client is seen by node1's hooks
-    assert nodeport_places(RunNames(4194304)) == [node1.places, node2.places]
+    # A dead run's clean-up knows only the names (not the families' pod CIDRs).
+    assert nodeport_places(RunNames(4194304)) == [
+        dataclasses.replace(n.places, pod_cidrs=()) for n in (node1, node2)]
+    assert node1.places.pod_cidrs == ("10.244.0.0/16", "fd00:10:244::/56")
 
 
 def test_nodeport_state_carries_node_ports_vips_and_policies():

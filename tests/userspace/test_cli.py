@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 import pytest
 
 from backends.userspace.context import ProxyConfig
@@ -24,12 +26,15 @@ def test_flags_reach_the_config():
     from kpng_py.metrics import Metrics
 
     args = _parse("--interface", "kp-test0", "--udp-idle-timeout", "5", "--tcp-connect-timeout",
-                  "0.5", "--tcp-connect-attempts", "2", "--tcp-pipe-size", "256K")
+                  "0.5", "--tcp-connect-attempts", "2", "--tcp-pipe-size", "256K",
+                  "--cluster-cidr", "10.244.0.0/16, fd00:10:244::/56")
     backend = cli.create(args, Metrics())
     backend.close()  # never set up: nothing to undo but its event loop
-    assert backend.config == ProxyConfig(interface="kp-test0", udp_idle_timeout=5.0,
-                                         tcp_connect_timeout=0.5, tcp_connect_attempts=2,
-                                         pipe_size=256 << 10)
+    assert backend.config == ProxyConfig(
+        interface="kp-test0", udp_idle_timeout=5.0, tcp_connect_timeout=0.5,
+        tcp_connect_attempts=2, pipe_size=256 << 10,
+        cluster_cidrs=(ipaddress.ip_network("10.244.0.0/16"),
+                       ipaddress.ip_network("fd00:10:244::/56")))
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -38,6 +43,7 @@ def test_flags_reach_the_config():
     (("--udp-idle-timeout", "0"), "must be more than 0 seconds"),
     (("--tcp-connect-attempts", "0"), "number of attempts from 1 to 16"),
     (("--tcp-pipe-size", "1K"), "pipe size from 4K to 64M"),
+    (("--cluster-cidr", "10.244.0.0/16,pods"), "'pods' is not a CIDR"),
 ])
 def test_bad_values_name_the_flag_and_the_fix(capsys, flags, message):
     with pytest.raises(SystemExit):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from backends.userspace.picker import EndpointPicker
+from backends.userspace.picker import EndpointPicker, PortAffinity
 from kpng_py.model import ServicePortChanges, IPFamily, Protocol, ServicePort
 from lab.proxy_node import CLOSED_PORT, ENDPOINT_PORT, SERVER_V4, SERVER_V6, service_port
 
@@ -114,7 +114,8 @@ def test_udp_sessions_end_after_the_idle_timeout(start_node, client):
 
 def _source_ports_by_maglev_choice(endpoints: tuple[str, ...]) -> dict[str, list[int]]:
     """Client source ports grouped by the endpoint Maglev gives them (without affinity)."""
-    picker = EndpointPicker("test", _web(*endpoints).cluster_endpoints(IPFamily.V4), 0)
+    picker = EndpointPicker("test", _web(*endpoints).cluster_endpoints(IPFamily.V4),
+                            PortAffinity(lambda item: None))
     client_ip = ipaddress.ip_address("10.244.0.2")
     ports: dict[str, list[int]] = {}
     for port in range(41000, 41200):
