@@ -28,11 +28,14 @@ def _address(addr: tuple) -> list:
     return [addr[0], addr[1]]
 
 
-def _receive_all(sock: socket.socket) -> str:
-    chunks = []
-    while chunk := sock.recv(4096):
-        chunks.append(chunk)
-    return b"".join(chunks).decode()
+def _served_by(answer: bytes) -> str:
+    """Who answered: the first word of lab/peer_server.py's line."""
+    return answer.split(maxsplit=1)[0].decode()
+
+
+def _payload_size(answer: bytes) -> int:
+    """How much of the datagram came back after the server's line."""
+    return len(answer.partition(b"\n")[2])
 
 
 class Agent:
@@ -44,7 +47,7 @@ class Agent:
             sock.settimeout(TIMEOUT)
             sock.connect((host, port))
             peer = _address(sock.getpeername())
-            return {"peer": peer, "served_by": _receive_all(sock)}
+            return {"peer": peer, "served_by": _served_by(sock.makefile("rb").readline())}
 
     def udp_open(self, family: int) -> dict:
         sock = socket.socket(_family(family), socket.SOCK_DGRAM)
@@ -56,8 +59,8 @@ class Agent:
         s = self.sockets[sock]
         s.sendto(payload.encode(), (host, port))
         data, source = s.recvfrom(65535)
-        return {"from": _address(source), "served_by": data.decode().split("|")[0],
-                "size": len(data)}
+        return {"from": _address(source), "served_by": _served_by(data),
+                "size": _payload_size(data)}
 
     def udp_connect(self, sock: int, host: str, port: int) -> dict:
         s = self.sockets[sock]
@@ -68,7 +71,7 @@ class Agent:
         s = self.sockets[sock]
         s.send(payload.encode())
         data, source = s.recvfrom(65535)
-        return {"from": _address(source), "served_by": data.decode().split("|")[0]}
+        return {"from": _address(source), "served_by": _served_by(data)}
 
     def udp_close(self, sock: int) -> dict:
         self.sockets.pop(sock).close()
@@ -80,7 +83,7 @@ class Agent:
             sock.settimeout(TIMEOUT)
             sock.sendto(b"q", (host, port))
             data, source = sock.recvfrom(65535)
-            return {"peer": _address(source), "served_by": data.decode().split("|")[0]}
+            return {"peer": _address(source), "served_by": _served_by(data)}
 
     def loop_start(self, targets: list[dict], pause: float = 0.0) -> dict:
         """Until loop_stop, in a thread: rounds of one exchange with each target

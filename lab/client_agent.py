@@ -28,14 +28,14 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-def _recv_line(sock: socket.socket) -> str:
+def _recv_line(sock: socket.socket) -> bytes:
     data = b""
     while not data.endswith(b"\n"):
         chunk = sock.recv(1)
         if not chunk:
             raise ConnectionError("closed before the greeting")
         data += chunk
-    return data.decode().strip()
+    return data
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes:
@@ -48,10 +48,13 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
     return data
 
 
-def _parse_echo(reply: bytes) -> tuple[str, int, bytes]:
-    """echo_server's UDP answer: endpoint address, the port it saw, the datagram."""
-    endpoint, port, body = reply.split(b" ", 2)
-    return endpoint.decode(), int(port), body
+def _parse_answer(reply: bytes) -> tuple[str, int, bytes]:
+    """lab/peer_server.py's answer: the endpoint's address, the client port
+    it saw (which tells proxy sessions apart), and what followed the line
+    (UDP: the datagram)."""
+    line, _, body = reply.partition(b"\n")
+    served, _peer_ip, peer_port = line.decode().split()
+    return served.rsplit(":", 1)[0].strip("[]"), int(peer_port), body
 
 
 class Agent:
@@ -61,7 +64,8 @@ class Agent:
     def _connect(self, host: str, port: int, source_port: int = 0) -> tuple[socket.socket, dict]:
         source = ("::" if ":" in host else "0.0.0.0", source_port) if source_port else None
         sock = socket.create_connection((host, port), timeout=TIMEOUT, source_address=source)
-        return sock, {"endpoint": _recv_line(sock), "peer": list(sock.getpeername()[:2])}
+        endpoint, _, _ = _parse_answer(_recv_line(sock))
+        return sock, {"endpoint": endpoint, "peer": list(sock.getpeername()[:2])}
 
     def tcp(self, host: str, port: int, count: int, source_port: int = 0) -> list[dict]:
         results = []
@@ -101,7 +105,7 @@ class Agent:
                 else:
                     sock.sendto(payload, (host, port))
                     data, source = sock.recvfrom(65535)
-                endpoint, _, body = _parse_echo(data)
+                endpoint, _, body = _parse_answer(data)
                 results.append({"endpoint": endpoint, "source": list(source[:2]),
                                 "size": len(body)})
         return results
@@ -116,7 +120,7 @@ class Agent:
     def udp_send(self, id: str, data: str) -> dict:
         sock = self._kept[id]
         sock.send(data.encode())
-        endpoint, upstream_port, body = _parse_echo(sock.recv(65535))
+        endpoint, upstream_port, body = _parse_answer(sock.recv(65535))
         return {"endpoint": endpoint, "upstream_port": upstream_port, "data": body.decode()}
 
 

@@ -21,7 +21,6 @@ from lab.procs import CommandError, run
 from lab.servers import WHOAMI_NAME
 
 PROBE = str(Path(__file__).with_name("probe.py"))
-PEER_PROBE = str(Path(__file__).with_name("peer_probe.py"))
 CONNECT_TIMEOUT = 2.0
 
 
@@ -100,26 +99,17 @@ def dns(client: Pod, ip: IPAddress | str, port: int = 53, tcp: bool = False,
 
 def probe(client: Pod, *args: str) -> dict:
     """One probe.py run; its JSON answer."""
-    return _script_answer(client, PROBE, args)
-
-
-def peer_probe(client: Pod, *args: str) -> dict:
-    """One peer_probe.py run; its JSON answer."""
-    return _script_answer(client, PEER_PROBE, args)
-
-
-def _script_answer(client: Pod, script: str, args: tuple[str, ...]) -> dict:
-    done = _run_in(client, [sys.executable, script, *args])
+    done = _run_in(client, [sys.executable, PROBE, *args])
     try:
         return json.loads(done.stdout.splitlines()[-1])
     except (IndexError, ValueError) as err:
-        raise CommandError(f"{Path(script).name} {' '.join(args)} printed no answer: "
+        raise CommandError(f"probe.py {' '.join(args)} printed no answer: "
                            f"{done.stderr.strip()[-500:]}") from err
 
 
 @dataclass(frozen=True)
 class PeerAnswer:
-    """One exchange with lab/whoami_server.py (peer_probe.py ask)."""
+    """One exchange with lab/peer_server.py (probe.py ask)."""
 
     pod: str
     seen_as: IPAddress  # the client's address as the pod saw it
@@ -164,14 +154,14 @@ def ask(client: Pod, ip: IPAddress | str, port: int, attempts: int = 1, udp: boo
         connected: bool = False, source: IPAddress | None = None,
         timeout: float = CONNECT_TIMEOUT, until_failure: bool = False) -> PeerSample:
     """`attempts` new sockets from `client` each ask the whoami server behind
-    ip:port once (peer_probe.py ask); with `until_failure`, none after the
+    ip:port once (probe.py ask); with `until_failure`, none after the
     first that failed (the sample counts the attempts not made as failed)."""
     args = ["ask", str(ip), str(port), "--count", str(attempts), "--timeout", str(timeout),
             *(["--until-failure"] if until_failure else []),
             *(["--udp"] if udp else []), *(["--connected"] if connected else []),
             *(["--source", str(source)] if source is not None else [])]
     sample = PeerSample(attempts)
-    for answer in peer_probe(client, *args)["answers"]:
+    for answer in probe(client, *args)["answers"]:
         if not answer["ok"]:
             sample.errors.append(answer["errno"])
             sample.seconds.append(answer["seconds"])

@@ -6,7 +6,7 @@ outside the node to node ports, ExternalIPs and LB IPs.
     fd00:192::10, ::20/64              fd00:192::1, ::2/64
     routes to the ExternalIP/LB        10.244.1.1/24   ---veth---   10.244.1.{2,3}/24
     networks via the node only         fd00:244:1::1/64             fd00:244:1::{2,3}/64
-                                       forwarding on                peer_echo.py on each
+                                       forwarding on                peer_server.py on each
 
 No namespace has a route anywhere else: a packet the table does not
 translate dies in the node (no route), so nothing leaves the lab. The
@@ -16,7 +16,6 @@ Everything is removed on exit, also when a test fails.
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import socket
 import sys
@@ -28,6 +27,7 @@ from kpng_py.model import IPAddress
 from lab.names import unique_name
 from lab.netns import NetNS, netns
 from lab.netns_worker import NetnsWorker
+from lab.probe import ask_once
 from lab.procs import in_namespace, start_ready
 
 ip = ipaddress.ip_address
@@ -96,8 +96,8 @@ def nodeport_lab() -> Iterator[NodePortLab]:
         _wire(ext, node, pod)
         specs = [f"{proto}:[{a}]:{port}" for family in (4, 6) for a in PODS[family]
                  for proto, port in SERVED]
-        server = start_ready(in_namespace(pod.name, [sys.executable, "-m", "lab.peer_echo",
-                                                     *specs]), "the pods' peer_echo servers")
+        server = start_ready(in_namespace(pod.name, [sys.executable, "-m", "lab.peer_server",
+                                                     *specs]), "the pods' peer_server")
         stack.callback(server.wait, 10)
         stack.callback(server.kill)
         outside = NetnsWorker(ext.name)
@@ -109,63 +109,35 @@ def nodeport_lab() -> Iterator[NodePortLab]:
 
 @dataclass(frozen=True)
 class Answer:
-    """What a probe got: the server's line (`served` address, `peer` it saw),
-    or an `error` (refused, timeout, unreachable, ...)."""
+    """What a probe got: lab/peer_server.py's line (the `served` address,
+    the peer it saw), or an `error` (ECONNREFUSED, timeout, EHOSTUNREACH, ...)."""
 
     served: str = ""
-    peer: str = ""
+    peer_ip: IPAddress | None = None
     error: str = ""
 
-    @property
-    def peer_ip(self) -> IPAddress:
-        return ip(self.peer.rsplit(":", 1)[0].strip("[]"))
-
     @classmethod
-    def parse(cls, line: bytes) -> Answer:
-        served, peer = line.decode().split()
-        return cls(served, peer)
-
-
-def _error(err: OSError) -> Answer:
-    if isinstance(err, (socket.timeout, TimeoutError)):
-        return Answer(error="timeout")
-    if err.errno == errno.ECONNREFUSED:
-        return Answer(error="refused")
-    return Answer(error=errno.errorcode.get(err.errno or 0, str(err)))
-
-
-def _socket(kind: int, dst: IPAddress, src: IPAddress | None, sport: int,
-            timeout: float) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if dst.version == 6 else socket.AF_INET, kind)
-    sock.settimeout(timeout)
-    if src is not None or sport:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((str(src) if src is not None else "", sport))
-    return sock
+    def of(cls, result: dict) -> Answer:
+        """From probe.ask_once's result."""
+        if not result["ok"]:
+            return cls(error=result["errno"])
+        return cls(result["pod"], ip(result["seen_as"][0]))
 
 
 def tcp_probe(dst: IPAddress, port: int, src: IPAddress | None = None,
               timeout: float = 2.0) -> Answer:
     """Connect, read the server's line, close. Run it in the ext worker."""
-    with _socket(socket.SOCK_STREAM, dst, src, 0, timeout) as sock:
-        try:
-            sock.connect((str(dst), port))
-            return Answer.parse(sock.makefile("rb").readline())
-        except OSError as err:
-            return _error(err)
+    return Answer.of(ask_once(str(dst), port, udp=False, connected=False,
+                              source=None if src is None else str(src), timeout=timeout))
 
 
 def udp_probe(dst: IPAddress, port: int, src: IPAddress | None = None, sport: int = 0,
               timeout: float = 2.0) -> Answer:
     """One datagram from a connected socket (so that an ICMP error shows as
     ECONNREFUSED) and its answer. Run it in the ext worker."""
-    with _socket(socket.SOCK_DGRAM, dst, src, sport, timeout) as sock:
-        try:
-            sock.connect((str(dst), port))
-            sock.send(b"ping")
-            return Answer.parse(sock.recv(4096))
-        except OSError as err:
-            return _error(err)
+    return Answer.of(ask_once(str(dst), port, udp=True, connected=True,
+                              source=None if src is None else str(src), timeout=timeout,
+                              source_port=sport))
 
 
 class Connection:
@@ -173,10 +145,9 @@ class Connection:
     ext worker."""
 
     def __init__(self, dst: IPAddress, port: int, timeout: float = 2.0) -> None:
-        self._sock = _socket(socket.SOCK_STREAM, dst, None, 0, timeout)
-        self._sock.connect((str(dst), port))
+        self._sock = socket.create_connection((str(dst), port), timeout)
         self._file = self._sock.makefile("rb")
-        self.greeting = Answer.parse(self._file.readline())
+        self._file.readline()  # peer_server's line comes first
 
     def echo(self, text: str) -> str:
         self._sock.sendall(text.encode() + b"\n")

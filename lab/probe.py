@@ -1,21 +1,32 @@
-"""Socket-level clients for what curl, dig and socat cannot show: errno and
-timing of a rejected connect, recvfrom/getpeername addresses, one UDP socket
-kept across an endpoint replacement, a long-lived connection across a backend
-restart. Runs inside a pod (standard library only) and prints JSON.
+"""The lab's client for what curl, dig and socat cannot show: errno and
+timing of a rejected connect, recvfrom/getpeername addresses, which pod
+answered and the client address it saw, one UDP socket kept across an
+endpoint replacement, a long-lived connection across a backend restart, a
+health check's headers. Runs inside a pod or namespace (standard library
+only) and prints JSON.
 
     probe.py connect HOST PORT [--udp]         one connect (+ one exchange for UDP)
     probe.py udp-echo HOST PORT --size N [--connected]
+    probe.py ask HOST PORT [--udp] [--connected] [--source IP] [--count N] [--until-failure]
+        N new sockets (fewer with --until-failure: none after the first that
+        failed), each asks lab/peer_server.py once: which pod answered, the
+        client address that pod saw, getpeername() (TCP, connected UDP) and
+        the source recvfrom() names (UDP); or the errno and how long it took
+    probe.py http-get HOST PORT [--path P] [--source IP]
+        one GET (a health check): status, headers (lower-case names), body
     probe.py dns-follow HOST PORT [--connected]  until stdin closes: who answers
     probe.py http-loop HOST PORT ECHO_HOST ECHO_PORT  until stdin closes
 
 HOST may be an IPv4-mapped IPv6 address (`::ffff:10.96.0.10`): the socket is
-then AF_INET6, as a dual-stack application's would be.
+then AF_INET6, as a dual-stack application's would be. --source binds the
+socket to that local address first (the external client has two).
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import http.client
 import ipaddress
 import json
 import os
@@ -87,6 +98,64 @@ def udp_echo(host: str, port: int, size: int, connected: bool, timeout: float) -
             emit(ok=False, errno=_errno_name(err))
             return
     emit(ok=True, equal=reply == payload, size=len(reply), source=_addr(source), peer=peer)
+
+
+# -- peer_server's answers, health checks ----------------------------------
+def _bound_socket(host: str, kind: int, source: str | None, source_port: int,
+                  timeout: float) -> socket.socket:
+    sock = socket.socket(_family(host), kind)
+    sock.settimeout(timeout)
+    if source or source_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((source or "", source_port))
+    return sock
+
+
+def _peer_answer(answer: bytes) -> dict[str, Any]:
+    pod, ip, port = answer.split(b"\n", 1)[0].decode().split()
+    return {"pod": pod, "seen_as": [ip, int(port)]}
+
+
+def ask_once(host: str, port: int, udp: bool, connected: bool, source: str | None,
+             timeout: float, source_port: int = 0) -> dict[str, Any]:
+    """One exchange with lab/peer_server.py from a new socket (also called in
+    process, e.g. by lab/nodeport_lab.py's workers)."""
+    started = time.monotonic()
+    kind = socket.SOCK_DGRAM if udp else socket.SOCK_STREAM
+    try:
+        with _bound_socket(host, kind, source, source_port, timeout) as sock:
+            if udp and not connected:
+                sock.sendto(b"?\n", (host, port))
+                reply, origin = sock.recvfrom(65535)
+                return {"ok": True, **_peer_answer(reply), "source": _addr(origin),
+                        "seconds": time.monotonic() - started}
+            sock.connect((host, port))
+            peer = _addr(sock.getpeername())
+            if udp:
+                sock.send(b"?\n")
+            reply = sock.recv(65535)
+            return {"ok": True, **_peer_answer(reply), "peer": peer,
+                    "seconds": time.monotonic() - started}
+    except OSError as err:
+        return {"ok": False, "errno": _errno_name(err), "seconds": time.monotonic() - started}
+    except ValueError:  # not peer_server's line (another server answered)
+        return {"ok": False, "errno": "unexpected answer", "seconds": time.monotonic() - started}
+
+
+def http_get(host: str, port: int, path: str, source: str | None,
+             timeout: float) -> dict[str, Any]:
+    conn = http.client.HTTPConnection(host, port, timeout=timeout,
+                                      source_address=(source, 0) if source else None)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        body = response.read().decode(errors="replace")
+    except OSError as err:
+        return {"ok": False, "errno": _errno_name(err)}
+    finally:
+        conn.close()
+    return {"ok": True, "status": response.status, "body": body,
+            "headers": {k.lower(): v for k, v in response.getheaders()}}
 
 
 # -- DNS (just enough for one TXT question) --------------------------------
@@ -253,6 +322,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=2000)
     p.add_argument("--connected", action="store_true")
     p.add_argument("--timeout", type=float, default=2.0)
+    for name in ("ask", "http-get"):
+        p = sub.add_parser(name)
+        p.add_argument("host")
+        p.add_argument("port", type=int)
+        p.add_argument("--source")
+        p.add_argument("--timeout", type=float, default=2.0)
+        if name == "ask":
+            p.add_argument("--udp", action="store_true")
+            p.add_argument("--connected", action="store_true")
+            p.add_argument("--count", type=int, default=1)
+            p.add_argument("--until-failure", action="store_true")
+        else:
+            p.add_argument("--path", default="/healthz")
     p = sub.add_parser("dns-follow")
     p.add_argument("host")
     p.add_argument("port", type=int)
@@ -270,6 +352,16 @@ def main(argv: list[str] | None = None) -> int:
         connect(args.host, args.port, args.udp, args.timeout)
     elif args.command == "udp-echo":
         udp_echo(args.host, args.port, args.size, args.connected, args.timeout)
+    elif args.command == "ask":
+        answers = []
+        for _ in range(args.count):
+            answers.append(ask_once(args.host, args.port, args.udp, args.connected, args.source,
+                                    args.timeout))
+            if args.until_failure and not answers[-1]["ok"]:
+                break
+        emit(answers=answers)
+    elif args.command == "http-get":
+        emit(**http_get(args.host, args.port, args.path, args.source, args.timeout))
     elif args.command == "dns-follow":
         dns_follow(args.host, args.port, args.name, args.connected, args.interval)
     else:

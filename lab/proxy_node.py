@@ -4,7 +4,7 @@ that runs on the node (the userspace backend's tests and throughput bench).
     client (10.244.0.2, fd00:10:244::2) --veth-- node --veth-- server
     routes 10.96.0.0/16 and fd00:10:96::/112     (10.244.1.10-12 and
     to the node                                   fd00:10:244:1::10-12,
-                                                  echo_server on ENDPOINT_PORT)
+                                                  peer_server on ENDPOINT_PORT)
 
 The node runs the userspace backend (`lab.node_driver`), fed ServicePortChanges built
 from model objects; `lab.client_agent` is the client. No namespace has a route
@@ -81,8 +81,10 @@ def cluster() -> Iterator[ClientNodeServer]:
         _link(node, server, "s0", ("10.244.1.1/24", "fd00:10:244:1::1/64"),
               tuple(f"{ip}/24" for ip in SERVER_V4) + tuple(f"{ip}/64" for ip in SERVER_V6))
         the_cluster = ClientNodeServer(node, client, server)
-        echo = start_ready(the_cluster.python(server, "lab.echo_server", str(ENDPOINT_PORT),
-                                              *SERVER_V4, *SERVER_V6), "echo_server", cwd=REPO)
+        specs = [f"{proto}:[{ip}]:{ENDPOINT_PORT}" for ip in (*SERVER_V4, *SERVER_V6)
+                 for proto in ("tcp", "udp")]
+        echo = start_ready(the_cluster.python(server, "lab.peer_server", *specs), "peer_server",
+                           cwd=REPO)
         stack.callback(_stop, echo)
         yield the_cluster
 

@@ -16,12 +16,20 @@ run's work directory; no system configuration or service is used.
 from __future__ import annotations
 
 import enum
+import sys
 from pathlib import Path
 
 from lab.cluster import Cluster, Pod
 from lab.procs import Proc, in_namespace, run, wait_until
 
 WHOAMI_NAME = "whoami.e2e"
+PEER_SERVER = str(Path(__file__).with_name("peer_server.py"))
+
+
+def peer_server_command(pod: str, port: int) -> list[str]:
+    """lab/peer_server.py answering as `pod` on TCP and UDP `port`, both
+    families (the NodePort topology's "whoami" servers)."""
+    return [sys.executable, PEER_SERVER, "--name", pod, f"tcp:[::]:{port}", f"udp:[::]:{port}"]
 
 
 class ContainerPort(str, enum.Enum):

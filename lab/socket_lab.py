@@ -4,7 +4,7 @@ and a pods namespace with servers on every backend address.
 
     client netns (in the test cgroup)          pods netns
     10.244.0.1/24  fd00:244::1/64  ---veth---  10.244.0.{2..}  fd00:244::{2..}
-    no default route: a VIP that escapes        address_servers.py on every
+    no default route: a VIP that escapes        peer_server.py on every
     translation fails with ENETUNREACH          backend address
 
 The client netns has no route out, so traffic to an untranslated ClusterIP
@@ -128,8 +128,8 @@ def _start_servers(pods: NetNS) -> subprocess.Popen:
     specs = [f"{proto}:[{backend_ip(i, family)}]:{port}"
              for i in range(1, BACKEND_COUNT + 1) for family in (4, 6)
              for proto, port in SERVED]
-    return start_ready(pods.exec_args(sys.executable, str(HERE / "address_servers.py"), *specs),
-                       "address_servers.py")
+    return start_ready(pods.exec_args(sys.executable, str(HERE / "peer_server.py"), *specs),
+                       "peer_server.py")
 
 
 @contextmanager

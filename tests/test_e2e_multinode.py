@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import errno
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,11 +17,11 @@ from lab.cluster import families_of_mode
 from lab.multinode import MultiNodeCluster, vip
 from lab.names import RunNames
 from lab.procs import in_namespace, run, wait_until
+from lab.servers import peer_server_command
 from tests.support.kernel import require_root_bpf
 
 pytestmark = pytest.mark.kernel
 
-WHOAMI = str(Path(__file__).resolve().parents[1] / "lab" / "whoami_server.py")
 PORT = 7100
 UNREACHABLE = (errno.errorcode[errno.EHOSTUNREACH], errno.errorcode[errno.EACCES])
 
@@ -63,7 +61,7 @@ def test_two_nodes_and_an_external_client():
         cluster.build([["n1-a"], ["n2-a"]])
         a, b = cluster.pods["n1-a"], cluster.pods["n2-a"]
         for pod in (a, b):
-            cluster.spawn_in_pod(pod, "whoami", [sys.executable, WHOAMI, pod.name, str(PORT)])
+            cluster.spawn_in_pod(pod, "whoami", peer_server_command(pod.name, PORT))
             wait_until(f"whoami in {pod.name}", lambda p=pod: _listening(p.netns), 10.0)
         external = cluster.external
         assert external is not None

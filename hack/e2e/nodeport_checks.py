@@ -442,7 +442,7 @@ def _health(t: CheckRun, node: Node, family: Family, code: int, local_endpoints:
         return None if body == want_body else f"body {body}, expected {want_body}"
 
     t.eventually(f"GET http://{host_literal(node.ip(family))}:{HEALTH_PORT}/any/path on "
-                 f"{node.name}", lambda: clients.peer_probe(
+                 f"{node.name}", lambda: clients.probe(
                      _env(t).client, "http-get", str(node.ip(family)), str(HEALTH_PORT),
                      "--path", "/any/path"), problem)
 

@@ -5,17 +5,15 @@ and an external client on the network (lab/multinode.py, docs/e2e.md).
     node1: n1-srv0, n1-srv1, n1-client     node2: n2-srv0, n2-srv1, n2-client
     ext:   the external client (routes: the network, the VIP range via node1)
 
-Every server pod runs the servers of lab/servers.py and lab/whoami_server.py
+Every server pod runs the servers of lab/servers.py and lab/peer_server.py
 (TCP and UDP WHOAMI_PORT: the pod's name and the client address it saw).
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from e2e.proxy import BackendKind, ControlPlane, Seat
 from e2e.statefile import ClusterState, ServiceSpec
@@ -26,12 +24,11 @@ from lab.multinode import MultiNodeCluster, Node, node_names
 from lab.names import RunNames
 from lab.pods import PodNetworkError
 from lab.procs import in_namespace, run, wait_until
-from lab.servers import start_servers, wait_listening
+from lab.servers import peer_server_command, start_servers, wait_listening
 
 log = logging.getLogger("e2e")
 
 WHOAMI_PORT = 7100
-WHOAMI = str(Path(__file__).resolve().parents[2] / "lab" / "whoami_server.py")
 NODE_COUNT = 2
 SERVERS_PER_NODE = 2
 
@@ -97,8 +94,8 @@ def build(cluster: MultiNodeCluster) -> None:
     servers = [p for p in cluster.pods.values() if "-srv" in p.name]
     for pod in servers:
         running = start_servers(cluster, pod)  # type: ignore[arg-type]
-        running.append(cluster.spawn_in_pod(pod, "whoami", [sys.executable, WHOAMI, pod.name,
-                                                            str(WHOAMI_PORT)]))
+        running.append(cluster.spawn_in_pod(pod, "whoami",
+                                            peer_server_command(pod.name, WHOAMI_PORT)))
         wait_listening(pod, running)
         wait_until(f"whoami server of {pod.name}", lambda p=pod: _whoami_listening(p), 10.0)
     for family in cluster.families:

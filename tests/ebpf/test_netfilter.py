@@ -130,10 +130,10 @@ def test_n1_only_the_allowed_node_addresses_answer_and_they_follow_changes(
     try:
         node.full(service(endpoints=both_families(1)))
         assert served_ip(outside(the_lab, tcp_probe, NODE_OUTSIDE[family], NODE_PORT))
-        assert outside(the_lab, tcp_probe, NODE_OUTSIDE_2[family], NODE_PORT).error == "refused"
+        assert outside(the_lab, tcp_probe, NODE_OUTSIDE_2[family], NODE_PORT).error == "ECONNREFUSED"
         node.call("set_node_addresses", [NODE_OUTSIDE_2[4], NODE_OUTSIDE_2[6]])
         assert served_ip(outside(the_lab, tcp_probe, NODE_OUTSIDE_2[family], NODE_PORT))
-        assert outside(the_lab, tcp_probe, NODE_OUTSIDE[family], NODE_PORT).error == "refused"
+        assert outside(the_lab, tcp_probe, NODE_OUTSIDE[family], NODE_PORT).error == "ECONNREFUSED"
     finally:
         node.call("cleanup")
 
@@ -150,7 +150,7 @@ def test_n5_a_removed_service_stops_at_once(node: OnNode) -> None:
     node.full(web)
     assert served_ip(outside(node.lab, tcp_probe, virtual_ip(7), 80))
     node.apply(removed=(web,))
-    assert outside(node.lab, tcp_probe, NODE_OUTSIDE[4], NODE_PORT).error == "refused"
+    assert outside(node.lab, tcp_probe, NODE_OUTSIDE[4], NODE_PORT).error == "ECONNREFUSED"
     # Not translated any more: the node has no route for the ExternalIP.
     assert outside(node.lab, tcp_probe, virtual_ip(7), 80).error in ("EHOSTUNREACH",
                                                                      "ENETUNREACH")
@@ -165,7 +165,7 @@ def test_n6_without_endpoints_node_port_external_ip_and_lb_ip_refuse(
                       load_balancer_ips=(virtual_ip(8, family),)))
     for target, port in ((NODE_OUTSIDE[family], NODE_PORT), (virtual_ip(7, family), 80),
                          (virtual_ip(8, family), 80)):
-        assert outside(node.lab, probe, target, port).error == "refused", target
+        assert outside(node.lab, probe, target, port).error == "ECONNREFUSED", target
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -306,7 +306,7 @@ def test_cleanup_removes_the_table_and_a_namespace_without_one_is_left_alone(
     assert node.call("cleanup") is True
     assert node.call("describe") == []
     assert node.call("cleanup") is False
-    assert outside(the_lab, tcp_probe, NODE_OUTSIDE[4], NODE_PORT).error == "refused"
+    assert outside(the_lab, tcp_probe, NODE_OUTSIDE[4], NODE_PORT).error == "ECONNREFUSED"
 
 
 def test_a_first_change_set_that_is_not_full_is_refused_with_the_fix(
@@ -379,7 +379,7 @@ def test_n17_a_udp_client_refused_before_the_service_existed_reaches_it_after(
     client = CLIENTS[family][0]
     # Delivered to the node, refused, and confirmed in conntrack untranslated.
     assert outside(node.lab, udp_probe, NODE_OUTSIDE[family], NODE_PORT, src=client,
-                   sport=40001).error == "refused"
+                   sport=40001).error == "ECONNREFUSED"
     node.apply(added=(service(protocol=Protocol.UDP, endpoints=pods(family, count=1)),))
     assert served_ip(outside(node.lab, udp_probe, NODE_OUTSIDE[family], NODE_PORT,
                              src=client, sport=40001)) == PODS[family][0]

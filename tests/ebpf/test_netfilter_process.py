@@ -126,7 +126,7 @@ def test_a_node_port_from_outside_survives_a_restart_and_cleanup_removes_it(
     removed = processes.command("ebpf", "cleanup", "--bpffs-dir", str(processes.bpffs_dir),
                                 "--cgroup", str(processes.group))
     assert "removed the nftables table inet kpng-py" in removed
-    assert lab.outside.call(tcp_probe, NODE_OUTSIDE[4], NODE_PORT).error == "refused"
+    assert lab.outside.call(tcp_probe, NODE_OUTSIDE[4], NODE_PORT).error == "ECONNREFUSED"
 
 
 def _health_check(url: str) -> tuple[int, dict, dict]:
