@@ -179,6 +179,10 @@ def add_pod_netns(pod: Pod, node_netns: str, bridge: str, veth: str,
     ip_batch(node_netns, [
         f"link add {veth} type veth peer name eth0 netns {pod.netns}",
         f"link set {veth} master {bridge} up",
+        # As kubelet's hairpin-veth mode: a pod's packet that the node sends
+        # back to it (a NodePort or LB IP hairpin, N16) may leave by the port
+        # it came in by, also when br_netfilter NATs it on the bridge.
+        f"link set {veth} type bridge_slave hairpin on",
     ])
     commands = ["link set lo up", "link set eth0 up"]
     for plan in plans:

@@ -1,110 +1,98 @@
-"""A throwaway node for the netfilter table's kernel tests: traffic from
-outside the node to node ports, ExternalIPs and LB IPs.
+"""The netfilter table's kernel-test lab: the NodePort topology
+(lab/multinode.py) with one node, two pods and the external client, and a
+worker in the client's and in the node's namespace, so that a test runs the
+table (libnftables, conntrack) in the node and its client sockets outside,
+in process.
 
-    ext netns (the "outside")          node netns (the table)        pod netns
-    192.0.2.10, .20/24   ---veth---    192.0.2.1, .2/24
-    fd00:192::10, ::20/64              fd00:192::1, ::2/64
-    routes to the ExternalIP/LB        10.244.1.1/24   ---veth---   10.244.1.{2,3}/24
-    networks via the node only         fd00:244:1::1/64             fd00:244:1::{2,3}/64
-                                       forwarding on                peer_server.py on each
+    ext (the "outside")     -- network bridge --  node1 (the table)  -- pods n1-a, n1-b
+    172.18.0.100, .101                            172.18.0.11, .21      10.244.1.x
+    fd00:172:18::100, ::101                       fd00:172:18::11, ::21 fd00:10:244:1::x
+    the VIP range via node1                       prohibit VIP range    peer_server.py
 
-No namespace has a route anywhere else: a packet the table does not
-translate dies in the node (no route), so nothing leaves the lab. The
-servers tell who they saw (the client, or the node when masqueraded).
-Everything is removed on exit, also when a test fails.
+No namespace has a route out of the lab (multinode.py): a packet the table
+does not translate dies in the node. The servers tell who they saw (the
+client, or the node when masqueraded). Everything is removed on exit, also
+when a test fails.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+import subprocess
 import sys
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
 from kpng_py.model import IPAddress
-from lab.names import unique_name
-from lab.netns import NetNS, netns
+from lab import teardown
+from lab.cluster import Family, ip_batch, nodad
+from lab.multinode import EXTERNAL, NETWORK, MultiNodeCluster, node_plan, vip
+from lab.names import RunNames
 from lab.netns_worker import NetnsWorker
 from lab.probe import ask_once
-from lab.procs import in_namespace, start_ready
+from lab.procs import start_ready
+from lab.servers import PEER_SERVER
 
 ip = ipaddress.ip_address
-
-CLIENTS = {4: (ip("192.0.2.10"), ip("192.0.2.20")), 6: (ip("fd00:192::10"), ip("fd00:192::20"))}
-NODE_OUTSIDE = {4: ip("192.0.2.1"), 6: ip("fd00:192::1")}
-# A second node address on the outside link (for --nodeport-addresses).
-NODE_OUTSIDE_2 = {4: ip("192.0.2.2"), 6: ip("fd00:192::2")}
-NODE_POD_SIDE = {4: ip("10.244.1.1"), 6: ip("fd00:244:1::1")}
-PODS = {4: (ip("10.244.1.2"), ip("10.244.1.3")), 6: (ip("fd00:244:1::2"), ip("fd00:244:1::3"))}
-# Addresses no interface has: ExternalIPs and LB IPs, routed to the node by the outside.
-VIRTUAL_NETS = {4: "198.51.100.0/24", 6: "fd00:198::/64"}
-PREFIX = {4: 24, 6: 64}
+FAMILIES = (Family.IPV4, Family.IPV6)
+POD_NAMES = ("n1-a", "n1-b")
 # Every pod address serves these (protocol, port).
 SERVED = (("tcp", 8080), ("udp", 8080), ("udp", 5353))
+# A second address of the node on the network (for --nodeport-addresses).
+_SECOND_NODE_HOST = 21
+
+
+CLIENTS = {f.version: (NETWORK[f][100], NETWORK[f][101]) for f in FAMILIES}
+NODE_OUTSIDE = {f.version: NETWORK[f][11] for f in FAMILIES}
+NODE_OUTSIDE_2 = {f.version: NETWORK[f][_SECOND_NODE_HOST] for f in FAMILIES}
+NODE_POD_SIDE = {f.version: node_plan(f, 1).gateway for f in FAMILIES}
+PODS = {f.version: tuple(node_plan(f, 1).pod_ip(i) for i in range(len(POD_NAMES)))
+        for f in FAMILIES}
 
 
 def virtual_ip(index: int, family: int = 4) -> IPAddress:
-    return ip(f"198.51.100.{index}") if family == 4 else ip(f"fd00:198::{index}")
+    """An address no interface has (an ExternalIP or LB IP), routed to the
+    node by the outside."""
+    return vip(Family.IPV4 if family == 4 else Family.IPV6, index)
 
 
 @dataclass
 class NodePortLab:
-    ext: NetNS
-    node: NetNS
-    pod: NetNS
+    node_netns: str
+    pod_netns: str  # the first pod's (PODS[f][0])
     outside: NetnsWorker  # runs client sockets in ext
-    on_node: NetnsWorker  # runs the table (libnftables, conntrack) in node
-
-
-def _veth(left: NetNS, right: NetNS) -> tuple[str, str]:
-    a, b = unique_name("vn"), unique_name("vp")
-    left.ip("link", "add", a, "type", "veth", "peer", "name", b, "netns", right.name)
-    left.ip("link", "set", a, "up")
-    right.ip("link", "set", b, "up")
-    return a, b
-
-
-def _address(ns: NetNS, link: str, address: IPAddress) -> None:
-    # nodad: an IPv6 address usable at once, not after duplicate detection.
-    extra = ["nodad"] if address.version == 6 else []
-    ns.ip("addr", "add", f"{address}/{PREFIX[address.version]}", "dev", link, *extra)
-
-
-def _wire(ext: NetNS, node: NetNS, pod: NetNS) -> None:
-    ext_link, node_outside = _veth(ext, node)
-    node_pods, pod_link = _veth(node, pod)
-    for family in (4, 6):
-        for client in CLIENTS[family]:
-            _address(ext, ext_link, client)
-        _address(node, node_outside, NODE_OUTSIDE[family])
-        _address(node, node_outside, NODE_OUTSIDE_2[family])
-        _address(node, node_pods, NODE_POD_SIDE[family])
-        for address in PODS[family]:
-            _address(pod, pod_link, address)
-        flag = ["-6"] if family == 6 else []
-        ext.ip(*flag, "route", "add", VIRTUAL_NETS[family], "via", str(NODE_OUTSIDE[family]))
-        pod.ip(*flag, "route", "add", "default", "via", str(NODE_POD_SIDE[family]))
-    node.run("sysctl", "-q", "-w", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
+    on_node: NetnsWorker  # runs the table (libnftables, conntrack) in the node
 
 
 @contextmanager
 def nodeport_lab() -> Iterator[NodePortLab]:
-    with ExitStack() as stack:
-        ext, node, pod = (stack.enter_context(netns("kpnf")) for _ in range(3))
-        _wire(ext, node, pod)
-        specs = [f"{proto}:[{a}]:{port}" for family in (4, 6) for a in PODS[family]
-                 for proto, port in SERVED]
-        server = start_ready(in_namespace(pod.name, [sys.executable, "-m", "lab.peer_server",
-                                                     *specs]), "the pods' peer_server")
-        stack.callback(server.wait, 10)
-        stack.callback(server.kill)
-        outside = NetnsWorker(ext.name)
-        stack.callback(outside.close)
-        on_node = NetnsWorker(node.name)
-        stack.callback(on_node.close)
-        yield NodePortLab(ext, node, pod, outside, on_node)
+    names = RunNames.for_this_process()
+    cluster = MultiNodeCluster(names, FAMILIES, names.make_workdir())
+    workers: list[NetnsWorker] = []
+    servers: list[subprocess.Popen[str]] = []
+    try:
+        cluster.build([POD_NAMES])
+        node = cluster.nodes[0]
+        ip_batch(node.netns, [f"addr add {NODE_OUTSIDE_2[f.version]}/{NETWORK[f].prefixlen} "
+                              f"dev eth0{nodad(f)}" for f in FAMILIES])
+        for pod in cluster.pods.values():
+            specs = [f"{proto}:[{pod.ip(f)}]:{port}" for f in FAMILIES for proto, port in SERVED]
+            servers.append(start_ready(pod.command([sys.executable, PEER_SERVER, *specs]),
+                                       f"{pod.name}'s peer_server"))
+        workers.append(NetnsWorker(cluster.names.netns(EXTERNAL)))
+        workers.append(NetnsWorker(node.netns))
+        yield NodePortLab(node.netns, cluster.pods[POD_NAMES[0]].netns, *workers)
+    finally:
+        for worker in workers:
+            worker.close()
+        for server in servers:
+            server.kill()
+            server.wait(10)
+        problems = teardown.remove_run(names)
+        if problems:
+            raise RuntimeError(f"the netfilter lab left {', '.join(problems)}")
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ class NodeProcesses:
         self.started: list[Proc] = []
 
     def spawn(self, name: str, *args: str) -> Proc:
-        proc = spawn(name, in_namespace(self.lab.node.name, [KPNG_PY, *args]),
+        proc = spawn(name, in_namespace(self.lab.node_netns, [KPNG_PY, *args]),
                      self.work / f"{name}.log")
         self.started.append(proc)
         return proc
@@ -83,7 +83,7 @@ class NodeProcesses:
         return proc
 
     def command(self, *args: str) -> str:
-        return run(in_namespace(self.lab.node.name, [KPNG_PY, *args])).stdout
+        return run(in_namespace(self.lab.node_netns, [KPNG_PY, *args])).stdout
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_a_node_port_from_outside_survives_a_restart_and_cleanup_removes_it(
         processes: NodeProcesses) -> None:
     lab = processes.lab
     first = processes.backend("backend-1")
-    assert lab.outside.call(tcp_probe, NODE_OUTSIDE[4], NODE_PORT).served == "10.244.1.2:8080"
+    assert lab.outside.call(tcp_probe, NODE_OUTSIDE[4], NODE_PORT).served == f"{PODS[4][0]}:8080"
     dump = processes.command("ebpf", "dump", "--bpffs-dir", str(processes.bpffs_dir))
     assert (f"nftables service-nodeports4: tcp . {NODE_PORT} -> goto "
             "svc4-default/web/http/tcp") in dump
