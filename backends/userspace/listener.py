@@ -23,7 +23,7 @@ class Listener:
 
     def __init__(self, ctx: ProxyContext, name: str, address: IPAddress, port: int,
                  pickers: FrontendPickers, tally: Tally,
-                 source_ranges: tuple[IPNetwork, ...] | None = None) -> None:
+                 source_ranges: tuple[IPNetwork, ...] | None) -> None:
         self._ctx = ctx
         self._tally = tally
         self._loop = ctx.loop
@@ -54,7 +54,7 @@ class Listener:
         return self.pickers.for_client(client)
 
     def update(self, cluster: tuple[Endpoint, ...], external: tuple[Endpoint, ...] | None,
-               source_ranges: tuple[IPNetwork, ...] | None = None) -> set[Endpoint]:
+               source_ranges: tuple[IPNetwork, ...] | None) -> set[Endpoint]:
         """New endpoints for new flows and who may connect; the endpoints
         that went."""
         gone = self.pickers.update(cluster, external)

@@ -165,7 +165,7 @@ class TcpListener(Listener):
 
     def __init__(self, ctx: ProxyContext, name: str, address: IPAddress, port: int,
                  pickers: FrontendPickers, tally: Tally,
-                 source_ranges: tuple[IPNetwork, ...] | None = None) -> None:
+                 source_ranges: tuple[IPNetwork, ...] | None) -> None:
         super().__init__(ctx, name, address, port, pickers, tally, source_ranges)
         self._connecting: set[asyncio.Task] = set()
 

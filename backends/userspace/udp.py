@@ -51,7 +51,7 @@ class UdpListener(Listener):
 
     def __init__(self, ctx: ProxyContext, name: str, address: IPAddress, port: int,
                  pickers: FrontendPickers, tally: Tally,
-                 source_ranges: tuple[IPNetwork, ...] | None = None) -> None:
+                 source_ranges: tuple[IPNetwork, ...] | None) -> None:
         super().__init__(ctx, name, address, port, pickers, tally, source_ranges)
         self._sessions: dict[ClientAddress, _Session] = {}
         # One receive buffer for the listener and its sessions: the loop runs
@@ -60,7 +60,7 @@ class UdpListener(Listener):
         self._view = memoryview(self._buffer)
 
     def update(self, cluster: tuple[Endpoint, ...], external: tuple[Endpoint, ...] | None,
-               source_ranges: tuple[IPNetwork, ...] | None = None) -> set[Endpoint]:
+               source_ranges: tuple[IPNetwork, ...] | None) -> set[Endpoint]:
         """Sessions to endpoints that went end: the client's next datagram
         opens one to a live endpoint."""
         gone = super().update(cluster, external, source_ranges)
