@@ -36,7 +36,7 @@ _PREFIX_SIZE = ServiceKey.slot.offset
 # Packed entries, in native byte order as the maps hold them.
 _SERVICE_KEY = struct.Struct(f"={_PREFIX_SIZE}sH")  # prefix, slot
 _SLOT = struct.Struct("=H")
-_SERVICE_VALUE = struct.Struct("=IIII")  # id, count, affinity_timeout, flags
+_SERVICE_VALUE = struct.Struct("=IIIII")  # id, count, affinity_timeout, flags, affinity_group
 _SERVICE_ID = struct.Struct("=I")  # a backend id (the key of `backends`), a service id
 
 
@@ -109,16 +109,21 @@ class Programmed:
     slots: tuple[int, ...]  # backend id of slot i+1; 0 where a recovered slot was missing
     affinity_timeout: int
     kind_flag: int = 0  # maps.KIND_FLAGS of the frontend's kind
+    # With affinity: the service id of the first frontend of its service
+    # port and family (lb_maps.h); 0 without.
+    affinity_group: int = 0
 
     def master(self) -> ServiceValue:
         return ServiceValue(id=self.service_id, count=len(self.slots),
                             affinity_timeout=self.affinity_timeout,
                             flags=(maps.SVC_F_AFFINITY if self.affinity_timeout else 0)
-                            | self.kind_flag)
+                            | self.kind_flag, affinity_group=self.affinity_group)
 
     def same_master(self, other: Programmed) -> bool:
-        return (self.service_id, len(self.slots), self.affinity_timeout, self.kind_flag) == (
-            other.service_id, len(other.slots), other.affinity_timeout, other.kind_flag)
+        return (self.service_id, len(self.slots), self.affinity_timeout, self.kind_flag,
+                self.affinity_group) == (other.service_id, len(other.slots),
+                                         other.affinity_timeout, other.kind_flag,
+                                         other.affinity_group)
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,11 @@ class StoredFrontend:
     def affinity_timeout(self) -> int:
         """The timeout the datapath applies: none without the affinity flag."""
         return self.master.affinity_timeout if self.master.flags & maps.SVC_F_AFFINITY else 0
+
+    @property
+    def affinity_group(self) -> int:
+        """The group the datapath keys affinity by: none without the flag."""
+        return self.master.affinity_group if self.master.flags & maps.SVC_F_AFFINITY else 0
 
     @property
     def kind(self) -> FrontendKind | None:
@@ -249,7 +259,8 @@ class Contents:
                           for backend_id in stored.backend_ids())
             strays += stored.slot_keys(s for s in stored.slots if s > stored.master.count)
             frontends[frontend] = Programmed(service_id, slots, stored.affinity_timeout,
-                                             stored.master.flags & maps.SVC_F_KINDS)
+                                             stored.master.flags & maps.SVC_F_KINDS,
+                                             stored.affinity_group)
             named.update((backend_id, self.backends[backend_id]) for backend_id in slots
                          if backend_id)
         unnamed: dict[FrontendKeys, list[int]] = {}
@@ -276,7 +287,7 @@ def read_contents(services: MapAccess[ServiceKey, ServiceValue],
                   backends: MapAccess[int, BackendValue]) -> Contents:
     """Both maps, read once each as packed entries: an object per frontend,
     none per slot or backend."""
-    masters: dict[bytes, tuple[int, int, int, int]] = {}
+    masters: dict[bytes, tuple[int, int, int, int, int]] = {}
     slots: dict[bytes, dict[int, int]] = {}
     keys, values = services.read_packed()
     for (prefix, slot), value in zip(_SERVICE_KEY.iter_unpack(keys),

@@ -130,6 +130,7 @@ def _service(stored: StoredFrontend, contents: Contents, by_ids: ByIds) -> dict:
         "servicePort": by_ids.names.get(stored.master.id),
         "count": stored.master.count,
         "affinityTimeoutSeconds": stored.affinity_timeout,
+        "affinityGroup": stored.affinity_group,
         "connections": counts.translated,
         "rejections": counts.rejected,
         "backends": [_slot(slot, backend_id, contents.backend(backend_id),
@@ -178,6 +179,8 @@ def format_text(dump: dict) -> str:
 def _frontend_lines(svc: dict, lead: str) -> list[str]:
     affinity = (f" affinity={svc['affinityTimeoutSeconds']}s"
                 if svc["affinityTimeoutSeconds"] else "")
+    if svc["affinityGroup"] not in (0, svc["serviceId"]):
+        affinity += f" (shared with service {svc['affinityGroup']})"
     state = f"{svc['count']} backends" if svc["count"] else "no endpoints: rejects"
     vip = format_host_port(ipaddress.ip_address(svc["vip"]), svc["port"])
     lines = [f"{lead}{vip}/{svc['protocol']} {svc['kind']} service {svc['serviceId']}: "

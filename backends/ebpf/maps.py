@@ -94,10 +94,11 @@ class ServiceKey(ct.Structure):
 
 
 class ServiceValue(ct.Structure):
-    """struct lb_service_value (16 bytes): a master entry or a slot."""
+    """struct lb_service_value (20 bytes): a master entry or a slot."""
 
     _fields_ = [("id", ct.c_uint32), ("count", ct.c_uint32),
-                ("affinity_timeout", ct.c_uint32), ("flags", ct.c_uint32)]
+                ("affinity_timeout", ct.c_uint32), ("flags", ct.c_uint32),
+                ("affinity_group", ct.c_uint32)]
 
 
 # Master entry flags (LB_SVC_F_*).
@@ -123,9 +124,10 @@ BackendKey = ct.c_uint32
 
 
 class BackendValue(ct.Structure):
-    """struct lb_backend (24 bytes)."""
+    """struct lb_backend (28 bytes)."""
 
-    _fields_ = [("addr", L4Addr), ("service_id", ct.c_uint32)]
+    _fields_ = [("addr", L4Addr), ("service_id", ct.c_uint32),
+                ("affinity_group", ct.c_uint32)]
 
 
 class RevNatKey(ct.Structure):
@@ -163,7 +165,7 @@ class NodeAddressValue(ct.Structure):
 class AffinityKey(ct.Structure):
     """struct lb_affinity_key (16 bytes)."""
 
-    _fields_ = [("netns_cookie", ct.c_uint64), ("service_id", ct.c_uint32),
+    _fields_ = [("netns_cookie", ct.c_uint64), ("affinity_group", ct.c_uint32),
                 ("pad", ct.c_uint32)]
 
 

@@ -65,7 +65,8 @@ ROUND_PORTS = 1024
 # Packed values, in the maps' native byte order: a u32 (a backend id, the
 # key of `backends`; a service id) and a slot (lb_service_value, id only).
 _U32 = struct.Struct("=I")
-_SLOT_VALUE = struct.Struct("=IIII")
+_SLOT_VALUE = struct.Struct("=IIIII")
+_BACKEND_OWNER = struct.Struct("=II")  # lb_backend's service_id, affinity_group
 _BACKEND_KEY_SIZE = _U32.size
 _SERVICE_KEY_SIZE = ct.sizeof(ServiceKey)
 
@@ -102,10 +103,15 @@ def frontends_of(port: ServicePort, keys: Sequence[FrontendKeys] | None = None) 
     }
 
 
-def backend_value(service_id: int, target: bytes) -> bytes:
+def backend_value(service_id: int, target: bytes, affinity_group: int) -> bytes:
     """The packed lb_backend of a (frontend, endpoint) pair: what identifies
     its backend id."""
-    return target + _U32.pack(service_id)
+    return target + _BACKEND_OWNER.pack(service_id, affinity_group)
+
+
+# The affinity group of a frontend that leads it (the group is its own
+# service id, allocated when it is programmed; see lb_maps.h).
+LEADS = None
 
 
 def assign_slots(previous: Sequence[int], wanted: Sequence[int]) -> list[int]:
@@ -489,10 +495,16 @@ class ServiceProgrammer:
                 problems.append((SkipReason.FRONTEND_CONFLICT, frontend,
                                  f"frontend {frontend} is already programmed for service port "
                                  f"{owner}, which keeps it"))
-        no_room = self._capacity_problem(fitting)
+        groups = self._affinity_groups(fitting)
+        no_room = self._capacity_problem(fitting, groups)
+        leaders: dict[int, int] = {}  # IP version -> the group's service id
         for frontend, spec in fitting.items():
             if not no_room:
-                self._program_frontend(frontend, spec, writes)
+                version = frontend.vip.ip.version
+                group = leaders.get(version, LEADS) if spec.affinity_timeout else 0
+                service_id = self._program_frontend(frontend, spec, writes, group)
+                if spec.affinity_timeout:
+                    leaders.setdefault(version, service_id)
             elif frontend in self._unnamed:  # kept as it was, without what no slot names
                 self._drop_unnamed(frontend, set(), writes)
             if frontend in self._frontends:  # programmed now, or kept as it was
@@ -512,7 +524,25 @@ class ServiceProgrammer:
         self._waiting[port.name] = Waiting(port, reported | {
             (reason, frontend) for reason, frontend, _ in problems})
 
-    def _capacity_problem(self, specs: FrontendSpecs) -> str:
+    def _affinity_groups(self, specs: FrontendSpecs) -> dict[FrontendKeys, int | None]:
+        """The affinity group each frontend of a port will have: 0 without
+        affinity; else the service id of the first frontend of its family,
+        None while that one has none yet (it is new)."""
+        leaders: dict[int, int | None] = {}
+        groups: dict[FrontendKeys, int | None] = {}
+        for frontend, spec in specs.items():
+            if not spec.affinity_timeout:
+                groups[frontend] = 0
+                continue
+            version = frontend.vip.ip.version
+            if version not in leaders:
+                old = self._frontends.get(frontend)
+                leaders[version] = old.service_id if old else None
+            groups[frontend] = leaders[version]
+        return groups
+
+    def _capacity_problem(self, specs: FrontendSpecs,
+                          groups: Mapping[FrontendKeys, int | None]) -> str:
         """Why the port does not fit, counting every entry this change set adds
         before it deletes any (the maps hold both during the update)."""
         services_needed = backends_needed = service_ids_needed = 0
@@ -524,10 +554,12 @@ class ServiceProgrammer:
             old_slots = len(old.slots) if old else 0
             services_needed += (0 if old else 1) + max(0, len(targets) - old_slots)
             service_ids_needed += 0 if old else 1
-            # A new frontend's service id is not allocated yet: none of its
-            # backends exists.
-            backends_needed += len(targets) if old is None else sum(
-                1 for t in targets if backend_value(old.service_id, t) not in self._backend_ids)
+            # A new frontend's service id (or a new group's) is not allocated
+            # yet: none of its backends exists.
+            group = groups[frontend]
+            backends_needed += len(targets) if old is None or group is None else sum(
+                1 for t in targets
+                if backend_value(old.service_id, t, group) not in self._backend_ids)
         for spec, used, needed, capacity in (
                 (maps.SERVICES, self.service_entries, services_needed, self._capacity.services),
                 (maps.BACKENDS, self.backend_entries, backends_needed, self._capacity.backends)):
@@ -542,18 +574,22 @@ class ServiceProgrammer:
                         f"from the next one, which retries the port")
         return ""
 
-    def _program_frontend(self, frontend: FrontendKeys, spec: FrontendSpec,
-                          writes: MapWrites) -> None:
+    def _program_frontend(self, frontend: FrontendKeys, spec: FrontendSpec, writes: MapWrites,
+                          affinity_group: int | None) -> int:
+        """Program one frontend (`affinity_group` LEADS: its own service id);
+        its service id."""
         old = self._frontends.get(frontend)
         service_id = old.service_id if old else self._service_ids.allocate()
-        wanted = [self._backend_id(service_id, target, writes) for target in spec.targets]
+        group = service_id if affinity_group is LEADS else affinity_group
+        wanted = [self._backend_id(service_id, target, group, writes)
+                  for target in spec.targets]
         previous = old.slots if old else ()
         slots = assign_slots(previous, wanted)
         for index, backend_id in enumerate(slots):
             if index >= len(previous) or previous[index] != backend_id:
                 writes.slot_keys += frontend.packed_key(index + 1)
-                writes.slot_values += _SLOT_VALUE.pack(backend_id, 0, 0, 0)
-        new = Programmed(service_id, tuple(slots), spec.affinity_timeout, spec.kind_flag)
+                writes.slot_values += _SLOT_VALUE.pack(backend_id, 0, 0, 0, 0)
+        new = Programmed(service_id, tuple(slots), spec.affinity_timeout, spec.kind_flag, group)
         if old is None or not old.same_master(new):
             writes.master_keys += frontend.packed_key(0)
             writes.master_values += bytes(new.master())
@@ -562,6 +598,7 @@ class ServiceProgrammer:
         self.service_entries += (0 if old else 1) + max(0, len(slots) - len(previous))
         self._frontends[frontend] = new
         self._drop_unnamed(frontend, set(previous) - set(slots) - {0}, writes)
+        return service_id
 
     def _drop_unnamed(self, frontend: FrontendKeys, also: set[int], writes: MapWrites) -> None:
         """Delete (in step 5) the frontend's backends no slot names: `also`
@@ -570,8 +607,9 @@ class ServiceProgrammer:
         for backend_id in also | (set(self._unnamed.pop(frontend, ())) - slots):
             self._drop_backend(backend_id, frontend, writes.orphan_backends, writes)
 
-    def _backend_id(self, service_id: int, target: bytes, writes: MapWrites) -> int:
-        value = backend_value(service_id, target)
+    def _backend_id(self, service_id: int, target: bytes, affinity_group: int,
+                    writes: MapWrites) -> int:
+        value = backend_value(service_id, target, affinity_group)
         backend_id = self._backend_ids.get(value)
         if backend_id is None:
             backend_id = self._backend_id_pool.allocate()

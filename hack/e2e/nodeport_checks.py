@@ -60,13 +60,6 @@ def keeps_client_address(kind: BackendKind) -> str | None:
     return None
 
 
-def shares_affinity_on_the_node(kind: BackendKind) -> str | None:
-    if not proxy_in_process(kind):
-        return ("known gap: the socket hooks keep a pod's affinity per frontend, not per "
-                "service port (docs/ebpf.md, Limits)")
-    return None
-
-
 def keeps_connections_across_restart(kind: BackendKind) -> str | None:
     if proxy_in_process(kind):
         return ("a proxy in a process cannot keep its connections across its own restart "
@@ -557,8 +550,7 @@ def affinity_shared_across_frontends(t: CheckRun) -> None:
 
 
 @nodeport_check("N15/affinity-shared-on-the-node", "session affinity shared by the ClusterIP "
-                "and the NodePort of one service port, for a pod of the node",
-                not_applicable=shares_affinity_on_the_node)
+                "and the NodePort of one service port, for a pod of the node")
 def affinity_shared_on_the_node(t: CheckRun) -> None:
     env = _env(t)
     node1 = env.nodes[0]

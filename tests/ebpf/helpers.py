@@ -110,6 +110,27 @@ def service_port(name: str, vips: Sequence[str], port: int, backends: Sequence[i
         if node_port else ())
 
 
+def _check_affinity_groups(services: list[dict]) -> None:
+    """With affinity, a frontend's group is the service id of a frontend of
+    its family (the first of its service port), and the frontends of one
+    named service port and family share it; without affinity, no group
+    (lb_maps.h)."""
+    by_id = {svc["serviceId"]: svc for svc in services}
+    by_port: dict[tuple, set[int]] = {}
+    for svc in services:
+        group, family = svc["affinityGroup"], ipaddress.ip_address(svc["vip"]).version
+        if not svc["affinityTimeoutSeconds"]:
+            assert group == 0, f"{svc['vip']} has an affinity group without affinity"
+            continue
+        leader = by_id.get(group)
+        assert leader is not None and ipaddress.ip_address(leader["vip"]).version == family, (
+            f"{svc['vip']}: affinity group {group} is no frontend of its family")
+        if svc["servicePort"] is not None:
+            by_port.setdefault((svc["servicePort"], svc["protocol"], family), set()).add(group)
+    several = {port: groups for port, groups in by_port.items() if len(groups) > 1}
+    assert not several, f"service ports whose frontends are in several affinity groups: {several}"
+
+
 def added(*ports: ServicePort, full: bool = False) -> ServicePortChanges:
     return ServicePortChanges(added=ports, full=full)
 
@@ -152,6 +173,7 @@ def programmed_frontends(dump: dict) -> dict[tuple, tuple]:
             sorted(slot["address"] for slot in svc["backends"]),
             svc["affinityTimeoutSeconds"], svc["kind"])
     assert not [b for b, n in backend_ids.items() if n > 1], "a backend entry in two slots"
+    _check_affinity_groups(dump["services"])
     assert len({svc["serviceId"] for svc in dump["services"]}) == len(dump["services"])
     entries = {pin: counts["entries"] for pin, counts in dump["maps"].items()}
     assert entries[maps.SERVICES.pin] == sum(1 + svc["count"] for svc in dump["services"]), (

@@ -202,8 +202,9 @@ def test_internal_traffic_policy_local_uses_local_endpoints_only(backend: EbpfBa
     assert agent.call("tcp", host="10.96.9.1", port=80, family=4)["errno"] == errno.ECONNREFUSED
 
 
-def _sticky_backend(agent: Agent, host: str, times: int) -> str:
-    seen = {agent.call("tcp", host=host, port=80, family=4)["served_by"] for _ in range(times)}
+def _sticky(agent: Agent, host: str, family: int, times: int) -> str:
+    seen = {agent.call("tcp", host=host, port=80, family=family)["served_by"]
+            for _ in range(times)}
     assert len(seen) == 1, f"{host} spread over {seen} despite session affinity"
     return seen.pop()
 
@@ -213,12 +214,12 @@ def test_session_affinity_holds_until_the_client_is_idle_for_the_timeout(
     hosts = [f"10.96.10.{i}" for i in range(1, 9)]
     backend.apply(added(*(service_port(f"aff-{i}", [host], 80, backends=ALL, affinity=1,
                                        families=(4,)) for i, host in enumerate(hosts))))
-    first = {host: _sticky_backend(agent, host, 8) for host in hosts}
+    first = {host: _sticky(agent, host, 4, 8) for host in hosts}
     for _ in range(3):  # each use restarts the idle clock: 1.8 s in all
         time.sleep(0.6)
-        assert {host: _sticky_backend(agent, host, 1) for host in hosts} == first
+        assert {host: _sticky(agent, host, 4, 1) for host in hosts} == first
     time.sleep(1.3)
-    after = {host: _sticky_backend(agent, host, 8) for host in hosts}
+    after = {host: _sticky(agent, host, 4, 8) for host in hosts}
     # Each service picks anew (1 in 4 to pick the same): some must differ.
     assert after != first
 
@@ -228,15 +229,39 @@ def test_session_affinity_to_a_removed_backend_is_dropped(backend: EbpfBackend,
     svc = service_port("aff-gone", ["10.96.11.1"], 80, backends=ALL, affinity=600,
                        families=(4,))
     backend.apply(added(svc))
-    first = _sticky_backend(agent, "10.96.11.1", 4)
+    first = _sticky(agent, "10.96.11.1", 4, 4)
     first_index = next(i for i in ALL if served_by([i], 4) == {first})
     without = service_port("aff-gone", ["10.96.11.1"], 80, affinity=600, families=(4,),
                            backends=[i for i in ALL if i != first_index])
     backend.apply(updated(svc, without))
-    second = _sticky_backend(agent, "10.96.11.1", 6)
+    second = _sticky(agent, "10.96.11.1", 4, 6)
     assert second != first
     backend.apply(updated(without, svc))
-    assert _sticky_backend(agent, "10.96.11.1", 4) == second
+    assert _sticky(agent, "10.96.11.1", 4, 4) == second
+
+
+def test_session_affinity_is_shared_by_the_frontends_of_a_service_port(
+        backend: EbpfBackend, agent: Agent) -> None:
+    """kube-proxy keeps one affinity per service port: a client sent to a
+    backend through the ClusterIP stays with it through the ExternalIP and
+    the LB IP (N15), in each family; a port of another service does not
+    share it."""
+    external = {4: "203.0.113.13", 6: "2001:db8::13"}
+    lb = {4: "203.0.113.14", 6: "2001:db8::14"}
+    sticky = service_port("aff-shared", vips("13.1"), 80, backends=ALL, affinity=600,
+                          external_ips=list(external.values()), lb_ips=list(lb.values()))
+    backend.apply(added(sticky))
+    for family, cluster_ip in zip((4, 6), vips("13.1")):
+        first = _sticky(agent, cluster_ip, family, 6)
+        assert _sticky(agent, external[family], family, 6) == first
+        assert _sticky(agent, lb[family], family, 6) == first
+    # A service of its own keeps an affinity of its own: over services
+    # created one after the other, each client's first pick spreads.
+    others = [service_port(f"aff-other-{i}", [f"10.96.13.{10 + i}"], 80, backends=ALL,
+                           affinity=600, families=(4,)) for i in range(8)]
+    backend.apply(added(*others))
+    picks = {_sticky(agent, f"10.96.13.{10 + i}", 4, 2) for i in range(8)}
+    assert len(picks) > 1, f"8 services with affinity all sent the client to {picks}"
 
 
 def test_an_unconnected_udp_socket_moves_off_a_deleted_backend(backend: EbpfBackend,

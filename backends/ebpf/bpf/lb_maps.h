@@ -52,18 +52,26 @@ _Static_assert(sizeof(struct lb_service_key) == 24, "lb_service_key layout");
 #define LB_SVC_F_NODE_PORT 0x8	/* key address ::ffff:0.0.0.0 or ::, see below */
 
 /*
- * Value of both kinds of services entries. Value: 16 bytes.
+ * Value of both kinds of services entries. Value: 20 bytes.
  * master (slot 0): id = service id, count = backend slots (0: reject),
- *                  affinity timeout and flags;
+ *                  affinity timeout, flags and affinity group;
  * slot 1..count:   id = backend id, the rest zero.
+ *
+ * sessionAffinity belongs to the service port, not to one frontend: a client
+ * sent to an endpoint through the ClusterIP stays with it through the node
+ * port or an LB IP of the same port, as kube-proxy keeps it. The frontends
+ * of one family of a port with affinity share a group, the service id of
+ * the first of them; the affinity entry is keyed by the group, and a backend
+ * of any frontend of the group may serve it (they have the same endpoints).
  */
 struct lb_service_value {
 	__u32 id;		/* 0 */
 	__u32 count;		/* 4 */
 	__u32 affinity_timeout;	/* 8: seconds; used with LB_SVC_F_AFFINITY */
 	__u32 flags;		/* 12: LB_SVC_F_* */
+	__u32 affinity_group;	/* 16: with LB_SVC_F_AFFINITY; 0 otherwise */
 };
-_Static_assert(sizeof(struct lb_service_value) == 16, "lb_service_value layout");
+_Static_assert(sizeof(struct lb_service_value) == 20, "lb_service_value layout");
 
 /*
  * A node port is programmed once per family, as the frontend (wildcard, node
@@ -89,14 +97,15 @@ _Static_assert(sizeof(struct lb_node_address_value) == 4, "lb_node_address_value
 /*
  * backends: backend id -> address. Every (service, endpoint) pair has its own
  * backend id, so two services sharing an endpoint never share an entry, and a
- * program can check that a backend id still belongs to a service.
- * Key: __u32 backend id. Value: 24 bytes.
+ * program can check that a backend id still belongs to a service, or to the
+ * affinity group of one. Key: __u32 backend id. Value: 28 bytes.
  */
 struct lb_backend {
 	struct lb_l4addr addr;	/* 0 */
 	__u32 service_id;	/* 20: the service whose slots name this backend */
+	__u32 affinity_group;	/* 24: that service's, as in its master */
 };
-_Static_assert(sizeof(struct lb_backend) == 24, "lb_backend layout");
+_Static_assert(sizeof(struct lb_backend) == 28, "lb_backend layout");
 
 /*
  * reverse_nat (LRU): which VIP a socket meant when it reached a backend. Keyed
@@ -125,7 +134,7 @@ _Static_assert(sizeof(struct lb_revnat_value) == 24, "lb_revnat_value layout");
  */
 struct lb_affinity_key {
 	__u64 netns_cookie;	/* 0: bpf_get_netns_cookie() */
-	__u32 service_id;	/* 8 */
+	__u32 affinity_group;	/* 8: the master's */
 	__u32 pad;		/* 12 */
 };
 _Static_assert(sizeof(struct lb_affinity_key) == 16, "lb_affinity_key layout");

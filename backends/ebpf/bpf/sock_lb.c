@@ -219,8 +219,17 @@ static __always_inline int reject(void)
 	return SYSCALL_DENY;
 }
 
+/* A backend serves the frontend's affinity group: its own, or one of a sibling
+ * frontend of the same service port and family (same endpoints). */
+static __always_inline bool in_affinity_group(const struct lb_backend *backend,
+					      const struct lb_service_value *svc)
+{
+	return backend->service_id == svc->id ||
+	       (svc->affinity_group != 0 && backend->affinity_group == svc->affinity_group);
+}
+
 /* sessionAffinity: the backend this client used last, if it is recent enough
- * and still one of the service's backends. */
+ * and still one of the affinity group's backends. */
 static __always_inline const struct lb_backend *
 affinity_backend(const struct lb_affinity_key *key, const struct lb_service_value *svc, __u64 now,
 		 __u32 *backend_id_out)
@@ -233,8 +242,8 @@ affinity_backend(const struct lb_affinity_key *key, const struct lb_service_valu
 	__u32 backend_id = seen->backend_id;
 	const struct lb_backend *backend = kpng_backends.lookup(&backend_id);
 	/* Backend ids are per service: one that is gone or now belongs to
-	 * another service ends the affinity. */
-	if (!backend || backend->service_id != svc->id)
+	 * another service port ends the affinity. */
+	if (!backend || !in_affinity_group(backend, svc))
 		return NULL;
 	seen->last_used_ns = now;
 	*backend_id_out = backend_id;
@@ -351,7 +360,7 @@ static __always_inline enum lb_verdict lb_translate(void *ctx, struct lb_l4addr 
 	cookie = bpf_get_socket_cookie(ctx);
 	if (svc.flags & LB_SVC_F_AFFINITY) {
 		affinity.netns_cookie = bpf_get_netns_cookie(ctx);
-		affinity.service_id = svc.id;
+		affinity.affinity_group = svc.affinity_group ? svc.affinity_group : svc.id;
 		now = bpf_ktime_get_ns();
 		backend = affinity_backend(&affinity, &svc, now, &backend_id);
 		verdict = LB_TRACE_AFFINITY;
