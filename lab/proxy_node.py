@@ -7,7 +7,7 @@ that runs on the node (the userspace backend's tests and throughput bench).
                                                   peer_server on ENDPOINT_PORT)
 
 The node runs the userspace backend (`lab.node_driver`), fed ServicePortChanges built
-from model objects; `lab.client_agent` is the client. No namespace has a route
+from model objects; `lab.agent` is the client. No namespace has a route
 anywhere else.
 """
 
@@ -168,22 +168,30 @@ def addresses(ns: NetNS, device: str) -> set[str]:
 
 
 class ClientAgent:
-    """`client_agent` in the client namespace."""
+    """`lab.agent` in the client namespace."""
 
     def __init__(self, cluster: ClientNodeServer) -> None:
-        self._proc = _start(cluster.python(cluster.client, "lab.client_agent"),
-                            stdin=subprocess.PIPE)
+        self._proc = _start(cluster.python(cluster.client, "lab.agent"), stdin=subprocess.PIPE)
 
     def __call__(self, op: str, **args):
+        """The agent's answer: its `results` list, or its other fields, or
+        {"error": "ECONNREFUSED"} (the errno's name)."""
         self._proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
         self._proc.stdin.flush()
         line = self._proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"client_agent exited (code {self._proc.wait()}) on {op} {args}")
-        return json.loads(line)
+            raise RuntimeError(f"the agent exited (code {self._proc.wait()}) on {op} {args}")
+        return agent_answer(json.loads(line))
 
     def close(self) -> None:
         _stop(self._proc)
+
+
+def agent_answer(reply: dict):
+    """What a test checks of a lab.agent reply (see ClientAgent)."""
+    if not reply.pop("ok"):
+        return {"error": reply["error"]}
+    return reply["results"] if "results" in reply else reply
 
 
 def service_port(name: str, protocol: Protocol, cluster_ips: tuple[str, ...], port: int,

@@ -55,7 +55,8 @@ class Agent:
 
     def __init__(self, node: NetNS, group: Cgroup) -> None:
         self._proc = subprocess.Popen(
-            node.exec_args(sys.executable, str(HERE / "cgroup_agent.py")),
+            node.exec_args(sys.executable, str(HERE / "agent.py"), "--in-cgroup",
+                           "--timeout", "2"),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         # `ip netns exec` remounts /sys, so the agent cannot see the cgroup
         # tree; its pid stays the same through exec, so we move it.

@@ -497,14 +497,16 @@ class ServiceProgrammer:
                                  f"{owner}, which keeps it"))
         groups = self._affinity_groups(fitting)
         no_room = self._capacity_problem(fitting, groups)
-        leaders: dict[int, int] = {}  # IP version -> the group's service id
+        new_leaders: dict[int, int] = {}  # IP version -> the new group's service id
         for frontend, spec in fitting.items():
             if not no_room:
                 version = frontend.vip.ip.version
-                group = leaders.get(version, LEADS) if spec.affinity_timeout else 0
+                group = groups[frontend]
+                if group is LEADS:  # a new group: its leader comes first, then its members
+                    group = new_leaders.get(version, LEADS)
                 service_id = self._program_frontend(frontend, spec, writes, group)
-                if spec.affinity_timeout:
-                    leaders.setdefault(version, service_id)
+                if group is LEADS:
+                    new_leaders[version] = service_id
             elif frontend in self._unnamed:  # kept as it was, without what no slot names
                 self._drop_unnamed(frontend, set(), writes)
             if frontend in self._frontends:  # programmed now, or kept as it was
@@ -527,7 +529,7 @@ class ServiceProgrammer:
     def _affinity_groups(self, specs: FrontendSpecs) -> dict[FrontendKeys, int | None]:
         """The affinity group each frontend of a port will have: 0 without
         affinity; else the service id of the first frontend of its family,
-        None while that one has none yet (it is new)."""
+        LEADS while that one has none yet (it is new)."""
         leaders: dict[int, int | None] = {}
         groups: dict[FrontendKeys, int | None] = {}
         for frontend, spec in specs.items():
@@ -537,7 +539,7 @@ class ServiceProgrammer:
             version = frontend.vip.ip.version
             if version not in leaders:
                 old = self._frontends.get(frontend)
-                leaders[version] = old.service_id if old else None
+                leaders[version] = old.service_id if old else LEADS
             groups[frontend] = leaders[version]
         return groups
 
@@ -557,7 +559,7 @@ class ServiceProgrammer:
             # A new frontend's service id (or a new group's) is not allocated
             # yet: none of its backends exists.
             group = groups[frontend]
-            backends_needed += len(targets) if old is None or group is None else sum(
+            backends_needed += len(targets) if old is None or group is LEADS else sum(
                 1 for t in targets
                 if backend_value(old.service_id, t, group) not in self._backend_ids)
         for spec, used, needed, capacity in (

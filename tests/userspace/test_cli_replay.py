@@ -53,7 +53,7 @@ def _write_recording(path: Path) -> None:
 def _served_only_by(client, endpoint: str, deadline_s: float = 15) -> bool:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
-        results = client("tcp", host=VIP, port=80, count=10)
+        results = client("tcp_echo", host=VIP, port=80, count=10)
         if isinstance(results, list) and {r["endpoint"] for r in results} == {endpoint}:
             return True
         time.sleep(0.1)
@@ -79,7 +79,7 @@ def test_local_to_userspace_against_replay(tmp_path, netns_cluster, client):
         assert "sync applied" in log
         # Stopped: nothing listens, but the ClusterIP stays so clients are
         # refused by the node until the next run takes over.
-        assert client("tcp", host=VIP, port=80, count=1) == {"error": "ECONNREFUSED"}
+        assert client("tcp_echo", host=VIP, port=80, count=1) == {"error": "ECONNREFUSED"}
         assert VIP in netns_cluster.node.ip("-br", "addr", "show", "dev", "kpng-cli0").stdout
     finally:
         for proc in (backend, replay):

@@ -30,7 +30,7 @@ def _web(name: str, vip4: str, vip6: str, port: int = 80) -> ServicePort:
 
 
 def _served_by(client, host: str, port: int, servers: tuple[str, ...]) -> bool:
-    results = client("tcp", host=host, port=port, count=30)
+    results = client("tcp_echo", host=host, port=port, count=30)
     return isinstance(results, list) and {r["endpoint"] for r in results} == set(servers)
 
 
@@ -61,10 +61,10 @@ def test_a_hostile_change_set_leaves_lo_alone_and_serves_the_good_services(
     for vip, servers in (("10.96.1.10", SERVER_V4), ("fd00:10:96::110", SERVER_V6),
                          ("10.96.1.20", SERVER_V4), ("fd00:10:96::120", SERVER_V6)):
         assert _served_by(client, vip, 80, servers), vip
-    assert client("udp", host="10.96.1.53", port=53, count=3, size=10, connected=True)[0][
+    assert client("udp_echo", host="10.96.1.53", port=53, count=3, size=10, connected=True)[0][
         "size"] == 10
     # No listener on a wildcard: the node's own address is not a service.
-    assert client("tcp", host=NODE_ADDRESS, port=8081, count=1) == {"error": "ECONNREFUSED"}
+    assert client("tcp_echo", host=NODE_ADDRESS, port=8081, count=1) == {"error": "ECONNREFUSED"}
     assert addresses(node_ns, "lo") == lo and addresses(node_ns, "c0") == uplink
     held = {a for a in addresses(node_ns, INTERFACE) if not a.startswith("fe80::")}
     assert held == {"10.96.1.10/32", "fd00:10:96::110/128", "10.96.1.53/32",
@@ -94,7 +94,7 @@ def test_a_cluster_ip_the_kernel_refuses_is_left_out_and_retried(
     try:
         node.apply(ServicePortChanges(added=(web, dns), full=True))
         assert _served_by(client, "10.96.2.10", 80, SERVER_V4)
-        assert "error" in client("tcp", host="fd00:10:96::210", port=80, count=1)
+        assert "error" in client("tcp_echo", host="fd00:10:96::210", port=80, count=1)
         node.apply(ServicePortChanges(added=(_web("other", "10.96.2.20", "fd00:10:96::220"),)))
         assert _served_by(client, "10.96.2.20", 80, SERVER_V4)
         # Tried again with each change set; logged and counted once per address.
@@ -105,7 +105,7 @@ def test_a_cluster_ip_the_kernel_refuses_is_left_out_and_retried(
     node.apply(ServicePortChanges(added=(_web("third", "10.96.2.30", "fd00:10:96::230"),)))
     for vip in ("fd00:10:96::210", "fd00:10:96::220", "fd00:10:96::230"):
         assert _served_by(client, vip, 80, SERVER_V6), vip
-    assert client("udp", host="fd00:10:96::210", port=53, count=3, size=10,
+    assert client("udp_echo", host="fd00:10:96::210", port=53, count=3, size=10,
                   connected=True)[0]["size"] == 10
     assert _errors(node, "address") == 2
 

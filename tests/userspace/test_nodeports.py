@@ -23,7 +23,7 @@ from kpng_py.model import (
     ServicePortChanges,
 )
 from lab.netns import NetNS
-from lab.proxy_node import ENDPOINT_PORT, REPO, SERVER_V4, SERVER_V6, service_port
+from lab.proxy_node import ENDPOINT_PORT, REPO, SERVER_V4, SERVER_V6, agent_answer, service_port
 
 pytestmark = pytest.mark.kernel
 
@@ -98,11 +98,11 @@ def _wait_until(condition: Callable[[], bool], what: str) -> None:
 
 
 def _on_node(netns_cluster, op: str, **args):
-    """One client_agent command run in the node's namespace (a host process)."""
-    done = subprocess.run(netns_cluster.python(netns_cluster.node, "lab.client_agent"),
+    """One lab.agent command run in the node's namespace (a host process)."""
+    done = subprocess.run(netns_cluster.python(netns_cluster.node, "lab.agent"),
                           input=json.dumps({"op": op, **args}) + "\n", text=True,
                           capture_output=True, cwd=REPO, check=True)
-    return json.loads(done.stdout)
+    return agent_answer(json.loads(done.stdout))
 
 
 @pytest.mark.parametrize("node_ip, servers", [(NODE4, SERVER_V4), (NODE6, SERVER_V6)])
@@ -114,18 +114,18 @@ def test_n1_node_port_answers_on_allowed_node_addresses_tcp_and_udp(
                                          _port("dns", UDP, all_endpoints)), full=True))
     # Endpoints are picked at random: 30 tries miss one of 3 with a
     # probability of 3 x (2/3)^30, about 1e-5 (with 10 tries about 5 %: seen failing).
-    results = client("tcp", host=node_ip, port=NODE_PORT, count=30)
+    results = client("tcp_echo", host=node_ip, port=NODE_PORT, count=30)
     assert _endpoints(results) == set(servers)
     assert all(r["peer"] == [node_ip, NODE_PORT] and r["echo"] == "ping" for r in results)
     for connected in (False, True):
-        results = client("udp", host=node_ip, port=NODE_PORT, count=30, size=100,
+        results = client("udp_echo", host=node_ip, port=NODE_PORT, count=30, size=100,
                          connected=connected)
         assert _endpoints(results) == set(servers)
         assert all(r["source"] == [node_ip, NODE_PORT] for r in results)
     # 10.244.1.1 is the node's too, but outside --nodeport-addresses.
-    assert client("tcp", host=OTHER_NODE4, port=NODE_PORT, count=1) == {
+    assert client("tcp_echo", host=OTHER_NODE4, port=NODE_PORT, count=1) == {
         "error": "ECONNREFUSED"}
-    assert client("udp", host=OTHER_NODE4, port=NODE_PORT, count=1, size=1,
+    assert client("udp_echo", host=OTHER_NODE4, port=NODE_PORT, count=1, size=1,
                   connected=True) == {"error": "ECONNREFUSED"}
 
 
@@ -134,12 +134,12 @@ def test_n1_a_node_address_added_later_answers_and_one_removed_stops(
     node = start_node()  # every local address
     node.apply(ServicePortChanges(added=(_port("web", TCP, (*SERVER_V4, *SERVER_V6)),),
                                   full=True))
-    assert _endpoints(client("tcp", host=OTHER_NODE4, port=NODE_PORT, count=3)) <= set(SERVER_V4)
+    assert _endpoints(client("tcp_echo", host=OTHER_NODE4, port=NODE_PORT, count=3)) <= set(SERVER_V4)
     netns_cluster.node.ip("addr", "add", "10.244.0.100/24", "dev", "c0")
     try:
         _wait_until(lambda: "10.244.0.100" in _listening(netns_cluster.node, NODE_PORT, TCP),
                     "a listener on the new address")
-        results = client("tcp", host="10.244.0.100", port=NODE_PORT, count=3)
+        results = client("tcp_echo", host="10.244.0.100", port=NODE_PORT, count=3)
         assert all(r["peer"] == ["10.244.0.100", NODE_PORT] for r in results)
     finally:
         netns_cluster.node.ip("addr", "del", "10.244.0.100/24", "dev", "c0")
@@ -156,7 +156,7 @@ def test_n3_loopback_node_port_serves_a_host_process(start_node, netns_cluster):
     node.apply(ServicePortChanges(added=(_port("web", TCP, (*SERVER_V4, *SERVER_V6)),),
                                   full=True))
     for host, servers in (("127.0.0.1", SERVER_V4), ("::1", SERVER_V6)):
-        results = _on_node(netns_cluster, "tcp", host=host, port=NODE_PORT, count=2)
+        results = _on_node(netns_cluster, "tcp_echo", host=host, port=NODE_PORT, count=2)
         assert _endpoints(results) <= set(servers)
         assert all(r["peer"] == [host, NODE_PORT] for r in results)
 
@@ -166,12 +166,12 @@ def test_n4_tcp_and_udp_on_one_node_port_are_independent(start_node, client):
     web = _port("web", TCP, (SERVER_V4[0],))
     dns = _port("dns", UDP, (SERVER_V4[1],))
     node.apply(ServicePortChanges(added=(web, dns), full=True))
-    assert _endpoints(client("tcp", host=NODE4, port=NODE_PORT, count=5)) == {SERVER_V4[0]}
-    assert _endpoints(client("udp", host=NODE4, port=NODE_PORT, count=5, size=10,
+    assert _endpoints(client("tcp_echo", host=NODE4, port=NODE_PORT, count=5)) == {SERVER_V4[0]}
+    assert _endpoints(client("udp_echo", host=NODE4, port=NODE_PORT, count=5, size=10,
                              connected=True)) == {SERVER_V4[1]}
     node.apply(ServicePortChanges(removed=(web,)))
-    assert client("tcp", host=NODE4, port=NODE_PORT, count=1) == {"error": "ECONNREFUSED"}
-    assert _endpoints(client("udp", host=NODE4, port=NODE_PORT, count=5, size=10,
+    assert client("tcp_echo", host=NODE4, port=NODE_PORT, count=1) == {"error": "ECONNREFUSED"}
+    assert _endpoints(client("udp_echo", host=NODE4, port=NODE_PORT, count=5, size=10,
                              connected=True)) == {SERVER_V4[1]}
 
 
@@ -183,13 +183,13 @@ def test_n5_deleting_or_retyping_releases_the_node_port(start_node, client, netn
     # Back to type ClusterIP: the node port goes, the ClusterIP stays.
     cluster_ip_only = replace(web, type="ClusterIP", node_port=0, node_port_families=())
     node.apply(ServicePortChanges(updated=((web, cluster_ip_only),)))
-    assert client("tcp", host=NODE4, port=NODE_PORT, count=1) == {"error": "ECONNREFUSED"}
+    assert client("tcp_echo", host=NODE4, port=NODE_PORT, count=1) == {"error": "ECONNREFUSED"}
     assert _listening(netns_cluster.node, NODE_PORT, TCP) == set()
-    assert _endpoints(client("tcp", host=VIP4, port=80, count=2)) <= set(SERVER_V4)
+    assert _endpoints(client("tcp_echo", host=VIP4, port=80, count=2)) <= set(SERVER_V4)
     node.apply(ServicePortChanges(updated=((cluster_ip_only, web),)))
-    assert _endpoints(client("tcp", host=NODE4, port=NODE_PORT, count=2)) <= set(SERVER_V4)
+    assert _endpoints(client("tcp_echo", host=NODE4, port=NODE_PORT, count=2)) <= set(SERVER_V4)
     node.apply(ServicePortChanges(removed=(web,)))
-    assert client("tcp", host=NODE4, port=NODE_PORT, count=1) == {"error": "ECONNREFUSED"}
+    assert client("tcp_echo", host=NODE4, port=NODE_PORT, count=1) == {"error": "ECONNREFUSED"}
     assert _listening(netns_cluster.node, NODE_PORT, TCP) == set()
     assert _ss_listening(netns_cluster.node, NODE_PORT) == ""
 
@@ -202,8 +202,8 @@ def test_n6_no_endpoints_refuses_node_port_external_ip_and_lb_ip(start_node, cli
                       load_balancer_ips=_ips(LB_IP), type="LoadBalancer")
     node.apply(ServicePortChanges(added=(empty_tcp, empty_udp), full=True))
     for host, port in ((NODE4, NODE_PORT), (EXTERNAL_IP, 80), (LB_IP, 80)):
-        assert client("tcp", host=host, port=port, count=1) == {"error": "ECONNREFUSED"}
-        assert client("udp", host=host, port=port, count=1, size=1, connected=True) == {
+        assert client("tcp_echo", host=host, port=port, count=1) == {"error": "ECONNREFUSED"}
+        assert client("udp_echo", host=host, port=port, count=1, size=1, connected=True) == {
             "error": "ECONNREFUSED"}
 
 
@@ -216,15 +216,15 @@ def test_n14_external_and_lb_ips_answer_from_outside_and_from_the_host(
     dns = _port("dns", UDP, SERVER_V4, external_ips=_ips(EXTERNAL_IP),
                 load_balancer_ips=_ips(LB_IP), type="LoadBalancer")
     node.apply(ServicePortChanges(added=(web, dns), full=True))
-    results = client("tcp", host=frontend_ip, port=80, count=10)
+    results = client("tcp_echo", host=frontend_ip, port=80, count=10)
     assert _endpoints(results) <= set(SERVER_V4)
     assert all(r["peer"] == [frontend_ip, 80] for r in results)
-    results = client("udp", host=frontend_ip, port=80, count=5, size=10, connected=False)
+    results = client("udp_echo", host=frontend_ip, port=80, count=5, size=10, connected=False)
     assert all(r["source"] == [frontend_ip, 80] for r in results)
-    assert _endpoints(_on_node(netns_cluster, "tcp", host=frontend_ip, port=80,
+    assert _endpoints(_on_node(netns_cluster, "tcp_echo", host=frontend_ip, port=80,
                                count=2)) <= set(SERVER_V4)
     node.apply(ServicePortChanges(removed=(web, dns)))
-    assert client("tcp", host=frontend_ip, port=80, count=1)["error"] in {
+    assert client("tcp_echo", host=frontend_ip, port=80, count=1)["error"] in {
         "ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH", "TimeoutError"}
 
 
@@ -243,8 +243,8 @@ def test_n7_etp_local_from_outside_uses_only_local_endpoints(start_node, client)
     node.apply(ServicePortChanges(added=(_local_only(TCP, SERVER_V4[2]),
                                          _local_only(UDP, SERVER_V4[2])), full=True))
     for host, port in ((NODE4, NODE_PORT), (EXTERNAL_IP, 80)):
-        assert _endpoints(client("tcp", host=host, port=port, count=10)) == {SERVER_V4[2]}
-        assert _endpoints(client("udp", host=host, port=port, count=5, size=10,
+        assert _endpoints(client("tcp_echo", host=host, port=port, count=10)) == {SERVER_V4[2]}
+        assert _endpoints(client("udp_echo", host=host, port=port, count=5, size=10,
                                  connected=True)) == {SERVER_V4[2]}
 
 
@@ -255,15 +255,15 @@ def test_n8_n9_etp_local_without_a_local_endpoint_drops_outside_serves_the_node(
     node.apply(ServicePortChanges(added=(web, dns), full=True))
     for host, port in ((NODE4, NODE_PORT), (NODE6, NODE_PORT), (EXTERNAL_IP, 80)):
         # N8: no SYN-ACK and no reset: the client's connect times out.
-        assert client("tcp", host=host, port=port, count=1) == {"error": "TimeoutError"}
-        assert client("udp", host=host, port=port, count=1, size=1, connected=True) == {
+        assert client("tcp_echo", host=host, port=port, count=1) == {"error": "TimeoutError"}
+        assert client("udp_echo", host=host, port=port, count=1, size=1, connected=True) == {
             "error": "TimeoutError"}
         # N9: a host process uses the cluster endpoints.
-        assert _endpoints(_on_node(netns_cluster, "tcp", host=host, port=port, count=6)) <= set(
+        assert _endpoints(_on_node(netns_cluster, "tcp_echo", host=host, port=port, count=6)) <= set(
             SERVER_V6 if ":" in host else SERVER_V4)
     # A local endpoint appears: served from outside at once, from it only.
     node.apply(ServicePortChanges(updated=((web, _local_only(TCP, SERVER_V4[0])),)))
-    assert _endpoints(client("tcp", host=NODE4, port=NODE_PORT, count=5)) == {SERVER_V4[0]}
+    assert _endpoints(client("tcp_echo", host=NODE4, port=NODE_PORT, count=5)) == {SERVER_V4[0]}
 
 
 def _http(netns_cluster, host: str, path: str = "/any/path") -> dict:
