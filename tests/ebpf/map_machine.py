@@ -50,9 +50,9 @@ from tests.streams.build import endpoint, port, service, sync
 from tests.test_state_properties import KEYS, SERVICES, StreamMachine
 
 # No "explain" phase: its tracing makes a failing run take minutes. 30 steps
-# in "ci": enough for owners to come, go and be taken over; 600 examples (40 to
-# 130 s against the kernel's maps in a loaded suite, within its 20-minute budget;
-# "long" for more).
+# in "ci": enough for owners to come, go and be taken over; 600 examples (about
+# 40 s against the kernel's maps alone, more in the loaded suite, whose budget
+# is 20 minutes); "long" for more.
 _PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
 PROFILES = {
     "ci": settings(max_examples=600, stateful_step_count=30, deadline=None, phases=_PHASES,
