@@ -48,6 +48,16 @@ _FIRST_VIP_HOST = 10
 EXTERNAL = "ext"
 
 
+def node_ip(family: Family, index: int) -> IPAddress:
+    """Node number `index`'s address on the network (172.18.0.10 + index)."""
+    return NETWORK[family][_FIRST_NODE_HOST + index]
+
+
+def external_ip(family: Family, second: bool = False) -> IPAddress:
+    """The external client's address (or its second one) of `family`."""
+    return NETWORK[family][_EXTERNAL_HOSTS[1 if second else 0]]
+
+
 def vip(family: Family, index: int) -> IPAddress:
     """The VIP range's address number 10 + index."""
     return VIP_RANGE[family][_FIRST_VIP_HOST + index]
@@ -74,7 +84,7 @@ class Node:
     families: tuple[Family, ...]
 
     def ip(self, family: Family) -> IPAddress:
-        return NETWORK[family][_FIRST_NODE_HOST + self.index]
+        return node_ip(family, self.index)
 
     def plan(self, family: Family) -> Addressing:
         return node_plan(family, self.index)
@@ -143,7 +153,7 @@ class MultiNodeCluster:
 
     def external_source(self, family: Family, second: bool = False) -> IPAddress:
         """The external client's address (or its second one) of `family`."""
-        return NETWORK[family][_EXTERNAL_HOSTS[1 if second else 0]]
+        return external_ip(family, second)
 
     def spawn_on(self, node: Node, name: str, argv: Sequence[str]) -> Proc:
         """A process in the node's namespace, outside its pods' cgroups (brain, backend)."""

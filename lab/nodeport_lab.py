@@ -28,7 +28,8 @@ from typing import Iterator
 from kpng_py.model import IPAddress
 from lab import teardown
 from lab.cluster import Family, ip_batch, nodad
-from lab.multinode import EXTERNAL, NETWORK, MultiNodeCluster, node_plan, vip
+from lab.multinode import (EXTERNAL, NETWORK, MultiNodeCluster, external_ip, node_ip,
+                           node_plan, vip)
 from lab.names import RunNames
 from lab.netns_worker import NetnsWorker
 from lab.probe import ask_once
@@ -40,15 +41,17 @@ FAMILIES = (Family.IPV4, Family.IPV6)
 POD_NAMES = ("n1-a", "n1-b")
 # Every pod address serves these (protocol, port).
 SERVED = (("tcp", 8080), ("udp", 8080), ("udp", 5353))
-# A second address of the node on the network (for --nodeport-addresses).
-_SECOND_NODE_HOST = 21
+# The lab's node, and the number a second address of it on the network
+# would have as a node (for --nodeport-addresses; there is no such node).
+_NODE = 1
+_SECOND_ADDRESS_AS_NODE = 11
 
 
-CLIENTS = {f.version: (NETWORK[f][100], NETWORK[f][101]) for f in FAMILIES}
-NODE_OUTSIDE = {f.version: NETWORK[f][11] for f in FAMILIES}
-NODE_OUTSIDE_2 = {f.version: NETWORK[f][_SECOND_NODE_HOST] for f in FAMILIES}
-NODE_POD_SIDE = {f.version: node_plan(f, 1).gateway for f in FAMILIES}
-PODS = {f.version: tuple(node_plan(f, 1).pod_ip(i) for i in range(len(POD_NAMES)))
+CLIENTS = {f.version: (external_ip(f), external_ip(f, second=True)) for f in FAMILIES}
+NODE_OUTSIDE = {f.version: node_ip(f, _NODE) for f in FAMILIES}
+NODE_OUTSIDE_2 = {f.version: node_ip(f, _SECOND_ADDRESS_AS_NODE) for f in FAMILIES}
+NODE_POD_SIDE = {f.version: node_plan(f, _NODE).gateway for f in FAMILIES}
+PODS = {f.version: tuple(node_plan(f, _NODE).pod_ip(i) for i in range(len(POD_NAMES)))
         for f in FAMILIES}
 
 
