@@ -13,6 +13,8 @@ answers {"cgroup": ...}; only then does it make sockets, so the programs
 attached to that cgroup see every one (lab/socket_lab.py).
 
 Answers: {"ok": true, ...} or {"ok": false, "errno": N, "error": "ECONNREFUSED"}.
+Any op may say "timeout" (seconds) for the sockets it makes: a check that
+expects a drop need not wait --timeout's 3 s.
 
     tcp host port [family]        peer, served_by: one connection
     tcp_echo host port count [source_port]
@@ -100,6 +102,17 @@ class Agent:
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
         self._stats: dict[str, Any] = {}
+
+    def run(self, request: dict) -> dict:
+        """One request: its "op" with its arguments, and "timeout" (seconds)
+        for the sockets it makes (--timeout's otherwise)."""
+        request = dict(request)
+        op, timeout = request.pop("op"), request.pop("timeout", None)
+        default, self._timeout = self._timeout, timeout or self._timeout
+        try:
+            return getattr(self, op)(**request)
+        finally:
+            self._timeout = default
 
     # -- one exchange per new socket -------------------------------------------
     def tcp(self, host: str, port: int, family: int | None = None) -> dict:
@@ -262,9 +275,8 @@ def main() -> None:
     agent = Agent(args.timeout)
     for line in sys.stdin:
         request = json.loads(line)
-        op = request.pop("op")
         try:
-            reply = {"ok": True, **getattr(agent, op)(**request)}
+            reply = {"ok": True, **agent.run(request)}
         except OSError as err:
             reply = _failure(err)
         print(json.dumps(reply), flush=True)

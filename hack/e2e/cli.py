@@ -1,6 +1,6 @@
 """`hack/test_e2e.sh -i ipv4|ipv6|dual -b ebpf|userspace [-t service|nodeport] [-d] [-k]`,
-and `-a` for every topology with every backend this kpng-py has (the NodePort topology
-dual-stack only: ALL_RUNS_IP_MODES), what `make e2e` runs."""
+and `-a [-j N]` for every topology with every backend this kpng-py has (the NodePort
+topology dual-stack only: ALL_RUNS_IP_MODES), N runs at a time, what `make e2e` runs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -27,6 +29,13 @@ ALL_RUNS_IP_MODES = {"nodeport": ("dual",)}
 REQUIRED_IN_CI = ("ebpf",)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a count of runs (1 or more)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hack/test_e2e.sh",
@@ -41,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="every topology with every built-in backend, one after the "
                              "other: the service topology in every IP mode, the nodeport "
                              "one dual-stack")
+    parser.add_argument("-j", "--jobs", type=_positive, default=DEFAULT_JOBS,
+                        help=f"with -a: runs at a time (default {DEFAULT_JOBS}); each prints "
+                             "its output when it ends")
     parser.add_argument("-d", "--debug", action="store_true",
                         help="after the checks, leave the cluster up (Ctrl-C tears it down)")
     parser.add_argument("-k", "--keep-logs", action="store_true",
@@ -53,52 +65,99 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed(?:, \d+ n/a)?$")
+# Runs of `-a` at a time: a run mostly waits (on timeouts, syncs, clients), and
+# runs never share a kernel object (lab/names.py), so two overlap well on two cores.
+DEFAULT_JOBS = 2
 
 
-def _run_one(argv: list[str]) -> tuple[int, int, int]:
-    """Run one mode, passing its output through; (exit code, passed, failed)."""
-    passed = failed = 0
-    # From hack/, `python -m e2e` finds the harness package (e2e).
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=ROOT / "hack") as child:
-        assert child.stdout is not None
-        for line in child.stdout:
+@dataclass(frozen=True)
+class RunOutcome:
+    label: str
+    code: int
+    passed: int
+    failed: int
+    seconds: float
+
+
+class _Running:
+    """One mode's run, its output (stdout and stderr) kept until it ends, so
+    that runs side by side print one after the other, each in one piece."""
+
+    def __init__(self, label: str, argv: list[str], workdir: Path) -> None:
+        self.label = label
+        self.began = time.monotonic()
+        self._output = tempfile.TemporaryFile(mode="w+", dir=workdir)
+        # From hack/, `python -m e2e` finds the harness package (e2e).
+        self.child = subprocess.Popen(argv, stdout=self._output, stderr=subprocess.STDOUT,
+                                      text=True, cwd=ROOT / "hack")
+
+    def finish(self) -> RunOutcome:
+        """Print its output; its outcome (the child has exited)."""
+        passed = failed = 0
+        self._output.seek(0)
+        print(f"== e2e {self.label}", flush=True)
+        for line in self._output:
             print(line, end="", flush=True)
             if match := _SUMMARY.match(line.strip()):
                 passed, failed = int(match[1]), int(match[2])
-    return child.returncode, passed, failed
+        self._output.close()
+        code = self.child.returncode
+        if code and not failed:
+            failed = 1  # the run itself failed (set-up, teardown, missing tool)
+        outcome = RunOutcome(self.label, code, passed, failed, time.monotonic() - self.began)
+        print(f"== e2e {self.label}: {'ok' if code == 0 else 'FAILED'} "
+              f"in {outcome.seconds:.0f} s", flush=True)
+        return outcome
+
+
+def _run_side_by_side(runs: list[tuple[str, list[str]]], jobs: int,
+                      workdir: Path) -> list[RunOutcome]:
+    """Run at most `jobs` at a time, in order; each one's output when it ends."""
+    waiting, running, outcomes = list(runs), [], []
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                label, argv = waiting.pop(0)
+                running.append(_Running(label, argv, workdir))
+            time.sleep(0.2)
+            for done in [r for r in running if r.child.poll() is not None]:
+                running.remove(done)
+                outcomes.append(done.finish())
+    finally:
+        # Interrupted: each run tears its own cluster down on SIGINT/SIGTERM.
+        for left in running:
+            left.child.terminate()
+        for left in running:
+            left.child.wait()
+    return outcomes
 
 
 def run_all(args: argparse.Namespace) -> int:
     backends = list(BACKENDS)
     failed_runs = []
-    total_passed = total_failed = 0
     for required in REQUIRED_IN_CI:
         if required not in backends:
             print(f"e2e: kpng-py has no to-{required} backend", file=sys.stderr)
             if os.environ.get("CI") == "true":
                 failed_runs.append(f"{required} (missing)")
-    runs = [(topology, backend, ip) for topology in TOPOLOGIES for backend in backends
-            for ip in ALL_RUNS_IP_MODES.get(topology, IP_MODES)]
-    for topology, backend, ip in runs:
-        began = time.monotonic()
-        argv = [sys.executable, "-m", "e2e", "-t", topology, "-i", ip, "-b", backend,
-                "--logs-dir", str(args.logs_dir.resolve()),
-                *(["-k"] if args.keep_logs else [])]
-        label = " ".join(([] if topology == "service" else [topology]) + [backend, ip])
-        print(f"== e2e {label}", flush=True)
-        code, passed, failed = _run_one(argv)
-        if code and not failed:
-            failed = 1  # the run itself failed (set-up, teardown, missing tool)
-        total_passed, total_failed = total_passed + passed, total_failed + failed
-        print(f"== e2e {label}: {'ok' if code == 0 else 'FAILED'} "
-              f"in {time.monotonic() - began:.0f} s", flush=True)
-        if code:
-            failed_runs.append(label)
+    runs = []
+    for topology in TOPOLOGIES:
+        for backend in backends:
+            for ip in ALL_RUNS_IP_MODES.get(topology, IP_MODES):
+                label = " ".join(([] if topology == "service" else [topology]) + [backend, ip])
+                runs.append((label, [sys.executable, "-m", "e2e", "-t", topology, "-i", ip,
+                                     "-b", backend, "--logs-dir", str(args.logs_dir.resolve()),
+                                     *(["-k"] if args.keep_logs else [])]))
+    args.logs_dir.mkdir(parents=True, exist_ok=True)
+    outcomes = _run_side_by_side(runs, args.jobs, args.logs_dir)
+    failed_runs += [outcome.label for outcome in outcomes if outcome.code]
     if failed_runs:
         print(f"e2e: failed: {', '.join(failed_runs)}", flush=True)
     # The whole suite's count, last, as one line.
     missing = sum(run.endswith("(missing)") for run in failed_runs)
-    print(f"e2e: {total_passed} passed, {total_failed + missing} failed", flush=True)
+    total_passed = sum(outcome.passed for outcome in outcomes)
+    total_failed = sum(outcome.failed for outcome in outcomes) + missing
+    print(f"e2e: {total_passed} passed, {total_failed} failed", flush=True)
     return 1 if failed_runs else 0
 
 

@@ -17,7 +17,7 @@ import yaml
 
 from e2e import nodeport_checks
 from e2e.checks import ALT, DNS_TCP, DNS_UDP, HTTP, base_state
-from e2e.cli import _SUMMARY
+from e2e.cli import _SUMMARY, _run_side_by_side
 from e2e.proxy import BACKENDS
 from e2e.report import Report, Result
 from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, ServiceSpec
@@ -236,3 +236,25 @@ def test_not_applicable_declarations():
     n7 = next(c for c in nodeport_checks.NODEPORT_CHECKS if c.name.startswith("N7/"))
     assert n7.not_applicable is nodeport_checks.keeps_client_address
     assert all(c.name.split("/")[0] != "N12" for c in nodeport_checks.NODEPORT_CHECKS)
+
+
+def test_runs_side_by_side_print_whole_and_count(tmp_path, capsys):
+    def run(name: str, lines: list[str], code: int) -> tuple[str, list[str]]:
+        script = ("import sys, time\n"
+                  f"for line in {lines!r}:\n"
+                  "    print(line, flush=True)\n    time.sleep(0.05)\n"
+                  f"sys.exit({code})\n")
+        return name, [sys.executable, "-c", script]
+
+    outcomes = _run_side_by_side([
+        run("a", ["a1", "a2", "3 passed, 0 failed"], 0),
+        run("b", ["b1", "b2", "1 passed, 2 failed, 1 n/a"], 1),
+        run("c", ["c1 set-up failed"], 2),
+    ], jobs=2, workdir=tmp_path)
+    assert {(o.label, o.code, o.passed, o.failed) for o in outcomes} == {
+        ("a", 0, 3, 0), ("b", 1, 1, 2), ("c", 2, 0, 1)}
+    out = capsys.readouterr().out
+    for name, body in (("a", "a1\na2\n3 passed, 0 failed\n"),
+                       ("b", "b1\nb2\n1 passed, 2 failed, 1 n/a\n"), ("c", "c1 set-up failed\n")):
+        assert f"== e2e {name}\n{body}== e2e {name}: " in out
+    assert list(tmp_path.iterdir()) == []  # the kept output is gone with the run

@@ -3,7 +3,7 @@ shows for the same stream, and no map entry outlives its service.
 
 The machine of tests/ebpf/map_machine.py on real maps (a dedicated bpffs
 directory; no program is attached); test_programmer_fake.py runs it on the
-dict fakes. Profiles: "ci" (about a minute) and "long"
+dict fakes. Profiles: "ci" (about 15 s alone) and "long"
 (HYPOTHESIS_PROFILE=long).
 """
 

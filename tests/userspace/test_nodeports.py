@@ -254,10 +254,12 @@ def test_n8_n9_etp_local_without_a_local_endpoint_drops_outside_serves_the_node(
     web, dns = _local_only(TCP, None), _local_only(UDP, None)
     node.apply(ServicePortChanges(added=(web, dns), full=True))
     for host, port in ((NODE4, NODE_PORT), (NODE6, NODE_PORT), (EXTERNAL_IP, 80)):
-        # N8: no SYN-ACK and no reset: the client's connect times out.
-        assert client("tcp_echo", host=host, port=port, count=1) == {"error": "TimeoutError"}
-        assert client("udp_echo", host=host, port=port, count=1, size=1, connected=True) == {
+        # N8: no SYN-ACK and no reset: the client's connect times out (an
+        # answer in the lab takes milliseconds: a second is long enough).
+        assert client("tcp_echo", host=host, port=port, count=1, timeout=1) == {
             "error": "TimeoutError"}
+        assert client("udp_echo", host=host, port=port, count=1, size=1, connected=True,
+                      timeout=1) == {"error": "TimeoutError"}
         # N9: a host process uses the cluster endpoints.
         assert _endpoints(_on_node(netns_cluster, "tcp_echo", host=host, port=port, count=6)) <= set(
             SERVER_V6 if ":" in host else SERVER_V4)
