@@ -38,6 +38,10 @@ _SERVICE_KEY = struct.Struct(f"={_PREFIX_SIZE}sH")  # prefix, slot
 _SLOT = struct.Struct("=H")
 _SERVICE_VALUE = struct.Struct("=IIIII")  # id, count, affinity_timeout, flags, affinity_group
 _SERVICE_ID = struct.Struct("=I")  # a backend id (the key of `backends`), a service id
+# What follows the lb_l4addr in an lb_backend: its service_id, affinity_group.
+_BACKEND_OWNER = struct.Struct("=II")
+TARGET_SIZE = ct.sizeof(L4Addr)
+_NO_TARGET = bytes(TARGET_SIZE)  # of a recovered slot that names no backend
 
 
 @dataclass(frozen=True, order=True)
@@ -107,6 +111,11 @@ class Programmed:
 
     service_id: int
     slots: tuple[int, ...]  # backend id of slot i+1; 0 where a recovered slot was missing
+    # The packed lb_l4addr of each slot's backend (TARGET_SIZE bytes per slot,
+    # zeros where a slot was missing): with the service id and the affinity
+    # group, which every backend of the frontend shares, what its entry holds.
+    # Kept once per frontend, not as an object per backend.
+    targets: bytes
     affinity_timeout: int
     kind_flag: int = 0  # maps.KIND_FLAGS of the frontend's kind
     # With affinity: the service id of the first frontend of its service
@@ -118,6 +127,19 @@ class Programmed:
                             affinity_timeout=self.affinity_timeout,
                             flags=(maps.SVC_F_AFFINITY if self.affinity_timeout else 0)
                             | self.kind_flag, affinity_group=self.affinity_group)
+
+    def backend_value(self, index: int) -> bytes:
+        """The packed lb_backend of slot `index + 1`."""
+        return backend_value(self.service_id, self.target(index), self.affinity_group)
+
+    def target(self, index: int) -> bytes:
+        return self.targets[index * TARGET_SIZE:(index + 1) * TARGET_SIZE]
+
+    def backends(self) -> Iterator[tuple[int, bytes]]:
+        """(backend id, packed lb_l4addr) of every slot that names one."""
+        for index, backend_id in enumerate(self.slots):
+            if backend_id:
+                yield backend_id, self.target(index)
 
     def same_master(self, other: Programmed) -> bool:
         return (self.service_id, len(self.slots), self.affinity_timeout, self.kind_flag,
@@ -138,6 +160,17 @@ class StoredBackend:
         """From an entry's packed value."""
         return cls(HostPort.of(BackendValue.from_buffer_copy(raw).addr),
                    backend_service_id(raw))
+
+
+def backend_value(service_id: int, target: bytes, affinity_group: int) -> bytes:
+    """The packed lb_backend of a (frontend, endpoint) pair: what identifies
+    its backend id."""
+    return target + _BACKEND_OWNER.pack(service_id, affinity_group)
+
+
+def backend_target(raw: bytes) -> bytes:
+    """The packed lb_l4addr of a packed `backends` value."""
+    return raw[:TARGET_SIZE]
 
 
 def backend_service_id(raw: bytes) -> int:
@@ -243,8 +276,9 @@ class Contents:
         """A master is adopted with its slots 1..count when its keys are a
         frontend's and its service id is neither 0 nor taken by a frontend
         sorted before it; a slot is adopted as missing (0) when it names no
-        backend of that service; a backend with the service id of an adopted
-        master is adopted with it. Every other entry is a stray."""
+        backend of that frontend (one with its service id and affinity
+        group); a backend with the service id of an adopted master is adopted
+        with it. Every other entry is a stray."""
         frontends: dict[FrontendKeys, Programmed] = {}
         named: dict[int, bytes] = {}
         strays = list(self.masterless_slots)
@@ -255,10 +289,13 @@ class Contents:
                 strays += stored.keys()
                 continue
             service_ids[service_id] = frontend
-            slots = tuple(self._backend_of(backend_id, service_id)
+            owner = _BACKEND_OWNER.pack(service_id, stored.affinity_group)
+            slots = tuple(self._backend_of(backend_id, owner)
                           for backend_id in stored.backend_ids())
             strays += stored.slot_keys(s for s in stored.slots if s > stored.master.count)
-            frontends[frontend] = Programmed(service_id, slots, stored.affinity_timeout,
+            targets = b"".join(backend_target(self.backends[backend_id]) if backend_id
+                               else _NO_TARGET for backend_id in slots)
+            frontends[frontend] = Programmed(service_id, slots, targets, stored.affinity_timeout,
                                              stored.master.flags & maps.SVC_F_KINDS,
                                              stored.affinity_group)
             named.update((backend_id, self.backends[backend_id]) for backend_id in slots
@@ -277,10 +314,12 @@ class Contents:
         return Recovered(frontends, named, {f: tuple(ids) for f, ids in unnamed.items()},
                          tuple(strays), tuple(stray_backends))
 
-    def _backend_of(self, backend_id: int | None, service_id: int) -> int:
-        """The slot's backend id if it names a backend of the service, else 0."""
+    def _backend_of(self, backend_id: int | None, owner: bytes) -> int:
+        """The slot's backend id if it names a backend of the frontend (`owner`:
+        its packed service id and affinity group, which all its backends
+        carry), else 0."""
         raw = self.backends.get(backend_id) if backend_id is not None else None
-        return backend_id if raw is not None and backend_service_id(raw) == service_id else 0
+        return backend_id if raw is not None and raw[TARGET_SIZE:] == owner else 0
 
 
 def read_contents(services: MapAccess[ServiceKey, ServiceValue],

@@ -38,11 +38,12 @@ from backends.ebpf.contents import (
     FrontendKeys,
     HostPort,
     Programmed,
-    StoredBackend,
+    backend_target,
+    backend_value,
     read_contents,
 )
 from backends.ebpf.mapaccess import MapAccess
-from backends.ebpf.maps import BackendValue, ServiceKey, ServiceValue, packed_l4addr
+from backends.ebpf.maps import BackendValue, L4Addr, ServiceKey, ServiceValue, packed_l4addr
 from kpng_py.logs import fields
 from kpng_py.model import (
     ServicePortChanges,
@@ -66,7 +67,6 @@ ROUND_PORTS = 1024
 # key of `backends`; a service id) and a slot (lb_service_value, id only).
 _U32 = struct.Struct("=I")
 _SLOT_VALUE = struct.Struct("=IIIII")
-_BACKEND_OWNER = struct.Struct("=II")  # lb_backend's service_id, affinity_group
 _BACKEND_KEY_SIZE = _U32.size
 _SERVICE_KEY_SIZE = ct.sizeof(ServiceKey)
 
@@ -101,12 +101,6 @@ def frontends_of(port: ServicePort, keys: Sequence[FrontendKeys] | None = None) 
         for frontend, keys_of in zip(port.frontends(),
                                      frontend_keys(port) if keys is None else keys)
     }
-
-
-def backend_value(service_id: int, target: bytes, affinity_group: int) -> bytes:
-    """The packed lb_backend of a (frontend, endpoint) pair: what identifies
-    its backend id."""
-    return target + _BACKEND_OWNER.pack(service_id, affinity_group)
 
 
 # The affinity group of a frontend that leads it (the group is its own
@@ -297,14 +291,16 @@ class ServiceProgrammer:
     def backend_targets(self) -> dict[int, tuple[int, HostPort]]:
         """Every programmed backend id: its service id and its target."""
         targets = {}
-        for backend_id, value in self._backends.items():
-            backend = StoredBackend.of(value)
-            targets[backend_id] = (backend.service_id, backend.target)
+        for frontend, programmed in self._frontends.items():
+            for backend_id, target in self._backends_of(frontend, programmed).items():
+                targets[backend_id] = (programmed.service_id,
+                                       HostPort.of(L4Addr.from_buffer_copy(target)))
         return targets
 
     def backend_ids(self) -> Collection[int]:
         """Every programmed backend id."""
-        return self._backends.keys()
+        return {backend_id for frontend, programmed in self._frontends.items()
+                for backend_id in self._backends_of(frontend, programmed)}
 
     def service_port_of_ids(self) -> dict[int, ServicePortName | None]:
         """The service id of every programmed frontend, with the service port
@@ -313,14 +309,14 @@ class ServiceProgrammer:
                 for frontend, programmed in self._frontends.items()}
 
     def _reset(self) -> None:
+        # Each frontend with its backends (Programmed.targets): a backend is
+        # identified by its value (target, service id, affinity group), as in
+        # the map, and only a frontend's own backends carry its service id.
         self._frontends: dict[FrontendKeys, Programmed] = {}
-        # Backend id -> its packed lb_backend value, and back: a backend is
-        # identified by its value (target and service id), as in the map.
-        self._backends: dict[int, bytes] = {}
-        self._backend_ids: dict[bytes, int] = {}
         # Backends of a frontend that no slot names (recovered after a failed
-        # write): reused or deleted when the frontend is next programmed.
-        self._unnamed: dict[FrontendKeys, tuple[int, ...]] = {}
+        # write), by id with their packed value: reused or deleted when the
+        # frontend is next programmed.
+        self._unnamed: dict[FrontendKeys, dict[int, bytes]] = {}
         self._owners: dict[FrontendKeys, ServicePortName] = {}
         self._waiting: dict[ServicePortName, Waiting] = {}
         # Entries recovered from the maps that no frontend explains (what a
@@ -339,10 +335,8 @@ class ServiceProgrammer:
         contents = read_contents(self._services, self._backends_map)
         recovered = contents.recovered()
         self._frontends = dict(recovered.frontends)
-        for backend_id, value in recovered.backends.items():
-            self._backends[backend_id] = value
-            self._backend_ids[value] = backend_id
-        self._unnamed = dict(recovered.unnamed)
+        self._unnamed = {frontend: {backend_id: recovered.backends[backend_id] for backend_id in ids}
+                         for frontend, ids in recovered.unnamed.items()}
         self._stray_keys = b"".join(bytes(key) for key in recovered.stray_keys)
         self._stray_backends = list(recovered.stray_backends)
         self.service_entries = sum(1 + len(p.slots) for p in self._frontends.values()) + len(
@@ -352,7 +346,7 @@ class ServiceProgrammer:
             (p.service_id for p in self._frontends.values()), self._capacity.max_id)
         self._backend_id_pool = IdAllocator(contents.backends, self._capacity.max_id)
         log.info("recovered the programmed services from the pinned maps", extra=fields(
-            frontends=len(self._frontends), backends=len(self._backends),
+            frontends=len(self._frontends), backends=len(recovered.backends),
             stray_entries=len(recovered.stray_keys) + len(self._stray_backends)))
 
     # -- planning --------------------------------------------------------------
@@ -458,23 +452,30 @@ class ServiceProgrammer:
         for slot in range(1, len(programmed.slots) + 1):
             writes.gone_slots += frontend.packed_key(slot)
         self.service_entries -= 1 + len(programmed.slots)
-        backend_ids = (set(programmed.slots) | set(self._unnamed.pop(frontend, ()))) - {0}
-        for backend_id in backend_ids:
-            self._drop_backend(backend_id, frontend, writes.gone_backends, writes)
-        self.backend_entries -= len(backend_ids)
+        backends = self._backends_of(frontend, programmed)
+        self._unnamed.pop(frontend, None)
+        self._drop_backends(frontend, programmed.service_id, backends, writes.gone_backends,
+                            writes)
+        self.backend_entries -= len(backends)
         self._service_ids.release(programmed.service_id)
         writes.released_service_ids.append(programmed.service_id)
 
-    def _drop_backend(self, backend_id: int, frontend: FrontendKeys, into: bytearray,
-                      writes: MapWrites) -> None:
-        value = self._backends.pop(backend_id)
-        del self._backend_ids[value]
-        self._backend_id_pool.release(backend_id)
-        writes.released_backend_ids.append(backend_id)
-        into += _U32.pack(backend_id)
-        if frontend.protocol is Protocol.UDP:
-            stored = StoredBackend.of(value)
-            writes.removed_udp.add((stored.service_id, stored.target))
+    def _backends_of(self, frontend: FrontendKeys, programmed: Programmed) -> dict[int, bytes]:
+        """The frontend's backends, named by a slot or not: id -> packed lb_l4addr."""
+        backends = dict(programmed.backends())
+        for backend_id, value in self._unnamed.get(frontend, {}).items():
+            backends.setdefault(backend_id, backend_target(value))
+        return backends
+
+    def _drop_backends(self, frontend: FrontendKeys, service_id: int,
+                       targets: Mapping[int, bytes], into: bytearray, writes: MapWrites) -> None:
+        """Delete backends of the frontend (id -> packed lb_l4addr) in the step of `into`."""
+        for backend_id, target in targets.items():
+            self._backend_id_pool.release(backend_id)
+            writes.released_backend_ids.append(backend_id)
+            into += _U32.pack(backend_id)
+            if frontend.protocol is Protocol.UDP:
+                writes.removed_udp.add((service_id, HostPort.of(L4Addr.from_buffer_copy(target))))
 
     def _program_port(self, port: ServicePort, specs: FrontendSpecs, writes: MapWrites,
                       reported: frozenset) -> None:
@@ -508,7 +509,7 @@ class ServiceProgrammer:
                 if group is LEADS:
                     new_leaders[version] = service_id
             elif frontend in self._unnamed:  # kept as it was, without what no slot names
-                self._drop_unnamed(frontend, set(), writes)
+                self._drop_unnamed(frontend, {}, writes)
             if frontend in self._frontends:  # programmed now, or kept as it was
                 if self._owners.get(frontend) != port.name:
                     writes.named_service_ids.append((self._frontends[frontend].service_id,
@@ -559,9 +560,12 @@ class ServiceProgrammer:
             # A new frontend's service id (or a new group's) is not allocated
             # yet: none of its backends exists.
             group = groups[frontend]
-            backends_needed += len(targets) if old is None or group is LEADS else sum(
-                1 for t in targets
-                if backend_value(old.service_id, t, group) not in self._backend_ids)
+            if old is None or group is LEADS:
+                backends_needed += len(targets)
+            else:
+                known = self._known_backends(frontend, old)
+                backends_needed += sum(1 for t in targets
+                                       if backend_value(old.service_id, t, group) not in known)
         for spec, used, needed, capacity in (
                 (maps.SERVICES, self.service_entries, services_needed, self._capacity.services),
                 (maps.BACKENDS, self.backend_entries, backends_needed, self._capacity.backends)):
@@ -583,15 +587,22 @@ class ServiceProgrammer:
         old = self._frontends.get(frontend)
         service_id = old.service_id if old else self._service_ids.allocate()
         group = service_id if affinity_group is LEADS else affinity_group
-        wanted = [self._backend_id(service_id, target, group, writes)
+        known = self._known_backends(frontend, old) if old else {}
+        wanted = [self._backend_id(known, backend_value(service_id, target, group), writes)
                   for target in spec.targets]
         previous = old.slots if old else ()
         slots = assign_slots(previous, wanted)
+        if slots == wanted:
+            targets = b"".join(spec.targets)
+        else:
+            target_of = dict(zip(wanted, spec.targets))
+            targets = b"".join(target_of[backend_id] for backend_id in slots)
         for index, backend_id in enumerate(slots):
             if index >= len(previous) or previous[index] != backend_id:
                 writes.slot_keys += frontend.packed_key(index + 1)
                 writes.slot_values += _SLOT_VALUE.pack(backend_id, 0, 0, 0, 0)
-        new = Programmed(service_id, tuple(slots), spec.affinity_timeout, spec.kind_flag, group)
+        new = Programmed(service_id, tuple(slots), targets, spec.affinity_timeout,
+                         spec.kind_flag, group)
         if old is None or not old.same_master(new):
             writes.master_keys += frontend.packed_key(0)
             writes.master_values += bytes(new.master())
@@ -599,24 +610,41 @@ class ServiceProgrammer:
             writes.stale_slots += frontend.packed_key(slot)
         self.service_entries += (0 if old else 1) + max(0, len(slots) - len(previous))
         self._frontends[frontend] = new
-        self._drop_unnamed(frontend, set(previous) - set(slots) - {0}, writes)
+        dropped = dict(old.backends()) if old else {}
+        for backend_id in slots:
+            dropped.pop(backend_id, None)
+        self._drop_unnamed(frontend, dropped, writes)
         return service_id
 
-    def _drop_unnamed(self, frontend: FrontendKeys, also: set[int], writes: MapWrites) -> None:
+    def _drop_unnamed(self, frontend: FrontendKeys, also: dict[int, bytes],
+                      writes: MapWrites) -> None:
         """Delete (in step 5) the frontend's backends no slot names: `also`
-        and those recovered unnamed that no slot names now either."""
-        slots = set(self._frontends[frontend].slots) if frontend in self._frontends else set()
-        for backend_id in also | (set(self._unnamed.pop(frontend, ())) - slots):
-            self._drop_backend(backend_id, frontend, writes.orphan_backends, writes)
+        (id -> packed lb_l4addr) and those recovered unnamed that no slot
+        names now either."""
+        programmed = self._frontends[frontend]
+        named = set(programmed.slots)
+        also = dict(also)
+        for backend_id, value in self._unnamed.pop(frontend, {}).items():
+            if backend_id not in named:
+                also.setdefault(backend_id, backend_target(value))
+        self._drop_backends(frontend, programmed.service_id, also, writes.orphan_backends,
+                            writes)
 
-    def _backend_id(self, service_id: int, target: bytes, affinity_group: int,
-                    writes: MapWrites) -> int:
-        value = backend_value(service_id, target, affinity_group)
-        backend_id = self._backend_ids.get(value)
+    def _known_backends(self, frontend: FrontendKeys, old: Programmed) -> dict[bytes, int]:
+        """The frontend's backends by packed value (lb_backend): those its
+        slots name and those recovered unnamed."""
+        known = {value: backend_id for backend_id, value in self._unnamed.get(frontend, {}).items()}
+        known.update((old.backend_value(index), backend_id)
+                     for index, backend_id in enumerate(old.slots) if backend_id)
+        return known
+
+    def _backend_id(self, known: dict[bytes, int], value: bytes, writes: MapWrites) -> int:
+        """The id of the backend with this packed value among `known` (a
+        frontend's), a new one if there is none."""
+        backend_id = known.get(value)
         if backend_id is None:
             backend_id = self._backend_id_pool.allocate()
-            self._backends[backend_id] = value
-            self._backend_ids[value] = backend_id
+            known[value] = backend_id
             writes.new_backend_keys += _U32.pack(backend_id)
             writes.new_backend_values += value
             self.backend_entries += 1

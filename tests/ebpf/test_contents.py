@@ -7,7 +7,13 @@ from __future__ import annotations
 import ipaddress
 
 from backends.ebpf import maps
-from backends.ebpf.contents import FrontendKeys, HostPort, Programmed, read_contents
+from backends.ebpf.contents import (
+    TARGET_SIZE,
+    FrontendKeys,
+    HostPort,
+    Programmed,
+    read_contents,
+)
 from backends.ebpf.programmer import Capacity, ServiceProgrammer
 from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePortChanges, Protocol
@@ -27,6 +33,10 @@ def frontend(vip: str, port: int, protocol: Protocol) -> FrontendKeys:
     return FrontendKeys(HostPort(ipaddress.ip_address(vip), port), protocol)
 
 
+def target(ip: str, port: int) -> bytes:
+    return maps.packed_l4addr(ipaddress.ip_address(ip), port)
+
+
 def slot_of(key: maps.ServiceKey) -> tuple[str, int, int, int]:
     return str(key.vip.ip), key.vip.host_port, key.proto, key.slot
 
@@ -34,23 +44,29 @@ def slot_of(key: maps.ServiceKey) -> tuple[str, int, int, int]:
 def test_a_master_is_adopted_with_its_slots_and_everything_else_is_a_stray() -> None:
     recovered = read_contents(*fake_maps()).recovered()
     assert recovered.frontends == {
-        frontend("10.96.0.10", 80, Protocol.TCP): Programmed(7, (101, 102), 0),
-        frontend("10.96.0.10", 80, Protocol.UDP): Programmed(11, (111,), 0),
-        frontend("10.96.0.11", 443, Protocol.TCP): Programmed(9, (), 0),  # no affinity flag
+        frontend("10.96.0.10", 80, Protocol.TCP): Programmed(
+            7, (101, 102), target("10.244.0.2", 8080) + target("10.244.0.3", 8080), 0),
+        frontend("10.96.0.10", 80, Protocol.UDP): Programmed(
+            11, (111,), target("10.244.0.2", 5353), 0),
+        frontend("10.96.0.11", 443, Protocol.TCP): Programmed(9, (), b"", 0),  # no affinity flag
         # Slot 2 is missing, slot 3 names no backend: both to be rewritten.
-        frontend("fd00::10", 53, Protocol.UDP): Programmed(8, (201, 0, 0), 30),
+        frontend("fd00::10", 53, Protocol.UDP): Programmed(
+            8, (201, 0, 0), target("fd00:244::2", 5353) + bytes(2 * TARGET_SIZE), 30),
         # Each kind keeps its flag. Flags no programmer writes are adopted as
         # they are: the next change set with the frontend rewrites its master
         # (the kind is part of it), a full one without it deletes it.
-        frontend("203.0.113.7", 80, Protocol.TCP): Programmed(12, (), 0, maps.SVC_F_EXTERNAL_IP),
+        frontend("203.0.113.7", 80, Protocol.TCP): Programmed(
+            12, (), b"", 0, maps.SVC_F_EXTERNAL_IP),
         frontend("198.51.100.7", 80, Protocol.TCP): Programmed(
-            13, (), 0, maps.SVC_F_LOAD_BALANCER_IP),
-        frontend("0.0.0.0", 30080, Protocol.TCP): Programmed(14, (), 0, maps.SVC_F_NODE_PORT),
-        frontend("::", 30080, Protocol.TCP): Programmed(15, (), 0, maps.SVC_F_NODE_PORT),
+            13, (), b"", 0, maps.SVC_F_LOAD_BALANCER_IP),
+        frontend("0.0.0.0", 30080, Protocol.TCP): Programmed(
+            14, (), b"", 0, maps.SVC_F_NODE_PORT),
+        frontend("::", 30080, Protocol.TCP): Programmed(15, (), b"", 0, maps.SVC_F_NODE_PORT),
         frontend("10.96.0.15", 80, Protocol.TCP): Programmed(
-            16, (), 0, maps.SVC_F_NODE_PORT | maps.SVC_F_EXTERNAL_IP),
-        frontend("10.96.0.16", 80, Protocol.TCP): Programmed(17, (), 0, maps.SVC_F_NODE_PORT),
-        frontend("::", 30081, Protocol.UDP): Programmed(18, (), 0),
+            16, (), b"", 0, maps.SVC_F_NODE_PORT | maps.SVC_F_EXTERNAL_IP),
+        frontend("10.96.0.16", 80, Protocol.TCP): Programmed(
+            17, (), b"", 0, maps.SVC_F_NODE_PORT),
+        frontend("::", 30081, Protocol.UDP): Programmed(18, (), b"", 0),
     }
     assert sorted(recovered.backends) == [101, 102, 111, 201]
     assert recovered.stray_backends == (300,)
@@ -87,3 +103,20 @@ def test_a_backend_of_an_adopted_service_that_no_slot_names_is_adopted_with_it()
                           Skips(Metrics()))
     p.apply(ServicePortChanges(full=True))
     assert (len(services), len(backends)) == (0, 0) == (p.service_entries, p.backend_entries)
+
+
+def test_a_slot_naming_a_backend_of_another_affinity_group_is_missing() -> None:
+    """What a write that failed between a group's new backends and its master
+    leaves: the slot is rewritten, the backend is reused or deleted by the
+    value it holds."""
+    services, backends = fake_maps()
+    backends.put_many([101], [maps.BackendValue(
+        addr=maps.L4Addr.of(ipaddress.ip_address("10.244.0.2"), 8080), service_id=7,
+        affinity_group=7)])
+    recovered = read_contents(services, backends).recovered()
+    tcp = frontend("10.96.0.10", 80, Protocol.TCP)
+    assert recovered.frontends[tcp].slots == (0, 102)
+    assert recovered.unnamed == {tcp: (101,)}
+    p = ServiceProgrammer(services, backends, Capacity(SIZES["services"], SIZES["backends"]),
+                          Skips(Metrics()))
+    assert 101 in p.backend_ids() and p.backend_targets()[101][0] == 7
