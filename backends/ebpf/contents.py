@@ -128,18 +128,12 @@ class Programmed:
                             flags=(maps.SVC_F_AFFINITY if self.affinity_timeout else 0)
                             | self.kind_flag, affinity_group=self.affinity_group)
 
-    def backend_value(self, index: int) -> bytes:
-        """The packed lb_backend of slot `index + 1`."""
-        return backend_value(self.service_id, self.target(index), self.affinity_group)
-
-    def target(self, index: int) -> bytes:
-        return self.targets[index * TARGET_SIZE:(index + 1) * TARGET_SIZE]
-
     def backends(self) -> Iterator[tuple[int, bytes]]:
         """(backend id, packed lb_l4addr) of every slot that names one."""
+        targets = self.targets
         for index, backend_id in enumerate(self.slots):
             if backend_id:
-                yield backend_id, self.target(index)
+                yield backend_id, targets[index * TARGET_SIZE:(index + 1) * TARGET_SIZE]
 
     def same_master(self, other: Programmed) -> bool:
         return (self.service_id, len(self.slots), self.affinity_timeout, self.kind_flag,
@@ -162,10 +156,10 @@ class StoredBackend:
                    backend_service_id(raw))
 
 
-def backend_value(service_id: int, target: bytes, affinity_group: int) -> bytes:
-    """The packed lb_backend of a (frontend, endpoint) pair: what identifies
-    its backend id."""
-    return target + _BACKEND_OWNER.pack(service_id, affinity_group)
+def backend_owner(service_id: int, affinity_group: int) -> bytes:
+    """What follows the target in the packed lb_backend of every backend of a
+    frontend: target + owner is the value that identifies its backend id."""
+    return _BACKEND_OWNER.pack(service_id, affinity_group)
 
 
 def backend_target(raw: bytes) -> bytes:
@@ -289,7 +283,7 @@ class Contents:
                 strays += stored.keys()
                 continue
             service_ids[service_id] = frontend
-            owner = _BACKEND_OWNER.pack(service_id, stored.affinity_group)
+            owner = backend_owner(service_id, stored.affinity_group)
             slots = tuple(self._backend_of(backend_id, owner)
                           for backend_id in stored.backend_ids())
             strays += stored.slot_keys(s for s in stored.slots if s > stored.master.count)

@@ -38,8 +38,8 @@ from backends.ebpf.contents import (
     FrontendKeys,
     HostPort,
     Programmed,
+    backend_owner,
     backend_target,
-    backend_value,
     read_contents,
 )
 from backends.ebpf.mapaccess import MapAccess
@@ -161,13 +161,22 @@ class IdAllocator:
         return max(0, self._limit - len(self._in_use))
 
     def allocate(self) -> int:
-        if not self.available():
-            raise IdsExhausted(f"all {self._limit} ids are in use")
-        while True:
-            self._cursor = self._cursor % self._limit + 1
-            if self._cursor not in self._in_use:
-                self._in_use.add(self._cursor)
-                return self._cursor
+        return self.allocate_many(1)[0]
+
+    def allocate_many(self, count: int) -> list[int]:
+        """`count` ids, those `allocate` would hand out one after the other."""
+        if count > self.available():
+            raise IdsExhausted(f"{count} ids wanted, {self.available()} of {self._limit} "
+                               "are free")
+        ids: list[int] = []
+        cursor, limit, in_use = self._cursor, self._limit, self._in_use
+        while len(ids) < count:
+            cursor = cursor % limit + 1
+            if cursor not in in_use:
+                in_use.add(cursor)
+                ids.append(cursor)
+        self._cursor = cursor
+        return ids
 
     def release(self, value: int) -> None:
         self._released.append(value)
@@ -483,7 +492,8 @@ class ServiceProgrammer:
         service port owns stays with its owner (`frontend-conflict`; the
         state model already decides so, this is the datapath's own guard).
         When the rest does not fit the maps (`capacity`), what the port had
-        stays programmed, untouched. Either way the port waits, retried with
+        stays programmed, untouched, but for frontends whose affinity group
+        lost its leader (`_drop_orphaned_members`). Either way the port waits, retried with
         every later change set, and each problem is reported once per
         version of the port."""
         problems: list[tuple[SkipReason, FrontendKeys | None, str]] = []
@@ -497,7 +507,11 @@ class ServiceProgrammer:
                                  f"frontend {frontend} is already programmed for service port "
                                  f"{owner}, which keeps it"))
         groups = self._affinity_groups(fitting)
-        no_room = self._capacity_problem(fitting, groups)
+        known = {frontend: self._known_backends(frontend, self._frontends[frontend])
+                 for frontend in fitting if frontend in self._frontends}
+        no_room = self._capacity_problem(fitting, groups, known)
+        if no_room:
+            self._drop_orphaned_members(fitting, writes)
         new_leaders: dict[int, int] = {}  # IP version -> the new group's service id
         for frontend, spec in fitting.items():
             if not no_room:
@@ -505,7 +519,8 @@ class ServiceProgrammer:
                 group = groups[frontend]
                 if group is LEADS:  # a new group: its leader comes first, then its members
                     group = new_leaders.get(version, LEADS)
-                service_id = self._program_frontend(frontend, spec, writes, group)
+                service_id = self._program_frontend(frontend, spec, writes, group,
+                                                    known.get(frontend, {}))
                 if group is LEADS:
                     new_leaders[version] = service_id
             elif frontend in self._unnamed:  # kept as it was, without what no slot names
@@ -527,6 +542,21 @@ class ServiceProgrammer:
         self._waiting[port.name] = Waiting(port, reported | {
             (reason, frontend) for reason, frontend, _ in problems})
 
+    def _drop_orphaned_members(self, frontends: Iterable[FrontendKeys], writes: MapWrites) -> None:
+        """Of a port's frontends kept as they were, remove those whose affinity
+        group is no longer the service id of one of them in their family: the
+        leader is gone (the port no longer has it, or the frontends were
+        recovered from another port's), its id is free, and a frontend that
+        got it would share their affinity."""
+        kept = {frontend: self._frontends[frontend] for frontend in frontends
+                if frontend in self._frontends}
+        leaders = {(frontend.vip.ip.version, programmed.service_id)
+                   for frontend, programmed in kept.items()}
+        for frontend, programmed in kept.items():
+            group = programmed.affinity_group
+            if group and (frontend.vip.ip.version, group) not in leaders:
+                self._remove_frontend(frontend, writes)
+
     def _affinity_groups(self, specs: FrontendSpecs) -> dict[FrontendKeys, int | None]:
         """The affinity group each frontend of a port will have: 0 without
         affinity; else the service id of the first frontend of its family,
@@ -544,8 +574,8 @@ class ServiceProgrammer:
             groups[frontend] = leaders[version]
         return groups
 
-    def _capacity_problem(self, specs: FrontendSpecs,
-                          groups: Mapping[FrontendKeys, int | None]) -> str:
+    def _capacity_problem(self, specs: FrontendSpecs, groups: Mapping[FrontendKeys, int | None],
+                          known: Mapping[FrontendKeys, Mapping[bytes, int]]) -> str:
         """Why the port does not fit, counting every entry this change set adds
         before it deletes any (the maps hold both during the update)."""
         services_needed = backends_needed = service_ids_needed = 0
@@ -563,9 +593,8 @@ class ServiceProgrammer:
             if old is None or group is LEADS:
                 backends_needed += len(targets)
             else:
-                known = self._known_backends(frontend, old)
-                backends_needed += sum(1 for t in targets
-                                       if backend_value(old.service_id, t, group) not in known)
+                owner, existing = backend_owner(old.service_id, group), known[frontend]
+                backends_needed += sum(1 for t in targets if t + owner not in existing)
         for spec, used, needed, capacity in (
                 (maps.SERVICES, self.service_entries, services_needed, self._capacity.services),
                 (maps.BACKENDS, self.backend_entries, backends_needed, self._capacity.backends)):
@@ -581,15 +610,17 @@ class ServiceProgrammer:
         return ""
 
     def _program_frontend(self, frontend: FrontendKeys, spec: FrontendSpec, writes: MapWrites,
-                          affinity_group: int | None) -> int:
-        """Program one frontend (`affinity_group` LEADS: its own service id);
-        its service id."""
+                          affinity_group: int | None, known: dict[bytes, int]) -> int:
+        """Program one frontend (`affinity_group` LEADS: its own service id;
+        `known`: its backends by packed value); its service id."""
         old = self._frontends.get(frontend)
         service_id = old.service_id if old else self._service_ids.allocate()
         group = service_id if affinity_group is LEADS else affinity_group
-        known = self._known_backends(frontend, old) if old else {}
-        wanted = [self._backend_id(known, backend_value(service_id, target, group), writes)
-                  for target in spec.targets]
+        owner = backend_owner(service_id, group)
+        values = [target + owner for target in spec.targets]
+        self._add_backends([value for value in dict.fromkeys(values) if value not in known],
+                           known, writes)
+        wanted = [known[value] for value in values]
         previous = old.slots if old else ()
         slots = assign_slots(previous, wanted)
         if slots == wanted:
@@ -610,10 +641,13 @@ class ServiceProgrammer:
             writes.stale_slots += frontend.packed_key(slot)
         self.service_entries += (0 if old else 1) + max(0, len(slots) - len(previous))
         self._frontends[frontend] = new
-        dropped = dict(old.backends()) if old else {}
-        for backend_id in slots:
-            dropped.pop(backend_id, None)
-        self._drop_unnamed(frontend, dropped, writes)
+        if old is not None and new.slots != old.slots:
+            dropped = dict(old.backends())
+            for backend_id in slots:
+                dropped.pop(backend_id, None)
+            self._drop_unnamed(frontend, dropped, writes)
+        elif frontend in self._unnamed:
+            self._drop_unnamed(frontend, {}, writes)
         return service_id
 
     def _drop_unnamed(self, frontend: FrontendKeys, also: dict[int, bytes],
@@ -634,21 +668,21 @@ class ServiceProgrammer:
         """The frontend's backends by packed value (lb_backend): those its
         slots name and those recovered unnamed."""
         known = {value: backend_id for backend_id, value in self._unnamed.get(frontend, {}).items()}
-        known.update((old.backend_value(index), backend_id)
-                     for index, backend_id in enumerate(old.slots) if backend_id)
+        owner = backend_owner(old.service_id, old.affinity_group)
+        known.update((target + owner, backend_id) for backend_id, target in old.backends())
         return known
 
-    def _backend_id(self, known: dict[bytes, int], value: bytes, writes: MapWrites) -> int:
-        """The id of the backend with this packed value among `known` (a
-        frontend's), a new one if there is none."""
-        backend_id = known.get(value)
-        if backend_id is None:
-            backend_id = self._backend_id_pool.allocate()
-            known[value] = backend_id
-            writes.new_backend_keys += _U32.pack(backend_id)
-            writes.new_backend_values += value
-            self.backend_entries += 1
-        return backend_id
+    def _add_backends(self, values: list[bytes], known: dict[bytes, int],
+                      writes: MapWrites) -> None:
+        """New backends (packed lb_backend values) of a frontend, added to
+        `known` (its backends by value) with their new ids."""
+        if not values:
+            return
+        ids = self._backend_id_pool.allocate_many(len(values))
+        known.update(zip(values, ids))
+        writes.new_backend_keys += struct.pack(f"={len(ids)}I", *ids)
+        writes.new_backend_values += b"".join(values)
+        self.backend_entries += len(ids)
 
     # -- writing ---------------------------------------------------------------
 

@@ -74,9 +74,9 @@ def skipped(metrics: Metrics, reason: str) -> float | None:
     return metrics.registry.get_sample_value("kpng_py_skipped_total", {"reason": reason})
 
 
-def programmed(pair: MapPair, vip: str) -> dict[int, int]:
-    """slot -> id (service id of the master, backend id of a slot) of vip:80/TCP."""
-    frontend = FrontendKeys(HostPort(ipaddress.ip_address(vip), 80), Protocol.TCP)
+def programmed(pair: MapPair, vip: str, port: int = 80) -> dict[int, int]:
+    """slot -> id (service id of the master, backend id of a slot) of vip:port/TCP."""
+    frontend = FrontendKeys(HostPort(ipaddress.ip_address(vip), port), Protocol.TCP)
     return {key.slot: value.id for key, value in pair.services.items()
             if bytes(key) == bytes(frontend.key(key.slot))}
 
@@ -249,3 +249,23 @@ def test_service_ids_are_named_when_their_frontend_gets_an_owner_and_released_wh
     gone = restarted.apply(removed(moved))
     assert sorted(gone.released_service_ids) == sorted(ids)
     assert restarted.service_port_of_ids() == {}
+
+
+def test_a_kept_frontend_whose_affinity_leader_is_gone_is_removed() -> None:
+    """A port with affinity moves its ClusterIP and its new version does not
+    fit: the old ClusterIP (its group's leader) goes, its id is free again,
+    so the node port is not kept with that group (a frontend that got the id
+    would share its affinity); the port waits for room."""
+    pair = fake_pair(6, 100)
+    metrics = Metrics()
+    p = ServiceProgrammer(pair.services, pair.backends, pair.capacity, Skips(metrics))
+    before = service_port("web", ["10.96.9.1"], 80, backends=[1, 2], affinity=30,
+                          families=(4,), node_port=30080)
+    p.apply(added(before, full=True))
+    assert programmed(pair, "10.96.9.1") and programmed(pair, "0.0.0.0", 30080)
+    after = service_port("web", ["10.96.9.2"], 80, backends=[1, 2, 3], affinity=30,
+                         families=(4,), node_port=30080)
+    p.apply(updated(before, after))
+    assert skipped(metrics, "capacity") == 1
+    assert not programmed(pair, "10.96.9.1") and not programmed(pair, "0.0.0.0", 30080)
+    assert (len(pair.services), len(pair.backends)) == (0, 0)
