@@ -48,25 +48,44 @@ class ServiceRecord:
     external_traffic_local: bool
 
 
-class EndpointRecord(NamedTuple):
-    """A decoded Endpoint of one service: what the node state keeps of it.
-    A full sync makes one per endpoint, so it is a tuple (made in a fraction
-    of a frozen dataclass's time, in one allocation) and values equal across
-    endpoints, such as the port overrides and the scopes, are shared objects."""
+class EndpointTail(NamedTuple):
+    """What an Endpoint's fields after its IPs decode to: the same for the
+    endpoints of a service (often of a node), so one object shared by all of
+    them (EndpointTails)."""
 
-    key: str
-    ips: tuple[IPAddress, ...]
     port_overrides: tuple[tuple[str, int], ...]
     local: bool
     # None when the brain sent no Scopes (older brains, hand-written streams);
     # the state model then derives them as KPNG's brain does.
     scopes: tuple[bool, bool] | None
+
+
+class EndpointRecord(NamedTuple):
+    """A decoded Endpoint of one service: what the node state keeps of it,
+    under its key. A full sync makes one per endpoint, so it is a tuple of
+    three (made in a fraction of a frozen dataclass's time, in one 64-byte
+    allocation) whose tail is shared with the service's other endpoints."""
+
+    ips: tuple[IPAddress, ...]
+    tail: EndpointTail
     # The bytes it was decoded from, which a new value is compared with
     # before it is decoded.
     raw: bytes = b""
 
+    @property
+    def port_overrides(self) -> tuple[tuple[str, int], ...]:
+        return self.tail.port_overrides
+
+    @property
+    def local(self) -> bool:
+        return self.tail.local
+
+    @property
+    def scopes(self) -> tuple[bool, bool] | None:
+        return self.tail.scopes
+
     def override(self, name: str) -> int | None:
-        for n, port in self.port_overrides:
+        for n, port in self.tail.port_overrides:
             if n == name:
                 return port
         return None
@@ -74,14 +93,6 @@ class EndpointRecord(NamedTuple):
 
 # Decoded scopes, one shared pair per value: _SCOPES[internal][external].
 _SCOPES = (((False, False), (False, True)), ((True, False), (True, True)))
-
-
-class _Tail(NamedTuple):
-    """What an Endpoint's fields after its IPs decode to."""
-
-    port_overrides: tuple[tuple[str, int], ...]
-    local: bool
-    scopes: tuple[bool, bool] | None
 
 
 class EndpointTails:
@@ -94,14 +105,14 @@ class EndpointTails:
     afresh."""
 
     def __init__(self, limit: int = 4096, longest: int = 256) -> None:
-        self._tails: dict[bytes, _Tail] = {}
+        self._tails: dict[bytes, EndpointTail] = {}
         self._limit = limit
         self.longest = longest
 
-    def get(self, tail: bytes) -> _Tail | None:
+    def get(self, tail: bytes) -> EndpointTail | None:
         return self._tails.get(tail)
 
-    def put(self, tail: bytes, value: _Tail) -> None:
+    def put(self, tail: bytes, value: EndpointTail) -> None:
         if len(self._tails) >= self._limit:
             self._tails.clear()
         self._tails[tail] = value
@@ -410,10 +421,10 @@ def decode_endpoint(service_path: str, key: str, data: bytes, skips: Skips,
     ips = parse_ips(v4, 4, owner, skips)
     if v6:
         ips += parse_ips(v6, 6, owner, skips)
-    return EndpointRecord(key, tuple(ips), tail.port_overrides, tail.local, tail.scopes, data)
+    return EndpointRecord(tuple(ips), tail, data)
 
 
-def _decode_tail(ep: localv1.Endpoint, owner: str, skips: Skips) -> tuple[_Tail, bool]:
+def _decode_tail(ep: localv1.Endpoint, owner: str, skips: Skips) -> tuple[EndpointTail, bool]:
     """The endpoint's values but its IPs, and whether they needed no skip."""
     overrides: list[tuple[str, int]] = []
     clean = True
@@ -430,7 +441,7 @@ def _decode_tail(ep: localv1.Endpoint, owner: str, skips: Skips) -> tuple[_Tail,
         pair: tuple[bool, bool] | None = _SCOPES[scopes.Internal][scopes.External]
     else:
         pair = None
-    return _Tail(tuple(overrides), ep.Local, pair), clean
+    return EndpointTail(tuple(overrides), ep.Local, pair), clean
 
 
 def _ips_only_first(tail: bytes) -> bool:

@@ -424,9 +424,9 @@ class NodeState:
             return {}
         # In key order, so that of two endpoints with one address the same one
         # wins whatever order they came in (a resync may reorder them).
-        endpoints = [ep for _, ep in sorted(entry.endpoints.items())
+        endpoints = [(key, ep) for key, ep in sorted(entry.endpoints.items())
                      if isinstance(ep, EndpointRecord)]
-        addresses = sum(len(ep.ips) for ep in endpoints)
+        addresses = sum(len(ep.ips) for _, ep in endpoints)
         size, limit = len(record.ports) * addresses, self._limits.max_service_endpoints
         marker = (SkipReason.LIMIT, "--max-service-endpoints", "")
         if size > limit:
@@ -443,37 +443,39 @@ class NodeState:
         }
 
     def _resolve(self, entry: _ServiceEntry, record: ServiceRecord, port: ServicePort,
-                 endpoints: list[EndpointRecord]) -> tuple[Endpoint, ...]:
+                 endpoints: list[tuple[str, EndpointRecord]]) -> tuple[Endpoint, ...]:
         # By Endpoint.sort_key, which is also the address and port that make
         # an endpoint one (and hashes in C, unlike an address).
         resolved: dict[tuple[int, int, int], Endpoint] = {}
         overrides: tuple[tuple[str, int], ...] | None = None
         target: int | None = None
-        for ep in endpoints:
-            if ep.port_overrides is not overrides:  # endpoints of a service share them
-                overrides, target = ep.port_overrides, resolve_endpoint_port(port, ep)
+        for key, ep in endpoints:
+            tail = ep.tail  # endpoints of a service share it
+            if tail.port_overrides is not overrides:
+                overrides, target = tail.port_overrides, resolve_endpoint_port(port, ep)
             if target is None:
                 self._report_once(
-                    entry, (SkipReason.UNRESOLVED_PORT, port.name.port, ep.key),
-                    f"endpoint {ep.key} of {port.name}",
+                    entry, (SkipReason.UNRESOLVED_PORT, port.name.port, key),
+                    f"endpoint {key} of {port.name}",
                     f"no port override named {port.name.port!r}"
                     + (f" or {port.target_port_name!r}" if port.target_port_name else "")
                     + " and no numeric targetPort")
                 continue
-            internal, external = ep.scopes if ep.scopes is not None else (
-                ep.local or not record.internal_traffic_local,
-                ep.local or not record.external_traffic_local)
+            local = tail.local
+            internal, external = tail.scopes if tail.scopes is not None else (
+                local or not record.internal_traffic_local,
+                local or not record.external_traffic_local)
             for ip in ep.ips:
-                key = (ip.version, int(ip), target)
-                if key in resolved:
+                address = (ip.version, int(ip), target)
+                if address in resolved:
                     self._report_once(
-                        entry, (SkipReason.DUPLICATE_ENDPOINT, "", ep.key),
-                        f"endpoint {record.namespace}/{record.name}/{ep.key}",
+                        entry, (SkipReason.DUPLICATE_ENDPOINT, "", key),
+                        f"endpoint {record.namespace}/{record.name}/{key}",
                         f"{format_host_port(ip, target)} is already an endpoint of {port.name}; "
                         "it is programmed once")
                     continue
-                resolved[key] = Endpoint(ip, target, ep.local, internal, external)
-        return tuple(resolved[key] for key in sorted(resolved))
+                resolved[address] = Endpoint(ip, target, local, internal, external)
+        return tuple(resolved[address] for address in sorted(resolved))
 
     def _report_orphans(self, path: str, entry: _ServiceEntry) -> None:
         """Endpoints whose service is not known are kept (the service may come

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from kpng_py.api import localv1 as L
-from kpng_py.decode import EndpointRecord
+from kpng_py.decode import EndpointRecord, EndpointTail
 from kpng_py.limits import Limits, add_limit_flags, limits_from_args
 from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePortChanges, Protocol, ServicePort, ServicePortName
@@ -200,7 +200,7 @@ def _port(name: str = "http", target: int = 0, target_name: str = "") -> Service
 
 
 def _ep(*overrides: tuple[str, int]) -> EndpointRecord:
-    return EndpointRecord("k", (), overrides, False, None)
+    return EndpointRecord((), EndpointTail(overrides, False, None))
 
 
 @pytest.mark.parametrize("sp, ep, expected", [
