@@ -280,11 +280,15 @@ def _cold_start(run: _Run, argv: list[str], workdir: Path, label: str, timeout: 
     run.add("e2e_sync", record["duration_ms"] / 1000)
     run.add("e2e_wall", done.seconds)
     run.add("e2e_peak_rss", done.peak_rss_mib)
+    own = record.get("peak_rss_mib")
+    if isinstance(own, (int, float)):
+        run.add("e2e_process_peak_rss", own)
     run.add_stages(record)
-    log.info("%s: start to applied %.3f s (sync %.3f s: %s), exit %.1f s, peak RSS %.0f MiB",
+    log.info("%s: start to applied %.3f s (sync %.3f s: %s), exit %.1f s, peak RSS %.0f MiB "
+             "(the process itself, at the sync: %s MiB)",
              run.label, seen - watched.started, record["duration_ms"] / 1000,
              ", ".join(f"{k} {record[k]:.0f}" for k in STAGES if k in record), done.seconds,
-             done.peak_rss_mib)
+             done.peak_rss_mib, own)
     return True
 
 

@@ -25,7 +25,8 @@ STAGE_COLUMNS = (("e2e_start_applied", "start to applied (s)"), ("e2e_receive", 
                  ("e2e_staged", "of it, decode (s)"), ("e2e_state", "state at the Sync (s)"),
                  ("e2e_plan", "plan (s)"),
                  ("e2e_write", "write (s)"), ("e2e_backend", "backend (s)"),
-                 ("e2e_sync", "sync line (s)"), ("e2e_peak_rss", "peak RSS (MiB)"))
+                 ("e2e_sync", "sync line (s)"), ("e2e_peak_rss", "peak RSS (MiB)"),
+                 ("e2e_process_peak_rss", "of the process itself (MiB)"))
 
 
 @dataclass(frozen=True)

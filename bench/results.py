@@ -37,6 +37,9 @@ METRICS = {m.key: m for m in (
     Metric("e2e_wall", "Backend start to first change set applied (brain + watch client)",
            "s", False),
     Metric("e2e_peak_rss", "Peak RSS of `kpng-py local` (brain + watch client)", "MiB", False),
+    Metric("e2e_process_peak_rss", "Peak RSS of the `kpng-py local` process itself at its first "
+           "sync (its `sync applied` line: without the BCC build child, which the figure above "
+           "includes)", "MiB", False),
     Metric("e2e_start_applied", "`kpng-py local` start to its first sync applied (brain + "
            "watch client; iptables-legacy: iptables-restore of the same state)", "s", False),
     Metric("e2e_receive", "First sync, stage: receiving the change set (first message to "

@@ -13,6 +13,7 @@ set if that comes first.
 from __future__ import annotations
 
 import logging
+import resource
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -97,6 +98,12 @@ def _ms(seconds: float) -> float:
 def _with_stages(own: dict[str, float], stages: dict[str, float]) -> dict[str, float]:
     """`own`, then the backend's stages; a stage never replaces one of `own`."""
     return {**own, **{name: ms for name, ms in stages.items() if name not in own}}
+
+
+def peak_rss_mib() -> float:
+    """This process's own peak resident memory (not its children's, such as
+    the eBPF backend's BCC build), in MiB: one getrusage() call."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # KiB on Linux
 
 
 # How many changed service ports `sync applied` names (all of them with -v).
@@ -319,4 +326,5 @@ class ChangeSetApplier:
             updated=len(changes.updated), removed=len(changes.removed),
             changed=changed_names(changes),
             service_changes=changes.service_changes, endpoint_changes=changes.endpoint_changes,
+            peak_rss_mib=peak_rss_mib(),
             **_with_stages(times.log_fields(), backend_stages(self.backend))))

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import io
 import logging
+import subprocess
+import sys
 import time
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -85,6 +88,28 @@ def test_the_sync_line_times_receiving_the_state_model_and_the_backend(
         assert "plan_ms" not in line and "write_ms" not in line  # the print backend has none
     assert first["receive_ms"] >= pause * 1000, first
     assert second["receive_ms"] == 0, second
+
+
+def _resident_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def test_the_sync_line_carries_the_processs_own_peak_memory(
+        new_sink, caplog: pytest.LogCaptureFixture) -> None:
+    """Its own: a child that was bigger (as the eBPF backend's BCC build
+    is) and has been waited for does not count."""
+    caplog.set_level(logging.INFO, logger="kpng_py.backend")
+    subprocess.run([sys.executable, "-c", "bytearray(400 * 1024 * 1024)"], check=True)
+    sink = new_sink(PrintBackend(io.StringIO()))
+    resident = _resident_mib()
+    sink.on_changeset(full_state())
+    sink.on_changeset(one_endpoint_added())
+    first, second = sync_lines(caplog)
+    # The kernel's counts of resident pages lag by a few pages per thread.
+    assert resident - 1 <= first["peak_rss_mib"] <= second["peak_rss_mib"] < 400
 
 
 def test_a_stream_error_ends_the_change_set_being_received(
