@@ -93,14 +93,18 @@ def frontends_of(port: ServicePort, keys: Sequence[FrontendKeys] | None = None) 
     its backends (the endpoints of its family that cluster traffic may use),
     affinity timeout and kind."""
     endpoints = port.cluster_endpoints()
-    return {
-        keys_of: FrontendSpec(tuple(packed_l4addr(ep.ip, ep.port) for ep in endpoints
-                                    if ep.ip.version == keys_of.vip.ip.version),
-                              port.affinity_timeout_seconds,
-                              maps.KIND_FLAGS[port.frontend_kind(frontend)])
-        for frontend, keys_of in zip(port.frontends(),
-                                     frontend_keys(port) if keys is None else keys)
-    }
+    # The frontends of a family (ClusterIPs, node port, ExternalIPs, LB IPs)
+    # share their backends' targets: packed once per family.
+    targets: dict[int, tuple[bytes, ...]] = {}
+    specs: FrontendSpecs = {}
+    for frontend, keys_of in zip(port.frontends(), frontend_keys(port) if keys is None else keys):
+        version = keys_of.vip.ip.version
+        if version not in targets:
+            targets[version] = tuple(packed_l4addr(ep.ip, ep.port) for ep in endpoints
+                                     if ep.ip.version == version)
+        specs[keys_of] = FrontendSpec(targets[version], port.affinity_timeout_seconds,
+                                      maps.KIND_FLAGS[port.frontend_kind(frontend)])
+    return specs
 
 
 # The affinity group of a frontend that leads it (the group is its own

@@ -132,6 +132,15 @@ def _run_side_by_side(runs: list[tuple[str, list[str]]], jobs: int,
     return outcomes
 
 
+def _one_run(topology: str, backend: str, ip: str,
+             args: argparse.Namespace) -> tuple[str, list[str]]:
+    """A mode of `-a`: its label and its command line."""
+    label = " ".join(([] if topology == "service" else [topology]) + [backend, ip])
+    return label, [sys.executable, "-m", "e2e", "-t", topology, "-i", ip, "-b", backend,
+                   "--logs-dir", str(args.logs_dir.resolve()),
+                   *(["-k"] if args.keep_logs else [])]
+
+
 def run_all(args: argparse.Namespace) -> int:
     backends = list(BACKENDS)
     failed_runs = []
@@ -140,14 +149,8 @@ def run_all(args: argparse.Namespace) -> int:
             print(f"e2e: kpng-py has no to-{required} backend", file=sys.stderr)
             if os.environ.get("CI") == "true":
                 failed_runs.append(f"{required} (missing)")
-    runs = []
-    for topology in TOPOLOGIES:
-        for backend in backends:
-            for ip in ALL_RUNS_IP_MODES.get(topology, IP_MODES):
-                label = " ".join(([] if topology == "service" else [topology]) + [backend, ip])
-                runs.append((label, [sys.executable, "-m", "e2e", "-t", topology, "-i", ip,
-                                     "-b", backend, "--logs-dir", str(args.logs_dir.resolve()),
-                                     *(["-k"] if args.keep_logs else [])]))
+    runs = [_one_run(topology, backend, ip, args) for topology in TOPOLOGIES
+            for backend in backends for ip in ALL_RUNS_IP_MODES.get(topology, IP_MODES)]
     args.logs_dir.mkdir(parents=True, exist_ok=True)
     outcomes = _run_side_by_side(runs, args.jobs, args.logs_dir)
     failed_runs += [outcome.label for outcome in outcomes if outcome.code]
