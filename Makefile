@@ -3,6 +3,7 @@
 # when everything is in place.
 VENV := .venv
 PYTEST := $(VENV)/bin/pytest
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test unit e2e bench clean
 
@@ -13,8 +14,10 @@ demo: setup
 	@hack/demo.sh
 
 # Everything CI runs: unit and stream tests, kernel tests, the e2e suite.
+# pytest runs on two workers (the suite is CPU-bound; every kernel object a
+# test makes is named after its process, lab/names.py, so workers never meet).
 test: setup
-	$(PYTEST) -q -ra
+	$(PYTEST) -q -ra -n $(TEST_WORKERS)
 	hack/test_e2e.sh -a
 
 # The end-to-end suite: every IP mode with every built-in backend (docs/e2e.md).
@@ -27,7 +30,7 @@ bench: setup
 	$(VENV)/bin/python -m bench $(BENCH_ARGS)
 
 unit: setup
-	$(PYTEST) -q -ra -m "not kernel"
+	$(PYTEST) -q -ra -n $(TEST_WORKERS) -m "not kernel"
 
 clean:
 	rm -rf $(VENV) build *.egg-info kpng_py/api/localv1_pb2.py kpng_py/api/localv1_pb2.pyi
