@@ -139,11 +139,13 @@ def split_service_path(path: str) -> tuple[str, str] | None:
 
 
 def split_endpoint_path(path: str) -> tuple[str, str] | None:
-    """`ns/svc/key` -> (`ns/svc`, `key`); keys are opaque and may hold '/'."""
-    parts = path.split("/", 2)
-    if len(parts) != 3 or not all(parts):
+    """`ns/svc/key` -> (`ns/svc`, `key`), none of the three empty; keys are
+    opaque and may hold '/'."""
+    first = path.find("/")
+    second = path.find("/", first + 1) if first > 0 else -1
+    if second <= first + 1 or second + 1 == len(path):
         return None
-    return f"{parts[0]}/{parts[1]}", parts[2]
+    return path[:second], path[second + 1:]
 
 
 _FAMILIES = {4: (socket.AF_INET, ipaddress.IPv4Address), 6: (socket.AF_INET6, ipaddress.IPv6Address)}
@@ -388,9 +390,13 @@ def decode_endpoint(service_path: str, key: str, data: bytes, skips: Skips,
                     tails: EndpointTails | None = None) -> EndpointRecord | None:
     """With `tails`, an endpoint whose bytes after its IPs were decoded
     before (and needed no skip) decodes only its IPs and shares the rest."""
-    owner = f"endpoint {service_path}/{key}"
     parts = _split_at_ips(data) if tails is not None else None
     tail = tails.get(parts[1]) if tails is not None and parts is not None else None
+    if tail is not None:
+        ips = _ordinary_v4(parts[0])  # type: ignore[index]
+        if ips is not None:
+            return EndpointRecord(ips, tail, data)
+    owner = f"endpoint {service_path}/{key}"
     ipset: localv1.IPSet | None = None
     if tail is not None:
         try:
@@ -422,6 +428,40 @@ def decode_endpoint(service_path: str, key: str, data: bytes, skips: Skips,
     if v6:
         ips += parse_ips(v6, 6, owner, skips)
     return EndpointRecord(tuple(ips), tail, data)
+
+
+# The tag of IPSet.V4 (field 1, length-delimited).
+_V4_TAG = 0x0A
+_MAYBE_REFUSED_V4 = _MAYBE_REFUSED[4]
+
+
+def _ordinary_v4(ipset: bytes) -> tuple[IPAddress, ...] | None:
+    """The addresses of an IPSet's bytes that hold short V4 entries only,
+    each an ordinary IPv4 address in the form inet_pton reads: what
+    decoding it and `parse_ips` would return, without a skip. None for
+    anything else (another field, a V6 address, a long or non-ASCII entry,
+    an address that is not ordinary, none at all), which the full decode
+    handles and reports. Most endpoints of a full sync are one such address."""
+    ips: list[IPAddress] = []
+    at, end = 0, len(ipset)
+    while at < end:
+        if ipset[at] != _V4_TAG or at + 1 == end:
+            return None
+        # A length of two varint bytes (0x80 and up) would run past the
+        # short IPSet: refused as any entry longer than what is left.
+        start, at = at + 2, at + 2 + ipset[at + 1]
+        if at > end:
+            return None
+        try:
+            packed = socket.inet_pton(socket.AF_INET, ipset[start:at].decode("ascii"))
+        except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+            return None
+        if packed[0] in _MAYBE_REFUSED_V4:
+            return None
+        ips.append(ipaddress.IPv4Address(packed))
+    # At most 14 addresses fit in the short IPs field _split_at_ips reads:
+    # never over MAX_ENDPOINT_IPS.
+    return tuple(ips) if ips else None
 
 
 def _decode_tail(ep: localv1.Endpoint, owner: str, skips: Skips) -> tuple[EndpointTail, bool]:

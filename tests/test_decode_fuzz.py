@@ -111,9 +111,22 @@ _TAILS = st.one_of(
               st.just([])),
     st.binary(max_size=12),
 )
+
+
+def _v4_entries_field(entries: list[bytes]) -> bytes:
+    """An IPs field of V4 entries written by hand: any bytes in each, as a
+    hostile brain could send them (protobuf would refuse some)."""
+    ipset = b"".join(bytes([0x0A, len(entry)]) + entry for entry in entries)
+    return bytes([0x12, len(ipset)]) + ipset if len(ipset) < 0x80 else b""
+
+
+_V4_ENTRY = st.sampled_from([b"10.244.0.5", b"127.0.0.1", b"010.1.2.3", b"1.2.3.4 ", b"0.0.0.0",
+                             b"224.0.0.1", b"10.1.2.3\x00", b"\xff\xfe", b"::1"]) \
+    | st.binary(max_size=8)
 _SHARING = st.lists(st.tuples(st.builds(_ips_field, st.lists(st.sampled_from(
     ["10.244.0.5", "10.244.0.6", "127.0.0.1", "bad"]), max_size=2),
-    st.lists(st.sampled_from(["fd00::5", "::1"]), max_size=1)) | st.binary(max_size=6),
+    st.lists(st.sampled_from(["fd00::5", "::1"]), max_size=1)) | st.binary(max_size=6)
+    | st.builds(_v4_entries_field, st.lists(_V4_ENTRY, max_size=3)),
     _TAILS), max_size=12)
 
 
@@ -126,6 +139,9 @@ def test_endpoints_decode_alike_with_shared_tails(values: list[tuple[bytes, byte
     tails = EndpointTails()
     for prefix, tail in values:
         data = prefix + tail
+        # An earlier endpoint of the service with this tail and an ordinary address.
+        decode_endpoint("default/fuzz", "first", _ips_field(["10.244.0.7"], []) + tail,
+                        RecordedSkips(), tails)
         alone, shared = RecordedSkips(), RecordedSkips()
         assert (decode_endpoint("default/fuzz", "k", data, shared, tails)
                 == decode_endpoint("default/fuzz", "k", data, alone))
@@ -225,6 +241,16 @@ fuzzed_ops = st.one_of(
               st.sampled_from(_GOOD_OPS), st.sampled_from(_UNDECODABLE)),
     st.builds(delete, st.sampled_from([1, 2]), st.sampled_from(_PATHS)),
 )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="a/", max_size=8))
+def test_an_endpoint_path_is_three_parts_none_empty_the_key_any(path: str) -> None:
+    """`ns/svc/key`: the first two slashes split it; the key may hold more."""
+    parts = path.split("/", 2)
+    expected = ((f"{parts[0]}/{parts[1]}", parts[2])
+                if len(parts) == 3 and all(parts) else None)
+    assert split_endpoint_path(path) == expected
 
 
 def _decodes(ref_set: int, path: str, data: bytes) -> bool:
