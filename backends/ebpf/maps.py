@@ -35,7 +35,10 @@ _V4_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
 
 
 _V4_MAPPED_PREFIX = b"\0" * 10 + b"\xff\xff"
-_PORT_AND_PAD = struct.Struct("!HH")
+# An lb_l4addr of each family in one pack: the address (IPv4 after its
+# mapped prefix), the port and the padding, in network order.
+_V4_L4ADDR = struct.Struct("!12sIHH")
+_V6_L4ADDR = struct.Struct("!16sHH")
 
 
 def packed_address(ip: IPAddress) -> bytes:
@@ -47,7 +50,9 @@ def packed_address(ip: IPAddress) -> bytes:
 
 def packed_l4addr(ip: IPAddress, port: int) -> bytes:
     """The 20 bytes of an lb_l4addr (address and port in network order)."""
-    return packed_address(ip) + _PORT_AND_PAD.pack(port, 0)
+    if ip.version == 4:
+        return _V4_L4ADDR.pack(_V4_MAPPED_PREFIX, int(ip), port, 0)
+    return _V6_L4ADDR.pack(ip.packed, port, 0)
 
 
 def unpacked_address(raw: bytes) -> IPAddress:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ipaddress
 
+from hypothesis import given, settings, strategies as st
+
 from backends.ebpf import maps
 from backends.ebpf.contents import (
     TARGET_SIZE,
@@ -120,3 +122,17 @@ def test_a_slot_naming_a_backend_of_another_affinity_group_is_missing() -> None:
     p = ServiceProgrammer(services, backends, Capacity(SIZES["services"], SIZES["backends"]),
                           Skips(Metrics()))
     assert 101 in p.backend_ids() and p.backend_targets()[101][0] == 7
+
+
+_ORDINARY_IPS = st.ip_addresses(v=4) | st.ip_addresses(v=6).filter(lambda ip: ip.ipv4_mapped is None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ORDINARY_IPS, st.integers(0, 65535))
+def test_a_packed_target_reads_back_as_its_address_and_port(ip, port: int) -> None:
+    """The lb_l4addr bytes the programmer packs are the struct's fields:
+    the address as the maps hold it (IPv4 mapped), the port in network
+    order, no padding."""
+    addr = maps.L4Addr.from_buffer_copy(maps.packed_l4addr(ip, port))
+    assert (addr.ip, addr.host_port, addr.pad) == (ip, port, 0)
+    assert bytes(addr.addr) == maps.packed_address(ip)
