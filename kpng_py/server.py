@@ -9,10 +9,11 @@ The server is grpclib's (asyncio on h2) on an event loop of its own thread: a
 stream waiting for the client's next WatchReq, or for something new to send,
 is a suspended task, not a blocked thread, so idle streams cannot starve the
 others however many there are. A reply is serialized once, as the gRPC
-messages of all its ops in one buffer (`Reply.wire`), and written in HTTP/2
-frames as large as flow control allows, not a frame and a write per op: a
-source that hands several streams the same Reply (the brain does, per node
-and state version) pays for one serialization.
+messages of its ops in a few large buffers (`wire_parts`), each written in
+HTTP/2 frames as large as flow control allows, not a frame and a write per op:
+a source that hands several streams the same Reply (the brain does, per node
+and state version) pays for one serialization, and the brain's first answer
+of a big state is on its way while its later parts are serialized.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import weakref
 import zlib
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NoReturn, Protocol, Sequence
+from typing import Iterator, NoReturn, Protocol, Sequence
 
 import grpclib.server
 from google.protobuf.message import DecodeError
@@ -71,6 +72,10 @@ class Reply:
             parts += (MESSAGE_PREFIX.pack(0, len(message)), message)
         return b"".join(parts)
 
+    def wire_parts(self) -> Iterator[bytes]:
+        if self.wire:
+            yield self.wire
+
 
 class Answer(Protocol):
     """What a session answers a WatchReq with (a Reply, or the brain's
@@ -82,6 +87,9 @@ class Answer(Protocol):
     @property
     def wire(self) -> bytes:
         """The ops as the gRPC messages of the stream; empty: no op."""
+
+    def wire_parts(self) -> Iterator[bytes]:
+        """`wire` in the parts it is written in, none empty (none: no op)."""
 
     @property
     def close_reason(self) -> str | None: ...
@@ -264,8 +272,8 @@ class _WatchStreams:
                 # away, or by its deadline: grpclib tells these apart.
                 self._raise_if_stopping(stream)
                 raise
-            if reply.wire:
-                await self._write(stream, reply.wire, headers=not headers_sent)
+            for part in reply.wire_parts():
+                await self._write(stream, part, headers=not headers_sent)
                 headers_sent = True
             if reply.close_reason is not None:
                 log.info("closing a watch stream", extra=fields(
@@ -275,7 +283,7 @@ class _WatchStreams:
                 raise GRPCError(Status.UNAVAILABLE, _STOPPING)
 
     async def _write(self, stream: grpclib.server.Stream, wire: bytes, headers: bool) -> None:
-        """Write one reply. Cancelled by stop(), it still finishes (the server
+        """Write one part of a reply. Cancelled by stop(), it still finishes (the server
         closes the connection when the grace period ends); cancelled for any
         other reason, or a second time, it stops."""
         writing = asyncio.ensure_future(_write_reply(stream, wire, headers))

@@ -17,9 +17,9 @@ and serialized once.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable
+from typing import Callable, Iterator
 
 from kpng_py.aio import ThreadsafeEvent
 from kpng_py.api import localv1
@@ -145,6 +145,11 @@ SET, DELETE, RESET, SYNC = range(4)
 OpSpec = tuple[int, Ref | None, bytes]
 
 
+# Ops per part of a reply's wire: a part (about 150 KB at 10 000 services,
+# near a Unix socket's buffer) is written while the next one is serialized.
+PART_OPS = 2048
+
+
 @dataclass(frozen=True)
 class ChangeSetReply:
     """A change set as a Reply: its wire written from the specs (the bytes
@@ -153,6 +158,10 @@ class ChangeSetReply:
 
     specs: tuple[OpSpec, ...]
     close_reason: str | None = None
+    # The wire's parts serialized so far, shared by every stream sent this reply.
+    _parts: list[bytes] = field(default_factory=list, init=False, repr=False, compare=False)
+    _serializing: threading.Lock = field(default_factory=threading.Lock, init=False,
+                                         repr=False, compare=False)
 
     @cached_property
     def ops(self) -> tuple[localv1.OpItem, ...]:
@@ -160,7 +169,19 @@ class ChangeSetReply:
 
     @cached_property
     def wire(self) -> bytes:
-        return b"".join(map(_op_message, self.specs))
+        return b"".join(self.wire_parts())
+
+    def wire_parts(self) -> Iterator[bytes]:
+        """The wire, PART_OPS ops a part, each serialized when it is first
+        asked for: the first streams to ask wait for the first part only."""
+        for index in range(0, len(self.specs), PART_OPS):
+            part_index = index // PART_OPS
+            with self._serializing:
+                if part_index == len(self._parts):
+                    self._parts.append(b"".join(
+                        map(_op_message, self.specs[index:index + PART_OPS])))
+                part = self._parts[part_index]
+            yield part
 
 
 def changeset(sent: NodeView | None, view: NodeView) -> tuple[localv1.OpItem, ...]:
@@ -171,10 +192,13 @@ def changeset(sent: NodeView | None, view: NodeView) -> tuple[localv1.OpItem, ..
 
 def changeset_specs(sent: NodeView | None, view: NodeView) -> tuple[OpSpec, ...]:
     """`changeset`'s ops as specs."""
-    previous: NodeView = sent or {}
+    if sent is None:  # everything, services first: ServicesSet < EndpointsSet
+        return ((RESET, None, b""), *[(SET, ref, view[ref]) for ref in sorted(view)],
+                (SYNC, None, b""))
+    previous: NodeView = sent
     changed = sorted(ref for ref, value in view.items() if previous.get(ref) != value)
     gone = sorted(ref for ref in previous if ref not in view)
-    if sent is not None and not changed and not gone:
+    if not changed and not gone:
         return ()
 
     def sets(of: int) -> list[OpSpec]:
@@ -183,8 +207,7 @@ def changeset_specs(sent: NodeView | None, view: NodeView) -> tuple[OpSpec, ...]
     def deletes(of: int) -> list[OpSpec]:
         return [(DELETE, ref, b"") for ref in gone if ref[0] == of]
 
-    reset: list[OpSpec] = [(RESET, None, b"")] if sent is None else []
-    return tuple(reset + sets(localv1.ServicesSet) + deletes(localv1.EndpointsSet)
+    return tuple(sets(localv1.ServicesSet) + deletes(localv1.EndpointsSet)
                  + sets(localv1.EndpointsSet) + deletes(localv1.ServicesSet)
                  + [(SYNC, None, b"")])
 
