@@ -9,8 +9,8 @@ import re
 import pytest
 import yaml
 
-from kpng_py.brain.source import (BrainSource, ChangeSetReply, StateSnapshots, changeset,
-                                   changeset_specs)
+from kpng_py.brain.source import (PART_OPS, BrainSource, ChangeSetReply, StateSnapshots,
+                                   changeset, changeset_specs)
 from kpng_py.brain.statefile import ClusterState, StateReader, parse_state
 from kpng_py.brain.view import node_view
 from kpng_py.server import Reply
@@ -227,3 +227,22 @@ def test_the_written_wire_is_protobufs_for_every_kind_of_op() -> None:
         assert reply.ops == changeset(sent, view)
         assert reply.wire == Reply(reply.ops).wire
     assert any(len(data) > 0x7F for _, _, data in changeset_specs(None, after))
+
+
+def test_a_big_reply_is_written_in_parts_serialized_once_for_all_its_streams() -> None:
+    """A first answer of more than PART_OPS ops comes in parts of PART_OPS
+    ops: together protobuf's bytes; each part serialized when the first
+    stream asks for it, and the same bytes object for a stream that asks
+    later or at the same time."""
+    big = service("big", ("10.96.0.40",), [port("http")], [
+        endpoint(f"10.3.{i // 250}.{i % 250}", pod=f"p{i}") for i in range(PART_OPS + 10)])
+    reply = ChangeSetReply(changeset_specs(None, node_view(_state(big), "n1")))
+    first, second = reply.wire_parts(), reply.wire_parts()
+    parts = [next(first)]
+    assert next(second) is parts[0]  # the second stream waits for nothing built
+    parts += list(first)
+    assert all(a is b for a, b in zip(second, parts[1:]))
+    assert all(a is b for a, b in zip(reply.wire_parts(), parts))
+    assert len(parts) == 2  # Reset, the service, PART_OPS + 10 endpoints, Sync
+    assert b"".join(parts) == reply.wire == Reply(reply.ops).wire
+    assert parts[0] == Reply(reply.ops[:PART_OPS]).wire
