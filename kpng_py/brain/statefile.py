@@ -28,7 +28,7 @@ import hashlib
 import ipaddress
 import re
 from dataclasses import dataclass, replace
-from typing import Callable, TypeVar
+from typing import Callable, NamedTuple, TypeVar
 
 from kpng_py.api import localv1
 from kpng_py.brain.blockyaml import NotBlockStyle, Scalars, load_block
@@ -60,9 +60,9 @@ class Node:
     zone: str
 
 
-@dataclass(frozen=True)
-class EndpointInfo:
-    """One endpoint of a service, before the per-node view."""
+class EndpointInfo(NamedTuple):
+    """One endpoint of a service, before the per-node view. A 10 000-service
+    file has 100 000: a tuple is made in a fraction of a dataclass's time."""
 
     key: str  # the pod name, or a hex hash of `endpoint`
     endpoint: bytes  # a serialized localv1.Endpoint, without Local and Scopes
