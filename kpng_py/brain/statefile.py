@@ -34,6 +34,7 @@ from kpng_py.api import localv1
 from kpng_py.brain.blockyaml import NotBlockStyle, Scalars, load_block
 from kpng_py.brain.fastendpoints import IPV4, FastEndpoints
 from kpng_py.brain.fastservices import fast_service
+from kpng_py.brain.parallel_read import read_items
 from kpng_py.brain.plainvalue import PlainValue, Unchecked
 from kpng_py.brain.reader import Blame, FieldChecks, StateFileError, Value, read_document
 from kpng_py.collector import collector_paused, freeze_survivors
@@ -139,11 +140,22 @@ class StateReader:
         scalars = Scalars()
         try:
             state = _cluster_state(PlainValue(load_block(skeleton, scalars)))
-            fast = FastEndpoints(scalars)
-            services = {item: self._services.get(item) or _service_item(item, scalars, fast)
-                        for item in items}
         except (NotBlockStyle, Unchecked):
             return None
+        fast = FastEndpoints(scalars)
+
+        def read_all(new_items: list[str]) -> list[ServiceEntry] | None:
+            try:
+                return [_service_item(item, scalars, fast) for item in new_items]
+            except (NotBlockStyle, Unchecked):
+                return None
+
+        unread = [item for item in items if item not in self._services]
+        read = read_items(unread, read_all, _plain_entry, _entry_of)
+        if read is None:
+            return None
+        services = {**self._services, **dict(zip(unread, read))}
+        services = {item: services[item] for item in items}
         if items:
             if state.services:
                 return None  # services both in place and as column-0 items: not YAML
@@ -153,6 +165,17 @@ class StateReader:
             state = replace(state, services=entries)
         self._services = services
         return state
+
+
+def _plain_entry(entry: ServiceEntry) -> tuple:
+    """The entry as plain values (parallel_read sends them so), and back."""
+    return (entry.namespace, entry.name, entry.service, entry.internal_traffic_local,
+            entry.external_traffic_local, tuple(map(tuple, entry.endpoints)), entry.proxy_name)
+
+
+def _entry_of(values: tuple) -> ServiceEntry:
+    *head, endpoints, proxy_name = values
+    return ServiceEntry(*head, tuple(map(EndpointInfo._make, endpoints)), proxy_name)
 
 
 def _split_services(text: str) -> tuple[str, list[str]]:
