@@ -15,6 +15,7 @@ import ctypes as ct
 import socket
 import struct
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Iterable, Iterator, Mapping
 
 from backends.ebpf import maps
@@ -181,7 +182,7 @@ class StoredFrontend:
     master: ServiceValue
     slots: Mapping[int, int]  # slot number -> backend id
 
-    @property
+    @cached_property  # sorting and adopting ask for it: made once, from ctypes
     def vip(self) -> HostPort:
         return HostPort.of(self.master_key.vip)
 

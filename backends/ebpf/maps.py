@@ -31,9 +31,6 @@ BPF_MAP_TYPE_LRU_HASH = 9
 BPF_MAP_TYPE_RINGBUF = 27
 BPF_F_NO_PREALLOC = 1
 
-_V4_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
-
-
 _V4_MAPPED_PREFIX = b"\0" * 10 + b"\xff\xff"
 # An lb_l4addr of each family in one pack: the address (IPv4 after its
 # mapped prefix), the port and the padding, in network order.
@@ -56,8 +53,10 @@ def packed_l4addr(ip: IPAddress, port: int) -> bytes:
 
 
 def unpacked_address(raw: bytes) -> IPAddress:
-    ip = ipaddress.IPv6Address(raw)
-    return ip.ipv4_mapped if ip in _V4_MAPPED else ip
+    """The address of the 16-byte map format (packed_address)."""
+    if raw[:12] == _V4_MAPPED_PREFIX:
+        return ipaddress.IPv4Address(raw[12:])
+    return ipaddress.IPv6Address(raw)
 
 
 class L4Addr(ct.Structure):
