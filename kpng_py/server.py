@@ -84,12 +84,9 @@ class Answer(Protocol):
     @property
     def ops(self) -> Sequence[localv1.OpItem]: ...
 
-    @property
-    def wire(self) -> bytes:
-        """The ops as the gRPC messages of the stream; empty: no op."""
-
     def wire_parts(self) -> Iterator[bytes]:
-        """`wire` in the parts it is written in, none empty (none: no op)."""
+        """The ops as the gRPC messages of the stream, in the parts they are
+        written in, none empty (none: no op)."""
 
     @property
     def close_reason(self) -> str | None: ...
