@@ -232,8 +232,7 @@ class NodeState:
         if entry is None:
             entry = self._services[service_path] = _ServiceEntry()
         entry.endpoints[key] = data if record is None else record
-        if entry.reported:  # most services have none
-            entry.forget_reports(key)
+        entry.forget_reports(key)
         self._touch(service_path, endpoints=1)
         return True
 

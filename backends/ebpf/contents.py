@@ -66,6 +66,11 @@ class HostPort:
     def of(cls, addr: L4Addr) -> HostPort:
         return cls(addr.ip, addr.host_port)
 
+    @classmethod
+    def of_packed(cls, target: bytes) -> HostPort:
+        """From the bytes of an lb_l4addr (a backend's target)."""
+        return cls.of(L4Addr.from_buffer_copy(target))
+
     def __str__(self) -> str:
         return format_host_port(self.ip, self.port)
 
@@ -153,8 +158,7 @@ class StoredBackend:
     @classmethod
     def of(cls, raw: bytes) -> StoredBackend:
         """From an entry's packed value."""
-        return cls(HostPort.of(BackendValue.from_buffer_copy(raw).addr),
-                   backend_service_id(raw))
+        return cls(HostPort.of_packed(backend_target(raw)), backend_service_id(raw))
 
 
 def backend_owner(service_id: int, affinity_group: int) -> bytes:

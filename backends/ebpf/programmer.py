@@ -43,7 +43,7 @@ from backends.ebpf.contents import (
     read_contents,
 )
 from backends.ebpf.mapaccess import MapAccess
-from backends.ebpf.maps import BackendValue, L4Addr, ServiceKey, ServiceValue, packed_l4addr
+from backends.ebpf.maps import BackendValue, ServiceKey, ServiceValue, packed_l4addr
 from kpng_py.logs import fields
 from kpng_py.model import (
     ServicePortChanges,
@@ -307,7 +307,7 @@ class ServiceProgrammer:
         for frontend, programmed in self._frontends.items():
             for backend_id, target in self._backends_of(frontend, programmed).items():
                 targets[backend_id] = (programmed.service_id,
-                                       HostPort.of(L4Addr.from_buffer_copy(target)))
+                                       HostPort.of_packed(target))
         return targets
 
     def backend_ids(self) -> Collection[int]:
@@ -488,7 +488,7 @@ class ServiceProgrammer:
             writes.released_backend_ids.append(backend_id)
             into += _U32.pack(backend_id)
             if frontend.protocol is Protocol.UDP:
-                writes.removed_udp.add((service_id, HostPort.of(L4Addr.from_buffer_copy(target))))
+                writes.removed_udp.add((service_id, HostPort.of_packed(target)))
 
     def _program_port(self, port: ServicePort, specs: FrontendSpecs, writes: MapWrites,
                       reported: frozenset) -> None:

@@ -154,8 +154,8 @@ class StateReader:
         read = read_items(unread, read_all, _plain_entry, _entry_of)
         if read is None:
             return None
-        known = {**self._services, **dict(zip(unread, read))}
-        services = {item: known[item] for item in items}
+        fresh = dict(zip(unread, read))
+        services = {item: self._services.get(item) or fresh[item] for item in items}
         if items:
             if state.services:
                 return None  # services both in place and as column-0 items: not YAML
