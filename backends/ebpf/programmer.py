@@ -30,6 +30,7 @@ import struct
 import time
 import types
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Collection, Iterable, Mapping, NamedTuple, Sequence
 
@@ -59,8 +60,9 @@ log = logging.getLogger(__name__)
 MAX_SLOTS = 0xFFFF
 MAX_ID = 0xFFFFFFFF
 # Service ports planned and written per round of a change set: the buffers
-# of a round stay small (about 40 KiB per 100 endpoints), the syscalls few.
-ROUND_PORTS = 1024
+# of the two rounds alive at once (one written, the next planned) stay small
+# (about 40 KiB per 100 endpoints each), the syscalls few.
+ROUND_PORTS = 512
 
 
 # Packed values, in the maps' native byte order: a u32 (a backend id, the
@@ -190,6 +192,26 @@ class IdAllocator:
         self._released.clear()
 
 
+class RoundWrites(NamedTuple):
+    """One round's packed writes, by step (MapWrites' buffers), and their entries."""
+
+    gone_masters: bytearray
+    gone_slots: bytearray
+    gone_backends: bytearray
+    new_backend_keys: bytearray
+    new_backend_values: bytearray
+    slot_keys: bytearray
+    slot_values: bytearray
+    master_keys: bytearray
+    master_values: bytearray
+    stale_slots: bytearray
+    orphan_backends: bytearray
+    counts: dict[str, int]
+
+
+_ROUND_BUFFERS = RoundWrites._fields[:-1]
+
+
 @dataclass
 class MapWrites:
     """One change set's writes, by step, packed as the batch calls take them
@@ -236,14 +258,16 @@ class MapWrites:
             "orphan_backends": len(self.orphan_backends) // _BACKEND_KEY_SIZE,
         }
 
-    def round_written(self) -> None:
-        """The buffers were written: count them and empty them."""
-        self.written.update(self.pending())
-        for buffer in (self.gone_masters, self.gone_slots, self.gone_backends,
-                       self.new_backend_keys, self.new_backend_values, self.slot_keys,
-                       self.slot_values, self.master_keys, self.master_values, self.stale_slots,
-                       self.orphan_backends):
-            buffer.clear()
+    def take_round(self) -> RoundWrites:
+        """The buffers' entries, counted as written, in new buffers of their
+        own: these are emptied for the next round, planned while they are
+        written."""
+        counts = self.pending()
+        self.written.update(counts)
+        planned = RoundWrites(*(getattr(self, name) for name in _ROUND_BUFFERS), counts=counts)
+        for name in _ROUND_BUFFERS:
+            setattr(self, name, bytearray())
+        return planned
 
     def entries_written(self) -> dict[str, int]:
         """Entries created, updated or deleted, by map."""
@@ -368,14 +392,18 @@ class ServiceProgrammer:
         """Write one change set; returns what was written (with the (service
         id, backend) pairs UDP frontends lost). The service ports are
         planned and written in rounds (of ROUND_PORTS), each in the no-gap
-        order, so a full sync never holds all of its writes at once. On a
-        failed write the mirror is re-read from the maps (so the entry counts
-        are what the maps hold) and the error raised; the next full change
-        set repairs the maps."""
+        order, so a full sync never holds all of its writes at once; while a
+        round is written (in a thread: the batch calls leave the GIL), the
+        next is planned, and written only after it. On a failed write the
+        mirror is re-read from the maps (so the entry counts are what the
+        maps hold) and the error raised; the next full change set repairs
+        the maps."""
         started = time.perf_counter()
         writes, stages = MapWrites(), {"plan_ms": 0.0, "write_ms": 0.0}
         todo: list[tuple[ServicePort, tuple[FrontendKeys, ...], Waiting | None]] = []
-        done = 0
+        done = 0  # the ports of the rounds written or being written
+        writer: ThreadPoolExecutor | None = None
+        in_flight: Future | None = None
         try:
             # Removed and updated ports stop waiting in _plan_incremental.
             ports = changes.added if changes.full else self._plan_incremental(changes, writes)
@@ -389,14 +417,23 @@ class ServiceProgrammer:
                 todo += [(earlier.port, frontend_keys(earlier.port), earlier)
                          for earlier in sorted(waiting.values(),
                                                key=lambda w: w.port.name.sort_key())]
+            if len(todo) > self._round_ports:
+                writer = ThreadPoolExecutor(1, thread_name_prefix="kpng-map-writer")
             while True:
                 for port, keys, earlier in todo[done:done + self._round_ports]:
                     self._program_port(port, frontends_of(port, keys), writes,
                                        _reported(earlier, port))
-                done = min(done + self._round_ports, len(todo))
                 flushing = time.perf_counter()
                 stages["plan_ms"] += (flushing - started) * 1000
-                self._write_round(writes)
+                planned = self._take_round(writes)
+                if in_flight is not None:
+                    in_flight.result()  # the previous round's OSError, if any
+                    in_flight = None
+                done = min(done + self._round_ports, len(todo))
+                if writer is None or done == len(todo):
+                    self._write_round(planned)
+                else:
+                    in_flight = writer.submit(self._write_round, planned)
                 started = time.perf_counter()
                 stages["write_ms"] += (started - flushing) * 1000
                 if done == len(todo):
@@ -405,6 +442,8 @@ class ServiceProgrammer:
             self._recover_after_failed_write(earlier for _, _, earlier in todo[done:])
             raise
         finally:
+            if writer is not None:
+                writer.shutdown()  # after an error elsewhere, the round in flight ends first
             self._last_stages = types.MappingProxyType(stages)
         self._service_ids.settle()
         self._backend_id_pool.settle()
@@ -690,21 +729,25 @@ class ServiceProgrammer:
 
     # -- writing ---------------------------------------------------------------
 
-    def _write_round(self, writes: MapWrites) -> None:
-        """Write the buffers, in the no-gap order, and empty them."""
+    def _take_round(self, writes: MapWrites) -> RoundWrites:
+        """The round's writes, taken out of the buffers, with the entries they
+        delete taken off the counts."""
+        planned = writes.take_round()
+        self.service_entries -= planned.counts["stale_slots"]
+        self.backend_entries -= planned.counts["orphan_backends"]
+        return planned
+
+    def _write_round(self, planned: RoundWrites) -> None:
+        """A round's writes, in the no-gap order."""
         services, backends = self._services, self._backends_map
-        services.delete_packed(writes.gone_masters + writes.gone_slots)
-        backends.delete_packed(writes.gone_backends)
-        backends.put_packed(writes.new_backend_keys, writes.new_backend_values)
-        services.put_packed(writes.slot_keys, writes.slot_values)
-        services.put_packed(writes.master_keys, writes.master_values)
-        services.delete_packed(writes.stale_slots)
-        backends.delete_packed(writes.orphan_backends)
-        log.debug("maps written", extra=fields(**writes.pending()))
-        pending = writes.pending()
-        self.service_entries -= pending["stale_slots"]
-        self.backend_entries -= pending["orphan_backends"]
-        writes.round_written()
+        services.delete_packed(planned.gone_masters + planned.gone_slots)
+        backends.delete_packed(planned.gone_backends)
+        backends.put_packed(planned.new_backend_keys, planned.new_backend_values)
+        services.put_packed(planned.slot_keys, planned.slot_values)
+        services.put_packed(planned.master_keys, planned.master_values)
+        services.delete_packed(planned.stale_slots)
+        backends.delete_packed(planned.orphan_backends)
+        log.debug("maps written", extra=fields(**planned.counts))
 
 
 def _reported(earlier: Waiting | None, port: ServicePort) -> frozenset:

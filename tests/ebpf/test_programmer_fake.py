@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes as ct
 import ipaddress
 import os
+import threading
 
 import pytest
 from hypothesis import strategies as st
@@ -119,9 +120,9 @@ class BatchSizes(FakeMap):
 
 
 def test_a_full_sync_is_written_in_rounds_of_service_ports() -> None:
-    """Each round's steps are written before the next round is planned: no
-    batch holds more than a round's entries, and the maps end up holding
-    every port, as one write would have left them."""
+    """Each round's steps are written before the next round's: no batch
+    holds more than a round's entries, and the maps end up holding every
+    port, as one write would have left them."""
     ports = [service_port(f"p{i}", [f"10.96.{i // 200}.{i % 200 + 1}"], 80,
                           backends=[1, 2], families=(4,)) for i in range(ROUND_PORTS * 2 + 1)]
     services = BatchSizes(maps.SERVICES.key, maps.SERVICES.value, 10000, maps.SERVICES.pin)
@@ -139,6 +140,60 @@ def test_a_full_sync_is_written_in_rounds_of_service_ports() -> None:
     # the first service id and backend ids of that round.
     assert programmed(MapPair(services, backends, Capacity(10000, 10000)),
                       "10.96.5.25") == {0: 1025, 1: 2049, 2: 2050}
+
+
+class WritingThreads(FakeMap):
+    """A fake map that remembers the thread of each batched write."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.threads: list[str] = []
+
+    def put_packed(self, keys, values) -> None:
+        self.threads.append(threading.current_thread().name)
+        super().put_packed(keys, values)
+
+
+def rounds_of_ports(count: int) -> list:
+    return [service_port(f"p{i}", [f"10.96.9.{i + 1}"], 80, backends=[1], families=(4,))
+            for i in range(count)]
+
+
+def test_the_rounds_before_the_last_are_written_beside_the_planning() -> None:
+    """Three rounds: the first two are written by the writer thread (while
+    the next is planned), the last by the caller; a change set of one round
+    never leaves the caller's thread."""
+    services = WritingThreads(maps.SERVICES.key, maps.SERVICES.value, 100, maps.SERVICES.pin)
+    backends = FakeMap(maps.BACKENDS.key, maps.BACKENDS.value, 100, maps.BACKENDS.pin)
+    p = ServiceProgrammer(services, backends, Capacity(100, 100), Skips(Metrics()),
+                          round_ports=2)
+    ports = rounds_of_ports(5)
+    p.apply(added(*ports, full=True))
+    caller = threading.current_thread().name
+    # Per round: slots, then masters.
+    assert [name == caller for name in services.threads] == [False] * 4 + [True] * 2
+    assert len(services) == 2 * len(ports)
+    services.threads.clear()
+    p.apply(added(service_port("p0", ["10.96.9.1"], 80, backends=[2], families=(4,))))
+    assert services.threads and set(services.threads) == {caller}
+
+
+def test_a_round_that_fails_in_the_writer_thread_fails_the_apply_and_is_repaired() -> None:
+    """The first round's backends cannot be written: apply raises once the
+    second round is planned, nothing after the failed write is written, the
+    mirror is what the maps hold, and the next full change set writes it all."""
+    pair = fake_pair(100, 100)
+    p = ServiceProgrammer(pair.services, pair.backends, pair.capacity, Skips(Metrics()),
+                          round_ports=2)
+    ports = rounds_of_ports(5)
+    pair.backends.fail_after(1)
+    with pytest.raises(OSError):
+        p.apply(added(*ports, full=True))
+    assert (len(pair.services), len(pair.backends)) == (0, 1)
+    assert (p.service_entries, p.backend_entries) == (0, 1)
+    p.apply(added(*ports, full=True))
+    assert (len(pair.services), len(pair.backends)) == (2 * len(ports), len(ports))
+    assert (p.service_entries, p.backend_entries) == (len(pair.services), len(pair.backends))
 
 
 def test_last_stages_name_the_plan_and_the_write_of_the_last_apply() -> None:
