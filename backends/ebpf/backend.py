@@ -11,6 +11,7 @@ from backends.ebpf import counters, maps, service_id_maps
 from backends.ebpf.loader import Datapath, DatapathConfig
 from backends.ebpf.node_addresses import AddressFollower, FollowerFactory, NodeAddressMap
 from backends.ebpf.programmer import Capacity, MapWrites, ServiceProgrammer
+from backends.ebpf.recovery import recovered_beside
 from backends.ebpf.stale_udp import StaleUdpTerminator
 from backends.ebpf.usage import CachedCount
 from kpng_py.backend import BackendSetupError
@@ -85,7 +86,8 @@ class EbpfBackend:
         backends = self._datapath.maps[maps.BACKENDS.pin]
         self._programmer = ServiceProgrammer(
             services, backends,
-            Capacity(services.info().max_entries, backends.info().max_entries), self._skips)
+            Capacity(services.info().max_entries, backends.info().max_entries), self._skips,
+            recovery=recovered_beside)
         config = self._datapath.config  # with its paths resolved: use no other
         self._terminator = StaleUdpTerminator(
             config.cgroup, self._datapath.maps[maps.REVERSE_NAT.pin],

@@ -41,9 +41,9 @@ from backends.ebpf.contents import (
     Programmed,
     backend_owner,
     backend_target,
-    read_contents,
 )
 from backends.ebpf.mapaccess import MapAccess
+from backends.ebpf.recovery import Recovery, recovered_here
 from backends.ebpf.maps import BackendValue, ServiceKey, ServiceValue, packed_l4addr
 from kpng_py.logs import fields
 from kpng_py.model import (
@@ -306,11 +306,12 @@ class ServiceProgrammer:
 
     def __init__(self, services: MapAccess[ServiceKey, ServiceValue],
                  backends: MapAccess[int, BackendValue], capacity: Capacity, skips: Skips,
-                 round_ports: int = ROUND_PORTS) -> None:
+                 round_ports: int = ROUND_PORTS, recovery: Recovery = recovered_here) -> None:
         if round_ports < 1:
             raise ValueError(f"round_ports is {round_ports}: a round writes at least one "
                              f"service port")
         self._round_ports = round_ports
+        self._recovery = recovery
         self._services = services
         self._backends_map = backends
         self._capacity = capacity
@@ -369,8 +370,7 @@ class ServiceProgrammer:
     def _recover(self) -> None:
         """Rebuild the mirror (and the ids in use) from the maps."""
         self._reset()
-        contents = read_contents(self._services, self._backends_map)
-        recovered = contents.recovered()
+        recovered = self._recovery(self._services, self._backends_map)
         self._frontends = dict(recovered.frontends)
         self._unnamed = {frontend: {backend_id: recovered.backends[backend_id] for backend_id in ids}
                          for frontend, ids in recovered.unnamed.items()}
@@ -378,10 +378,10 @@ class ServiceProgrammer:
         self._stray_backends = list(recovered.stray_backends)
         self.service_entries = sum(1 + len(p.slots) for p in self._frontends.values()) + len(
             recovered.stray_keys)
-        self.backend_entries = len(contents.backends)
         self._service_ids = IdAllocator(
             (p.service_id for p in self._frontends.values()), self._capacity.max_id)
-        self._backend_id_pool = IdAllocator(contents.backends, self._capacity.max_id)
+        self._backend_id_pool = IdAllocator(recovered.backend_ids(), self._capacity.max_id)
+        self.backend_entries = len(recovered.backends) + len(recovered.stray_backends)
         log.info("recovered the programmed services from the pinned maps", extra=fields(
             frontends=len(self._frontends), backends=len(recovered.backends),
             stray_entries=len(recovered.stray_keys) + len(self._stray_backends)))

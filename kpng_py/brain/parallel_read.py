@@ -2,9 +2,10 @@
 
 A 10 000-service file takes the brain about a second of CPU to read, most
 of it in the items' own text, each item read alone. With a second CPU, a
-forked child reads the second half of the items while the brain reads the
-first, and sends its entries back as plain values (`marshal`, a few MiB at
-10 000 services, read back in a fraction of what reading the text costs).
+forked child (`kpng_py/forked.py`) reads the second half of the items while
+the brain reads the first, and sends its entries back as plain values
+(`marshal`, a few MiB at 10 000 services, read back in a fraction of what
+reading the text costs).
 
 The child only saves time: what it sends is what the brain would have read,
 the same functions on the same text. When the child declines an item (the
@@ -17,10 +18,9 @@ from __future__ import annotations
 
 import logging
 import marshal
-import os
-import signal
 from typing import Callable, TypeVar
 
+from kpng_py.forked import ForkedWork, fork_work, spare_cpu
 from kpng_py.logs import fields
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def read_items(items: list[str], read: Callable[[list[str]], list[Entry] | None]
     child when the items are many and this process may run on more than
     one CPU; the child sends each entry as `encode` makes it (plain values)
     and `decode` makes it again."""
-    if len(items) < MIN_ITEMS or len(os.sched_getaffinity(0)) < 2:
+    if len(items) < MIN_ITEMS or not spare_cpu():
         return read(items)
     half = len(items) // 2
     child = _fork_reading(items[half:], read, encode)
@@ -67,57 +67,18 @@ def read_items(items: list[str], read: Callable[[list[str]], list[Entry] | None]
     return first + [decode(values) for values in marshal.loads(data)]
 
 
-class _Child:
-    """A forked reader: its pid and the pipe it writes its entries to."""
-
-    def __init__(self, pid: int, pipe: int) -> None:
-        self.pid, self._pipe = pid, pipe
-        self.status: int | None = None
-
-    def result(self) -> bytes | None:
-        """What it wrote, once it exited; None if it failed."""
-        with os.fdopen(self._pipe, "rb") as reader:
-            data = reader.read()
-        _, self.status = os.waitpid(self.pid, 0)
-        return data if self.status == 0 else None
-
-    def stop(self) -> None:
-        """Its half is not needed any more."""
-        os.kill(self.pid, signal.SIGKILL)
-        self.result()
-
-
 def _fork_reading(items: list[str], read: Callable[[list[str]], list[Entry] | None],
-                  encode: Callable[[Entry], tuple]) -> _Child | None:
+                  encode: Callable[[Entry], tuple]) -> ForkedWork | None:
     """The child reading `items`; None if none could be made."""
-    try:
-        out, into = os.pipe()
-    except OSError as err:
-        return _in_one_process(err)
-    try:
-        pid = os.fork()
-    except OSError as err:
-        os.close(out)
-        os.close(into)
-        return _in_one_process(err)
-    if pid:
-        os.close(into)
-        return _Child(pid, out)
-    status = 1
-    try:  # the child: never back into the brain's code
-        # A signal ends it, and is not passed on to the brain's handlers
-        # (their wakeup pipe is shared): the brain then reads the half itself.
-        signal.set_wakeup_fd(-1)
-        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(number, signal.SIG_DFL)
-        os.close(out)
+
+    def work() -> bytes:
         entries = read(items)
-        data = _DECLINED if entries is None else marshal.dumps([encode(e) for e in entries])
-        with os.fdopen(into, "wb") as pipe:
-            pipe.write(data)
-        status = 0
-    finally:
-        os._exit(status)
+        return _DECLINED if entries is None else marshal.dumps([encode(e) for e in entries])
+
+    try:
+        return fork_work(work)
+    except OSError as err:
+        return _in_one_process(err)
 
 
 def _in_one_process(err: OSError) -> None:

@@ -10,7 +10,6 @@ import os
 import pytest
 import yaml
 
-from kpng_py.brain import parallel_read
 from kpng_py.brain.parallel_read import MIN_ITEMS, read_items
 from kpng_py.brain.statefile import StateReader, read_strict
 from tests.brain.helpers import endpoint, port, service, state
@@ -37,22 +36,6 @@ def _big_file(bad_at: int | None = None) -> str:
     if bad_at is not None:
         text = text.replace(f"    name: s{bad_at}\n", f"    name: &name s{bad_at}\n")
     return text
-
-
-@pytest.fixture
-def forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The pids of the children parallel_read forks."""
-    pids: list[int] = []
-    fork = os.fork
-
-    def counted() -> int:
-        pid = fork()
-        if pid:
-            pids.append(pid)
-        return pid
-
-    monkeypatch.setattr(parallel_read.os, "fork", counted)
-    return pids
 
 
 def test_two_processes_read_the_state_one_reads(forks: list[int]) -> None:

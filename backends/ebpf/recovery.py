@@ -1,0 +1,53 @@
+"""How the programmer's mirror is recovered from the maps: here, or beside.
+
+At a restart over a pinned datapath of 10 000 services, reading both maps
+and deciding what each entry is (`Contents.recovered`) is about half a
+second of Python, which the setup thread would spend while the main thread
+receives the first Sync: both on one interpreter lock, so the restart waited
+for the sum. `recovered_beside` has a forked child (`kpng_py/forked.py`) do
+it on the other CPU and send the result as plain values; this process only
+reads them back. The child reads the same maps through the same open fds, so
+the result is the same; it is done here when the child cannot help.
+"""
+
+from __future__ import annotations
+
+import logging
+import marshal
+from typing import Callable
+
+from backends.ebpf.contents import Recovered, read_contents
+from backends.ebpf.mapaccess import MapAccess
+from backends.ebpf.maps import BackendValue, ServiceKey, ServiceValue
+from kpng_py.forked import fork_work, spare_cpu
+from kpng_py.logs import fields
+
+log = logging.getLogger(__name__)
+
+Recovery = Callable[[MapAccess[ServiceKey, ServiceValue], MapAccess[int, BackendValue]],
+                    Recovered]
+
+
+def recovered_here(services: MapAccess[ServiceKey, ServiceValue],
+                   backends: MapAccess[int, BackendValue]) -> Recovered:
+    return read_contents(services, backends).recovered()
+
+
+def recovered_beside(services: MapAccess[ServiceKey, ServiceValue],
+                     backends: MapAccess[int, BackendValue]) -> Recovered:
+    """What `recovered_here` returns, made by a child on another CPU (this
+    thread waits for it without the interpreter's lock); made here on one
+    CPU, or when no child can be made or it fails."""
+    if not spare_cpu():
+        return recovered_here(services, backends)
+    try:
+        child = fork_work(lambda: marshal.dumps(recovered_here(services, backends).encode()))
+    except OSError as err:
+        log.info("recovering the maps in this process: no child", extra=fields(error=str(err)))
+        return recovered_here(services, backends)
+    data = child.result()
+    if data is None:
+        log.info("recovering the maps in this process: the child failed",
+                 extra=fields(wait_status=child.status))
+        return recovered_here(services, backends)
+    return Recovered.decode(marshal.loads(data))
