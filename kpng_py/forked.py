@@ -14,6 +14,7 @@ memory: `result` is None), and when the machine has one CPU (`spare_cpu`).
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 from typing import Callable
@@ -61,6 +62,10 @@ def fork_work(work: Callable[[], bytes]) -> ForkedWork:
         return ForkedWork(pid, out)
     status = 1
     try:
+        # No cycle collection in a child that lives for one piece of work: a
+        # collection would walk (and write to) every object it inherited,
+        # copying each page of the parent's heap.
+        gc.disable()
         # A signal ends the child, and is not passed on to the parent's
         # handlers (their wakeup pipe is shared): the parent then does the
         # work itself.

@@ -315,17 +315,11 @@ class Contents:
                 strays += stored.keys()
                 continue
             service_ids[service_id] = frontend
-            owner = backend_owner(service_id, stored.affinity_group)
-            slots = tuple(self._backend_of(backend_id, owner)
-                          for backend_id in stored.backend_ids())
+            slots, targets = self._adopt_slots(stored, named)
             strays += stored.slot_keys(s for s in stored.slots if s > stored.master.count)
-            targets = b"".join(backend_target(self.backends[backend_id]) if backend_id
-                               else _NO_TARGET for backend_id in slots)
             frontends[frontend] = Programmed(service_id, slots, targets, stored.affinity_timeout,
                                              stored.master.flags & maps.SVC_F_KINDS,
                                              stored.affinity_group)
-            named.update((backend_id, self.backends[backend_id]) for backend_id in slots
-                         if backend_id)
         unnamed: dict[FrontendKeys, list[int]] = {}
         stray_backends = []
         for backend_id, raw in self.backends.items():
@@ -340,12 +334,25 @@ class Contents:
         return Recovered(frontends, named, {f: tuple(ids) for f, ids in unnamed.items()},
                          tuple(strays), tuple(stray_backends))
 
-    def _backend_of(self, backend_id: int | None, owner: bytes) -> int:
-        """The slot's backend id if it names a backend of the frontend (`owner`:
-        its packed service id and affinity group, which all its backends
-        carry), else 0."""
-        raw = self.backends.get(backend_id) if backend_id is not None else None
-        return backend_id if raw is not None and raw[TARGET_SIZE:] == owner else 0
+    def _adopt_slots(self, stored: StoredFrontend, named: dict[int, bytes]
+                     ) -> tuple[tuple[int, ...], bytes]:
+        """The backend id of each slot 1..count, 0 where the slot is missing or
+        names no backend of the frontend (one that carries its service id and
+        affinity group, as all its backends do), and their packed targets;
+        the backends named are added to `named`. One pass over the slots (a
+        restart adopts every backend of the node)."""
+        owner = backend_owner(stored.master.id, stored.affinity_group)
+        backends, slots, targets = self.backends, [], []
+        for backend_id in stored.backend_ids():
+            raw = backends.get(backend_id) if backend_id is not None else None
+            if raw is not None and raw[TARGET_SIZE:] == owner:
+                slots.append(backend_id)
+                targets.append(raw[:TARGET_SIZE])
+                named[backend_id] = raw
+            else:
+                slots.append(0)
+                targets.append(_NO_TARGET)
+        return tuple(slots), b"".join(targets)
 
 
 def read_contents(services: MapAccess[ServiceKey, ServiceValue],
