@@ -19,7 +19,7 @@ from typing import Callable
 from backends.ebpf.contents import Recovered, read_contents
 from backends.ebpf.mapaccess import MapAccess
 from backends.ebpf.maps import BackendValue, ServiceKey, ServiceValue
-from kpng_py.forked import fork_work, spare_cpu
+from kpng_py.forked import ForkedWork, fork_work, spare_cpu
 from kpng_py.logs import fields
 
 log = logging.getLogger(__name__)
@@ -38,13 +38,48 @@ def recovered_beside(services: MapAccess[ServiceKey, ServiceValue],
     """What `recovered_here` returns, made by a child on another CPU (this
     thread waits for it without the interpreter's lock); made here on one
     CPU, or when no child can be made or it fails."""
+    child = _forked_recovery(services, backends)
+    return recovered_here(services, backends) if child is None else _result_of(
+        child, services, backends)
+
+
+class RecoveryAhead:
+    """`recovered_beside` whose first child is forked at once: the caller goes
+    on with the rest of its setup while the child reads the maps, and its
+    first recovery (of the same maps) takes what the child sent."""
+
+    def __init__(self, services: MapAccess[ServiceKey, ServiceValue],
+                 backends: MapAccess[int, BackendValue]) -> None:
+        self._first = _forked_recovery(services, backends)
+
+    def __call__(self, services: MapAccess[ServiceKey, ServiceValue],
+                 backends: MapAccess[int, BackendValue]) -> Recovered:
+        first, self._first = self._first, None
+        if first is None:
+            return recovered_beside(services, backends)
+        return _result_of(first, services, backends)
+
+    def close(self) -> None:
+        """The first recovery will not be asked for (the setup failed)."""
+        if self._first is not None:
+            self._first.stop()
+            self._first = None
+
+
+def _forked_recovery(services: MapAccess[ServiceKey, ServiceValue],
+                     backends: MapAccess[int, BackendValue]) -> ForkedWork | None:
+    """The child recovering the maps; None on one CPU or when none can be made."""
     if not spare_cpu():
-        return recovered_here(services, backends)
+        return None
     try:
-        child = fork_work(lambda: marshal.dumps(recovered_here(services, backends).encode()))
+        return fork_work(lambda: marshal.dumps(recovered_here(services, backends).encode()))
     except OSError as err:
         log.info("recovering the maps in this process: no child", extra=fields(error=str(err)))
-        return recovered_here(services, backends)
+        return None
+
+
+def _result_of(child: ForkedWork, services: MapAccess[ServiceKey, ServiceValue],
+               backends: MapAccess[int, BackendValue]) -> Recovered:
     data = child.result()
     if data is None:
         log.info("recovering the maps in this process: the child failed",

@@ -74,3 +74,23 @@ def test_on_one_cpu_the_maps_are_recovered_here(forks: list[int],
     pair = dump_state_with_an_unnamed_backend()
     assert comparable(recovered_beside(*pair)) == comparable(recovered_here(*pair))
     assert forks == []
+
+
+def test_a_recovery_ahead_forks_at_once_and_its_first_recovery_takes_that_child(
+        forks: list[int]) -> None:
+    pair = dump_state_with_an_unnamed_backend()
+    ahead = recovery.RecoveryAhead(*pair)
+    assert len(forks) == 1
+    here = comparable(recovered_here(*pair))
+    assert comparable(ahead(*pair)) == here
+    assert len(forks) == 1
+    assert comparable(ahead(*pair)) == here  # after a failed write: a new child
+    assert len(forks) == 2
+    ahead.close()  # nothing left to stop
+
+
+def test_a_recovery_ahead_that_is_never_asked_leaves_no_child(forks: list[int]) -> None:
+    ahead = recovery.RecoveryAhead(*dump_state_with_an_unnamed_backend())
+    ahead.close()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(forks[0], os.WNOHANG)  # reaped
