@@ -6,8 +6,10 @@ second of Python, which the setup thread would spend while the main thread
 receives the first Sync: both on one interpreter lock, so the restart waited
 for the sum. `recovered_beside` has a forked child (`kpng_py/forked.py`) do
 it on the other CPU and send the result as plain values; this process only
-reads them back. The child reads the same maps through the same open fds, so
-the result is the same; it is done here when the child cannot help.
+reads them back. `RecoveryAhead` forks that child as soon as the maps are
+open, so that the rest of the setup goes on while it works. The child reads
+the same maps through the same open fds, so the result is the same; it is
+done here when the child cannot help.
 """
 
 from __future__ import annotations
