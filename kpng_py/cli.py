@@ -18,16 +18,11 @@ import sys
 from pathlib import Path
 from typing import IO, Callable, Iterator, Sequence
 
-import shtab
-
 from kpng_py import __version__, registry, runner
 from kpng_py.backend import BackendSetupError
-from kpng_py.brain import command as brain_command
-from kpng_py.brain.convert import ConvertError
-from kpng_py.brain.convert import convert as convert_kubectl
-from kpng_py.brain.convert import dump as dump_state
-from kpng_py.brain.reader import StateFileError
-from kpng_py.brain.watcher import DEFAULT_MAX_FILE_SIZE, Settle
+# The brain itself (its YAML reader and server) is imported by the commands
+# that run it: a backend's run does not load it.
+from kpng_py.brain.settings import DEFAULT_MAX_FILE_SIZE, Settle, StateFileError
 from kpng_py.client import ClientConfig, SinkFailed
 from kpng_py.durations import DurationError, parse_seconds
 from kpng_py.health import DEFAULT_HEALTHZ, DEFAULT_METRICS, BindAddress, Observability
@@ -52,6 +47,9 @@ MAX_SECONDS = (2**31 - 1) // 1000
 MAX_MSG_SIZE = 2**31 - 1
 # Kubernetes' limit on a node name (a DNS subdomain).
 MAX_NODE_NAME = 253
+# The shells `completion` writes for: shtab's (SUPPORTED_SHELLS, checked by
+# tests/test_cli.py), named here so that a run does not import shtab.
+COMPLETION_SHELLS = ("bash", "zsh", "tcsh", "fish", "powershell")
 
 
 def _positive_float(text: str) -> float:
@@ -306,6 +304,10 @@ def _add_file_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _convert(kubectl_output: Path, output: Path | None) -> None:
+    from kpng_py.brain.convert import ConvertError
+    from kpng_py.brain.convert import convert as convert_kubectl
+    from kpng_py.brain.convert import dump as dump_state
+
     try:
         conversion = convert_kubectl(kubectl_output.read_text(encoding="utf-8"))
     except (ConvertError, UnicodeDecodeError) as err:
@@ -358,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
         "completion", help="print a shell completion script",
         description="Print a completion script for the shell: e.g. "
                     "`kpng-py completion bash > /etc/bash_completion.d/kpng-py`.")
-    completion.add_argument("shell", choices=shtab.SUPPORTED_SHELLS)
+    completion.add_argument("shell", choices=COMPLETION_SHELLS)
     for sub in _subparsers(parser):
         # As KPNG's global flags: accepted after any command or sink too
         # (`local --api=... to-ebpf -v`); a command's own use wins.
@@ -411,6 +413,8 @@ def _run(args: argparse.Namespace) -> None:
             return
         if args.input is None:
             raise UsageError(f"file {args.sink} needs -i STATE.yaml (before {args.sink})")
+        from kpng_py.brain import command as brain_command
+
         if args.sink == "to-api":
             brain_command.serve_file(args.input, *_server_address(args), args.max_file_size,
                                     Settle.after(args.settle))
@@ -423,6 +427,8 @@ def _run(args: argparse.Namespace) -> None:
     elif args.command == "version":
         _print_versions(args.json)
     elif args.command == "completion":
+        import shtab  # only here: the parser of every run names its shells
+
         print(shtab.complete(build_parser(), shell=args.shell))
     else:
         args.run_tool(args)

@@ -9,8 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import shtab
 
-from kpng_py.cli import build_parser, main
+from kpng_py.cli import COMPLETION_SHELLS, build_parser, main
 
 
 @pytest.fixture(autouse=True)
@@ -199,6 +200,10 @@ def complete(script: Path, words: list[str]) -> list[str]:
                f'_shtab_kpng_py kpng-py {words[-1]} {words[-2]}; echo "${{COMPREPLY[@]}}"')
     done = subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True)
     return done.stdout.split()
+
+
+def test_completion_offers_the_shells_shtab_writes_for() -> None:
+    assert COMPLETION_SHELLS == tuple(shtab.SUPPORTED_SHELLS)
 
 
 def test_bash_completion_knows_the_commands_sinks_and_flags(

@@ -24,6 +24,8 @@ import yaml
 from google.protobuf.descriptor import EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
+from kpng_py.brain.settings import StateFileError
+
 # libyaml's parser when PyYAML was built with it (much faster on big files);
 # both give the same nodes and line marks.
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -54,11 +56,6 @@ class Blame(Protocol):
 # read (each element of a repeated field); a message's (`localv1.PortMapping`)
 # gets the message once it is read. Both get the place to blame.
 FieldChecks = dict[str, Callable[[Blame, Any], None]]
-
-
-class StateFileError(ValueError):
-    """A state file that cannot be used; the message names the file, the line,
-    the place in the document and the problem."""
 
 
 @dataclass(frozen=True)

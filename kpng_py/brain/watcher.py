@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
 
+from kpng_py.brain.settings import DEFAULT_MAX_FILE_SIZE, Settle
 from kpng_py.brain.source import StateSnapshots
 from kpng_py.brain.statefile import ClusterState, StateFileError, StateReader
 from kpng_py.logs import fields
@@ -47,10 +48,6 @@ from kpng_py.logs import fields
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.2
-# The largest state file read (`kpng-py file --max-file-size`). The bench's
-# largest scenario, 30 000 services of 10 endpoints, is 58.5 MB as yaml.dump
-# writes it (and takes minutes and about 3 GB to parse): it fits.
-DEFAULT_MAX_FILE_SIZE = 64 << 20
 # Re-read a file whose mtime is younger than this even if its stat looks the
 # same: a write within one timestamp tick of the previous one keeps the mtime.
 _RECENT_SECONDS = 2.0
@@ -62,20 +59,6 @@ _ATOMIC_SAVE_HINT = ("if it was being written, save it atomically instead: write
 _FILE_TYPES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
                (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
                (stat.S_ISBLK, "a block device"))
-
-
-@dataclass(frozen=True)
-class Settle:
-    """How long a new content must stay the same before it is used."""
-
-    seconds: float = 1.0
-    incomplete_seconds: float = 5.0  # for a content that looks cut short
-
-    @classmethod
-    def after(cls, seconds: float) -> Settle:
-        """`seconds` for a content that looks whole, and never less than the
-        default wait for one that looks cut short."""
-        return cls(seconds, max(seconds, cls.incomplete_seconds))
 
 
 class _Signature(NamedTuple):
