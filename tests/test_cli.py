@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -200,6 +201,17 @@ def complete(script: Path, words: list[str]) -> list[str]:
                f'_shtab_kpng_py kpng-py {words[-1]} {words[-2]}; echo "${{COMPREPLY[@]}}"')
     done = subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True)
     return done.stdout.split()
+
+
+def test_a_backend_run_loads_neither_the_brain_nor_shtab() -> None:
+    """The parser of every command, and what `local ... to-ebpf` imports:
+    the brain's YAML reader and server and the completion writer stay out."""
+    program = ("import sys, kpng_py.cli, backends.ebpf.backend; kpng_py.cli.build_parser(); "
+               "print(sorted(m for m in sys.modules if m in ('yaml', 'shtab') "
+               "or m.startswith('kpng_py.brain.') and m != 'kpng_py.brain.settings'))")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_completion_offers_the_shells_shtab_writes_for() -> None:

@@ -52,13 +52,15 @@ class RecoveryAhead:
 
     def __init__(self, services: MapAccess[ServiceKey, ServiceValue],
                  backends: MapAccess[int, BackendValue]) -> None:
+        self._services, self._backends = services, backends
         self._first = _forked_recovery(services, backends)
 
     def __call__(self, services: MapAccess[ServiceKey, ServiceValue],
                  backends: MapAccess[int, BackendValue]) -> Recovered:
-        first, self._first = self._first, None
-        if first is None:
+        first = self._first
+        if first is None or services is not self._services or backends is not self._backends:
             return recovered_beside(services, backends)
+        self._first = None
         return _result_of(first, services, backends)
 
     def close(self) -> None:

@@ -94,3 +94,12 @@ def test_a_recovery_ahead_that_is_never_asked_leaves_no_child(forks: list[int]) 
     ahead.close()
     with pytest.raises(ChildProcessError):
         os.waitpid(forks[0], os.WNOHANG)  # reaped
+
+
+def test_a_recovery_ahead_asked_for_other_maps_recovers_those(forks: list[int]) -> None:
+    ahead = recovery.RecoveryAhead(*dump_state_with_an_unnamed_backend())
+    other = dump_state_with_an_unnamed_backend()
+    other[1].delete_many([400])
+    assert comparable(ahead(*other)) == comparable(recovered_here(*other))
+    assert len(forks) == 2  # its own child, the first one still unasked
+    ahead.close()
