@@ -23,11 +23,15 @@ from kpng_py.model import (
     DEFAULT_AFFINITY_TIMEOUT_SECONDS,
     MAX_AFFINITY_TIMEOUT_SECONDS,
     MAX_PORT,
+    PACKED_ADDRESS_SIZE,
     IPAddress,
     Protocol,
     ServicePort,
     ServicePortName,
     family_of,
+    packed_address,
+    packed_v4_address,
+    unpacked_address,
 )
 from kpng_py.skips import SkipReason, Skips
 
@@ -61,16 +65,24 @@ class EndpointTail(NamedTuple):
 
 
 class EndpointRecord(NamedTuple):
-    """A decoded Endpoint of one service: what the node state keeps of it,
-    under its key. A full sync makes one per endpoint, so it is a tuple of
-    three (made in a fraction of a frozen dataclass's time, in one 64-byte
-    allocation) whose tail is shared with the service's other endpoints."""
+    """A decoded Endpoint of one service. Its addresses are packed
+    (`packed_address`, PACKED_ADDRESS_SIZE bytes each), its tail shared with
+    the service's other endpoints."""
 
-    ips: tuple[IPAddress, ...]
+    addresses: bytes
     tail: EndpointTail
     # The bytes it was decoded from, which a new value is compared with
     # before it is decoded.
     raw: bytes = b""
+
+    @property
+    def ips(self) -> tuple[IPAddress, ...]:
+        return tuple(unpacked_address(self.addresses[at:at + PACKED_ADDRESS_SIZE])
+                     for at in range(0, len(self.addresses), PACKED_ADDRESS_SIZE))
+
+    @property
+    def address_count(self) -> int:
+        return len(self.addresses) // PACKED_ADDRESS_SIZE
 
     @property
     def port_overrides(self) -> tuple[tuple[str, int], ...]:
@@ -386,16 +398,31 @@ def _decode_port(namespace: str, name: str, mapping: localv1.PortMapping, common
     )
 
 
+def fast_endpoint(data: bytes, tails: EndpointTails) -> EndpointRecord | None:
+    """The record of an endpoint whose bytes after its IPs were decoded
+    before (and needed no skip) and whose IPs are ordinary IPv4 addresses
+    (`_ordinary_v4`), decoded without protobuf; None for any other, which
+    `decode_endpoint` decodes and checks. What it returns needs no report:
+    the same bytes decode to the same record every time."""
+    parts = _split_at_ips(data)
+    if parts is None:
+        return None
+    tail = tails.get(parts[1])
+    if tail is None:
+        return None
+    addresses = _ordinary_v4(parts[0])
+    return None if addresses is None else EndpointRecord(addresses, tail, data)
+
+
 def decode_endpoint(service_path: str, key: str, data: bytes, skips: Skips,
                     tails: EndpointTails | None = None) -> EndpointRecord | None:
     """With `tails`, an endpoint whose bytes after its IPs were decoded
     before (and needed no skip) decodes only its IPs and shares the rest."""
+    fast = fast_endpoint(data, tails) if tails is not None else None
+    if fast is not None:
+        return fast
     parts = _split_at_ips(data) if tails is not None else None
     tail = tails.get(parts[1]) if tails is not None and parts is not None else None
-    if tail is not None:
-        ips = _ordinary_v4(parts[0])  # type: ignore[index]
-        if ips is not None:
-            return EndpointRecord(ips, tail, data)
     owner = f"endpoint {service_path}/{key}"
     ipset: localv1.IPSet | None = None
     if tail is not None:
@@ -427,7 +454,7 @@ def decode_endpoint(service_path: str, key: str, data: bytes, skips: Skips,
     ips = parse_ips(v4, 4, owner, skips)
     if v6:
         ips += parse_ips(v6, 6, owner, skips)
-    return EndpointRecord(tuple(ips), tail, data)
+    return EndpointRecord(b"".join(map(packed_address, ips)), tail, data)
 
 
 # The tag of IPSet.V4 (field 1, length-delimited).
@@ -435,14 +462,15 @@ _V4_TAG = 0x0A
 _MAYBE_REFUSED_V4 = _MAYBE_REFUSED[4]
 
 
-def _ordinary_v4(ipset: bytes) -> tuple[IPAddress, ...] | None:
+def _ordinary_v4(ipset: bytes) -> bytes | None:
     """The addresses of an IPSet's bytes that hold short V4 entries only,
-    each an ordinary IPv4 address in the form inet_pton reads: what
-    decoding it and `parse_ips` would return, without a skip. None for
+    each an ordinary IPv4 address in the form inet_pton reads, packed
+    (`packed_address`): what decoding it and `parse_ips` would return,
+    without a skip. None for
     anything else (another field, a V6 address, a long or non-ASCII entry,
     an address that is not ordinary, none at all), which the full decode
     handles and reports. Most endpoints of a full sync are one such address."""
-    ips: list[IPAddress] = []
+    addresses = b""
     at, end = 0, len(ipset)
     while at < end:
         if ipset[at] != _V4_TAG or at + 1 == end:
@@ -458,10 +486,10 @@ def _ordinary_v4(ipset: bytes) -> tuple[IPAddress, ...] | None:
             return None
         if packed[0] in _MAYBE_REFUSED_V4:
             return None
-        ips.append(ipaddress.IPv4Address(packed))
+        addresses += packed_v4_address(packed)
     # At most 14 addresses fit in the short IPs field _split_at_ips reads:
     # never over MAX_ENDPOINT_IPS.
-    return tuple(ips) if ips else None
+    return addresses or None
 
 
 def _decode_tail(ep: localv1.Endpoint, owner: str, skips: Skips) -> tuple[EndpointTail, bool]:

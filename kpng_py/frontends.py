@@ -21,7 +21,9 @@ from kpng_py.model import Frontend, ServicePortName
 
 class FrontendOwners:
     def __init__(self) -> None:
-        self._claims: dict[ServicePortName, frozenset[Frontend]] = {}
+        # What each service port claims: its `frontends()` (a few, held by
+        # the port already).
+        self._claims: dict[ServicePortName, tuple[Frontend, ...]] = {}
         self._owners: dict[Frontend, ServicePortName] = {}
         # frontend -> the claimants that do not own it, with the Sync they
         # claimed it in
@@ -31,23 +33,23 @@ class FrontendOwners:
     def owner(self, frontend: Frontend) -> ServicePortName | None:
         return self._owners.get(frontend)
 
-    def update(self, claims: Mapping[ServicePortName, frozenset[Frontend]]
+    def update(self, claims: Mapping[ServicePortName, tuple[Frontend, ...]]
                ) -> set[ServicePortName]:
         """One Sync: `claims` has every frontend each changed service port
-        claims now (an empty set for a port that is gone). Returns the other
-        service ports that took over a frontend."""
+        claims now, each once (none for a port that is gone). Returns the
+        other service ports that took over a frontend."""
         self._syncs += 1
         freed: set[Frontend] = set()
         claimed: set[Frontend] = set()
         for name, frontends in claims.items():
-            before = self._claims.get(name, frozenset())
-            for frontend in before - frontends:
+            before = self._claims.get(name, ())
+            for frontend in [f for f in before if f not in frontends]:
                 if self._owners.get(frontend) == name:
                     del self._owners[frontend]
                     freed.add(frontend)
                 else:
                     self._stop_waiting(frontend, name)
-            for frontend in frontends - before:
+            for frontend in [f for f in frontends if f not in before]:
                 self._waiting.setdefault(frontend, {})[name] = self._syncs
                 claimed.add(frontend)
             if frontends:

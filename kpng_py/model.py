@@ -6,18 +6,18 @@ BaseServiceInfo (as carried by KPNG's localv1 Service): everything a ClusterIP,
 NodePort, ExternalIP or LoadBalancer dataplane needs is here, so backends that
 grow new service types need no model change. All values are frozen.
 
-A full sync holds one `Endpoint` per endpoint and port and one `ServicePort`
-per port, so the classes have slots (no per-object dict); the state model
-shares what many of them hold (an endpoint's address objects across the
-ports it serves, the values many endpoints have in common).
+A full sync holds one `ServicePort` per port, so the classes have slots (no
+per-object dict); a port's endpoints are one bytes value (`Endpoints`), not
+an object each: an `Endpoint` is made when one is read.
 """
 
 from __future__ import annotations
 
 import enum
 import ipaddress
+import struct
 from dataclasses import dataclass, field, replace
-from typing import Callable, Container, Iterable, Union
+from typing import Callable, Container, Iterable, Iterator, Sequence, Union, overload
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
@@ -159,6 +159,139 @@ class Endpoint:
         return format_host_port(self.ip, self.port)
 
 
+# An address as `Endpoints` packs it: its version (one byte), then 16 bytes
+# in network order, an IPv4 address in its IPv4-mapped form (the state model
+# refuses that form for IPv6 addresses, so no two addresses pack alike).
+PACKED_ADDRESS_SIZE = 17
+V4_MAPPED_PREFIX = bytes(10) + b"\xff\xff"
+_V4_VERSION, _V6_VERSION = b"\x04", b"\x06"
+# An endpoint: its packed address, its port (network order), its flags.
+_ENDPOINT = struct.Struct("!17sHB")
+ENDPOINT_SIZE = _ENDPOINT.size
+# Where an endpoint's target (address bytes and port) and its flags are.
+_TARGET_START, _FLAGS_AT = 1, PACKED_ADDRESS_SIZE + 2
+ENDPOINT_LOCAL, ENDPOINT_INTERNAL, ENDPOINT_EXTERNAL = 1, 2, 4
+
+
+def packed_address(ip: IPAddress) -> bytes:
+    """`ip` as `Endpoints` packs it (PACKED_ADDRESS_SIZE bytes)."""
+    if ip.version == 4:
+        return _V4_VERSION + V4_MAPPED_PREFIX + ip.packed
+    return _V6_VERSION + ip.packed
+
+
+def packed_v4_address(packed: bytes) -> bytes:
+    """The 4 bytes of an IPv4 address (inet_pton's) as `packed_address` packs it."""
+    return _V4_VERSION + V4_MAPPED_PREFIX + packed
+
+
+def unpacked_address(packed: bytes) -> IPAddress:
+    """The address of `packed_address`'s bytes."""
+    if packed[0] == 4:
+        return ipaddress.IPv4Address(packed[13:17])
+    return ipaddress.IPv6Address(packed[1:17])
+
+
+def endpoint_flags(local: bool, internal: bool, external: bool) -> int:
+    return ((ENDPOINT_LOCAL if local else 0) | (ENDPOINT_INTERNAL if internal else 0)
+            | (ENDPOINT_EXTERNAL if external else 0))
+
+
+_FLAG_BYTES = tuple(bytes((flags,)) for flags in range(8))
+
+
+def endpoint_flag_byte(local: bool, internal: bool, external: bool) -> bytes:
+    """The last byte of a packed endpoint: an `Endpoints` entry is its packed
+    address, its port (2 bytes, network order) and this."""
+    return _FLAG_BYTES[endpoint_flags(local, internal, external)]
+
+
+class Endpoints(Sequence[Endpoint]):
+    """A service port's endpoints, packed in one bytes value (ENDPOINT_SIZE
+    bytes each: packed address, port, flags): a full sync holds hundreds of
+    thousands, which as objects would cost ten times the memory. Reading one
+    makes its `Endpoint`; two values are equal when their bytes are, and a
+    tuple of the same `Endpoint`s is equal to them too. The state model
+    packs them in `Endpoint.sort_key` order, each (address, port) once."""
+
+    __slots__ = ("packed",)
+
+    def __init__(self, packed: bytes = b"") -> None:
+        if len(packed) % ENDPOINT_SIZE:
+            raise ValueError(f"{len(packed)} bytes are not whole endpoints of "
+                             f"{ENDPOINT_SIZE} bytes")
+        self.packed = packed
+
+    @classmethod
+    def of(cls, endpoints: Iterable[Endpoint]) -> Endpoints:
+        """`endpoints`, in their order."""
+        if isinstance(endpoints, Endpoints):
+            return endpoints
+        return cls(b"".join(
+            _ENDPOINT.pack(packed_address(ep.ip), ep.port,
+                           endpoint_flags(ep.local, ep.internal, ep.external))
+            for ep in endpoints))
+
+    def __len__(self) -> int:
+        return len(self.packed) // ENDPOINT_SIZE
+
+    def __iter__(self) -> Iterator[Endpoint]:
+        for address, port, flags in _ENDPOINT.iter_unpack(self.packed):
+            yield _endpoint(address, port, flags)
+
+    @overload
+    def __getitem__(self, index: int) -> Endpoint: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Endpoints: ...
+
+    def __getitem__(self, index: int | slice) -> Endpoint | Endpoints:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return Endpoints.of(tuple(self)[index])
+            return Endpoints(self.packed[start * ENDPOINT_SIZE:stop * ENDPOINT_SIZE])
+        count = len(self)
+        if not -count <= index < count:
+            raise IndexError(f"endpoint {index} of {count}")
+        at = (index % count) * ENDPOINT_SIZE
+        return _endpoint(*_ENDPOINT.unpack_from(self.packed, at))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Endpoints):
+            return self.packed == other.packed
+        if isinstance(other, (tuple, list)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.packed)
+
+    def __repr__(self) -> str:
+        return f"Endpoints({list(self)!r})"
+
+    def __reduce__(self) -> tuple[type[Endpoints], tuple[bytes]]:
+        return Endpoints, (self.packed,)
+
+    def targets(self, version: int, flag: int = ENDPOINT_INTERNAL) -> tuple[bytes, ...]:
+        """The address (16 bytes) and port (2, network order) of each endpoint
+        of an IP version with `flag`, packed, in order: what a dataplane
+        writes, without an object per endpoint."""
+        packed, first = self.packed, _V4_VERSION[0] if version == 4 else _V6_VERSION[0]
+        return tuple(packed[at + _TARGET_START:at + _FLAGS_AT]
+                     for at in range(0, len(packed), ENDPOINT_SIZE)
+                     if packed[at] == first and packed[at + _FLAGS_AT] & flag)
+
+
+
+def _endpoint(address: bytes, port: int, flags: int) -> Endpoint:
+    return Endpoint(unpacked_address(address), port, bool(flags & ENDPOINT_LOCAL),
+                    bool(flags & ENDPOINT_INTERNAL), bool(flags & ENDPOINT_EXTERNAL))
+
+
+_NO_ENDPOINTS = Endpoints()
+
+
 @dataclass(frozen=True, slots=True)
 class ServicePort:
     """One service port as a backend programs it (kube-proxy's BaseServiceInfo
@@ -179,7 +312,8 @@ class ServicePort:
     affinity_timeout_seconds: int = 0
     internal_traffic_local: bool = False
     external_traffic_local: bool = False
-    endpoints: tuple[Endpoint, ...] = ()
+    # Given as any iterable of Endpoint, kept as Endpoints.
+    endpoints: Endpoints = _NO_ENDPOINTS
     # The families whose node addresses answer on `node_port`: those of the
     # ClusterIPs of a NodePort or LoadBalancer service with a node port;
     # none otherwise.
@@ -187,6 +321,10 @@ class ServicePort:
     # `frontends()`, made on first use (a Sync asks for them several times).
     _frontends: tuple[Frontend, ...] | None = field(default=None, init=False, repr=False,
                                                      compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.endpoints, Endpoints):
+            object.__setattr__(self, "endpoints", Endpoints.of(self.endpoints))
 
     @property
     def protocol(self) -> Protocol:
@@ -257,9 +395,9 @@ class ServicePort:
         return tuple(ranges)
 
 
-def sorted_endpoints(endpoints: Iterable[Endpoint]) -> tuple[Endpoint, ...]:
+def sorted_endpoints(endpoints: Iterable[Endpoint]) -> Endpoints:
     """Endpoints in the stable order of a ServicePort."""
-    return tuple(sorted(endpoints, key=Endpoint.sort_key))
+    return Endpoints.of(sorted(endpoints, key=Endpoint.sort_key))
 
 
 @dataclass(frozen=True, slots=True)

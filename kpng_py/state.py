@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from kpng_py.api import localv1
 from kpng_py.decode import (
@@ -30,17 +30,21 @@ from kpng_py.decode import (
     ServiceRecord,
     decode_endpoint,
     decode_service,
+    fast_endpoint,
     split_endpoint_path,
 )
 from kpng_py.frontends import FrontendOwners
 from kpng_py.limits import Limits
 from kpng_py.model import (
-    ServicePortChanges,
-    Endpoint,
+    PACKED_ADDRESS_SIZE,
+    Endpoints,
     Frontend,
     ServicePort,
+    ServicePortChanges,
     ServicePortName,
+    endpoint_flag_byte,
     format_host_port,
+    unpacked_address,
 )
 from kpng_py.skips import SkipReason, Skips
 
@@ -56,15 +60,28 @@ _ENDPOINTS = localv1.EndpointsSet
 _Report = tuple[SkipReason, str | ServicePortName, str | Frontend]
 
 
+class _Undecodable(NamedTuple):
+    """An endpoint's value that cannot be decoded: kept, unused, so that it
+    can be deleted."""
+
+    raw: bytes
+
+
+# An endpoint's value as the state keeps it: the bytes alone when
+# `fast_endpoint` decodes them (most endpoints of a full sync: decoded again,
+# as fast, when their service is computed, so that they cost no objects in
+# between), else the record decoded from them.
+_StoredEndpoint = bytes | EndpointRecord | _Undecodable
+
+
 @dataclass(slots=True)
 class _ServiceEntry:
     """Everything known about one service path (`namespace/name`)."""
 
     raw: bytes | None = None
     record: ServiceRecord | None = None
-    # endpoint key -> its decoded record (which holds the bytes it came
-    # from), or the bytes alone when they could not be decoded
-    endpoints: dict[str, EndpointRecord | bytes] = field(default_factory=dict)
+    # endpoint key -> its value (which holds the bytes it came in)
+    endpoints: dict[str, _StoredEndpoint] = field(default_factory=dict)
     # The version in force: the service's ports with their endpoints and
     # every frontend they claim, and how many endpoints they hold.
     claiming: dict[ServicePortName, ServicePort] = field(default_factory=dict)
@@ -226,12 +243,15 @@ class NodeState:
         previous = entry.endpoints.get(key) if entry else None
         if previous is not None and _raw(previous) == data:
             return True
-        record = decode_endpoint(service_path, key, data, self._skips, self._tails)
-        if record is None and previous is not None:
-            return False
+        stored: _StoredEndpoint = data
+        if fast_endpoint(data, self._tails) is None:
+            record = decode_endpoint(service_path, key, data, self._skips, self._tails)
+            if record is None and previous is not None:
+                return False
+            stored = _Undecodable(data) if record is None else record
         if entry is None:
             entry = self._services[service_path] = _ServiceEntry()
-        entry.endpoints[key] = data if record is None else record
+        entry.endpoints[key] = stored
         entry.forget_reports(key)
         self._touch(service_path, endpoints=1)
         return True
@@ -363,17 +383,17 @@ class NodeState:
                 room -= growth[path]
 
     def _claims(self, replaced: dict[str, dict[ServicePortName, ServicePort]]
-                ) -> dict[ServicePortName, frozenset[Frontend]]:
+                ) -> dict[ServicePortName, tuple[Frontend, ...]]:
         """What each port of the replaced services whose frontends changed
         claims now."""
-        claims: dict[ServicePortName, frozenset[Frontend]] = {}
+        claims: dict[ServicePortName, tuple[Frontend, ...]] = {}
         for path, before in replaced.items():
             now = self._services[path].claiming
             for name in before.keys() | now.keys():
                 old, port = before.get(name), now.get(name)
                 if old is not None and port is not None and old.frontends() == port.frontends():
                     continue  # the same frontends
-                claims[name] = frozenset(port.frontends()) if port else frozenset()
+                claims[name] = port.frontends() if port else ()
         return claims
 
     def _report_conflicts(self, replaced: dict[str, dict[ServicePortName, ServicePort]]) -> None:
@@ -394,7 +414,8 @@ class NodeState:
     def _publishable(self, ports: dict[ServicePortName, ServicePort]
                      ) -> dict[ServicePortName, ServicePort]:
         """The ports with only the frontends they own; a port that owns none
-        is left out."""
+        is left out. `ports` itself when they own all of theirs (most
+        services: one dict of ports kept per service, not two)."""
         published: dict[ServicePortName, ServicePort] = {}
         for name, port in ports.items():
             frontends = port.frontends()
@@ -402,7 +423,7 @@ class NodeState:
             if owned:
                 published[name] = (port if len(owned) == len(frontends)
                                    else port.only_frontends(owned))
-        return published
+        return ports if published == ports else published
 
     def _drop_not_resent(self, seen: set[tuple[int, str]]) -> None:
         """End of a resync: what the new stream did not re-send is gone."""
@@ -422,11 +443,8 @@ class NodeState:
         record = entry.record
         if record is None:
             return {}
-        # In key order, so that of two endpoints with one address the same one
-        # wins whatever order they came in (a resync may reorder them).
-        endpoints = [(key, ep) for key, ep in sorted(entry.endpoints.items())
-                     if isinstance(ep, EndpointRecord)]
-        addresses = sum(len(ep.ips) for _, ep in endpoints)
+        endpoints = self._records(f"{record.namespace}/{record.name}", entry)
+        addresses = sum(ep.address_count for _, ep in endpoints)
         size, limit = len(record.ports) * addresses, self._limits.max_service_endpoints
         marker = (SkipReason.LIMIT, "--max-service-endpoints", "")
         if size > limit:
@@ -442,17 +460,40 @@ class NodeState:
             for port in record.ports
         }
 
+    def _records(self, service_path: str, entry: _ServiceEntry
+                 ) -> list[tuple[str, EndpointRecord]]:
+        """The decoded endpoints of a service, in key order, so that of two
+        endpoints with one address the same one wins whatever order they
+        came in (a resync may reorder them)."""
+        records = []
+        for key, value in sorted(entry.endpoints.items()):
+            if isinstance(value, bytes):
+                # Their tail may have left the cache since: the full decode
+                # then finds the same value, which needed no report.
+                value = fast_endpoint(value, self._tails) or decode_endpoint(
+                    service_path, key, value, self._skips, self._tails)
+            if isinstance(value, EndpointRecord):
+                records.append((key, value))
+        return records
+
     def _resolve(self, entry: _ServiceEntry, record: ServiceRecord, port: ServicePort,
-                 endpoints: list[tuple[str, EndpointRecord]]) -> tuple[Endpoint, ...]:
-        # By Endpoint.sort_key, which is also the address and port that make
-        # an endpoint one (and hashes in C, unlike an address).
-        resolved: dict[tuple[int, int, int], Endpoint] = {}
-        overrides: tuple[tuple[str, int], ...] | None = None
+                 endpoints: list[tuple[str, EndpointRecord]]) -> Endpoints:
+        # Packed address and port -> the packed endpoint: sorted, the keys
+        # are in Endpoint.sort_key order.
+        resolved: dict[bytes, bytes] = {}
+        last_tail = None
         target: int | None = None
+        port_bytes = flag = b""
         for key, ep in endpoints:
             tail = ep.tail  # endpoints of a service share it
-            if tail.port_overrides is not overrides:
-                overrides, target = tail.port_overrides, resolve_endpoint_port(port, ep)
+            if tail is not last_tail:
+                last_tail, target = tail, resolve_endpoint_port(port, ep)
+                local = tail.local
+                internal, external = tail.scopes if tail.scopes is not None else (
+                    local or not record.internal_traffic_local,
+                    local or not record.external_traffic_local)
+                flag = endpoint_flag_byte(local, internal, external)
+                port_bytes = target.to_bytes(2, "big") if target is not None else b""
             if target is None:
                 self._report_once(
                     entry, (SkipReason.UNRESOLVED_PORT, port.name.port, key),
@@ -461,21 +502,18 @@ class NodeState:
                     + (f" or {port.target_port_name!r}" if port.target_port_name else "")
                     + " and no numeric targetPort")
                 continue
-            local = tail.local
-            internal, external = tail.scopes if tail.scopes is not None else (
-                local or not record.internal_traffic_local,
-                local or not record.external_traffic_local)
-            for ip in ep.ips:
-                address = (ip.version, int(ip), target)
-                if address in resolved:
+            addresses = ep.addresses
+            for at in range(0, len(addresses), PACKED_ADDRESS_SIZE):
+                where = addresses[at:at + PACKED_ADDRESS_SIZE] + port_bytes
+                if where in resolved:
                     self._report_once(
                         entry, (SkipReason.DUPLICATE_ENDPOINT, "", key),
                         f"endpoint {record.namespace}/{record.name}/{key}",
-                        f"{format_host_port(ip, target)} is already an endpoint of {port.name}; "
-                        "it is programmed once")
+                        f"{format_host_port(unpacked_address(where), target)} is already an "
+                        f"endpoint of {port.name}; it is programmed once")
                     continue
-                resolved[address] = Endpoint(ip, target, local, internal, external)
-        return tuple(resolved[address] for address in sorted(resolved))
+                resolved[where] = where + flag
+        return Endpoints(b"".join(resolved[where] for where in sorted(resolved)))
 
     def _report_orphans(self, path: str, entry: _ServiceEntry) -> None:
         """Endpoints whose service is not known are kept (the service may come
@@ -495,7 +533,7 @@ class NodeState:
             self._skips.skip(marker[0], obj, detail)
 
 
-def _raw(endpoint: EndpointRecord | bytes) -> bytes:
+def _raw(endpoint: _StoredEndpoint) -> bytes:
     """The bytes an endpoint's value came in."""
     return endpoint if isinstance(endpoint, bytes) else endpoint.raw
 

@@ -111,7 +111,7 @@ class FrontendKeys:
         return f"{self.vip}/{self.protocol.value}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Programmed:
     """A frontend as the maps hold it."""
 

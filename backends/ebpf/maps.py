@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kpng_py import model
 from kpng_py.model import FrontendKind, IPAddress, format_host_port
 
 if TYPE_CHECKING:
@@ -31,7 +32,9 @@ BPF_MAP_TYPE_LRU_HASH = 9
 BPF_MAP_TYPE_RINGBUF = 27
 BPF_F_NO_PREALLOC = 1
 
-_V4_MAPPED_PREFIX = b"\0" * 10 + b"\xff\xff"
+_V4_MAPPED_PREFIX = model.V4_MAPPED_PREFIX
+# What follows an lb_l4addr's address and port (`Endpoints.targets`).
+L4ADDR_PAD = bytes(2)
 # An lb_l4addr of each family in one pack: the address (IPv4 after its
 # mapped prefix), the port and the padding, in network order.
 _V4_L4ADDR = struct.Struct("!12sIHH")
@@ -39,10 +42,9 @@ _V6_L4ADDR = struct.Struct("!16sHH")
 
 
 def packed_address(ip: IPAddress) -> bytes:
-    """The 16-byte address format of every map: IPv4 as ::ffff:a.b.c.d."""
-    if ip.version == 4:
-        return _V4_MAPPED_PREFIX + int(ip).to_bytes(4, "big")
-    return int(ip).to_bytes(16, "big")
+    """The 16-byte address format of every map: IPv4 as ::ffff:a.b.c.d (the
+    model's packed address without its version byte)."""
+    return model.packed_address(ip)[1:]
 
 
 def packed_l4addr(ip: IPAddress, port: int) -> bytes:

@@ -44,7 +44,7 @@ from backends.ebpf.contents import (
 )
 from backends.ebpf.mapaccess import MapAccess
 from backends.ebpf.recovery import Recovery, recovered_here
-from backends.ebpf.maps import BackendValue, ServiceKey, ServiceValue, packed_l4addr
+from backends.ebpf.maps import L4ADDR_PAD, BackendValue, ServiceKey, ServiceValue
 from kpng_py.logs import fields
 from kpng_py.model import (
     ServicePortChanges,
@@ -94,7 +94,6 @@ def frontends_of(port: ServicePort, keys: Sequence[FrontendKeys] | None = None) 
     """Each frontend (`keys`: `frontend_keys(port)`, when they are known) with
     its backends (the endpoints of its family that cluster traffic may use),
     affinity timeout and kind."""
-    endpoints = port.cluster_endpoints()
     # The frontends of a family (ClusterIPs, node port, ExternalIPs, LB IPs)
     # share their backends' targets: packed once per family.
     targets: dict[int, tuple[bytes, ...]] = {}
@@ -102,8 +101,8 @@ def frontends_of(port: ServicePort, keys: Sequence[FrontendKeys] | None = None) 
     for frontend, keys_of in zip(port.frontends(), frontend_keys(port) if keys is None else keys):
         version = keys_of.vip.ip.version
         if version not in targets:
-            targets[version] = tuple(packed_l4addr(ep.ip, ep.port) for ep in endpoints
-                                     if ep.ip.version == version)
+            targets[version] = tuple(target + L4ADDR_PAD
+                                     for target in port.endpoints.targets(version))
         specs[keys_of] = FrontendSpec(targets[version], port.affinity_timeout_seconds,
                                       maps.KIND_FLAGS[port.frontend_kind(frontend)])
     return specs
@@ -146,6 +145,12 @@ class IdsExhausted(Exception):
     """No id is free: the caller checks `IdAllocator.available` first."""
 
 
+# Ids in use are kept as bits, CHUNK_BITS ids per Python int: a full sync
+# allocates its ids in a row, so a few hundred ints hold hundreds of thousands
+# of ids, where a set would hold an object each (about 80 bytes).
+CHUNK_BITS = 256
+
+
 class IdAllocator:
     """Ids 1..limit (MAX_ID), handed out in increasing order so that a freed
     id is reused as late as possible (affinity and reverse-NAT entries name
@@ -153,10 +158,19 @@ class IdAllocator:
     freed them is written, so one change set never deletes an id it reuses."""
 
     def __init__(self, in_use: Iterable[int] = (), limit: int = MAX_ID) -> None:
-        self._in_use = set(in_use)
+        # chunk index -> the bits of its ids in use (no chunk without one)
+        self._chunks: dict[int, int] = {}
+        self._count = 0
         self._limit = limit
         self._released: list[int] = []
-        self._cursor = max(self._in_use, default=0)
+        self._cursor = 0
+        for value in in_use:
+            index, bit = divmod(value, CHUNK_BITS)
+            chunk = self._chunks.get(index, 0)
+            if not chunk >> bit & 1:
+                self._chunks[index] = chunk | 1 << bit
+                self._count += 1
+                self._cursor = max(self._cursor, value)
 
     @property
     def limit(self) -> int:
@@ -164,7 +178,7 @@ class IdAllocator:
 
     def available(self) -> int:
         """How many ids `allocate` can hand out before the next `settle`."""
-        return max(0, self._limit - len(self._in_use))
+        return max(0, self._limit - self._count)
 
     def allocate(self) -> int:
         return self.allocate_many(1)[0]
@@ -175,12 +189,28 @@ class IdAllocator:
             raise IdsExhausted(f"{count} ids wanted, {self.available()} of {self._limit} "
                                "are free")
         ids: list[int] = []
-        cursor, limit, in_use = self._cursor, self._limit, self._in_use
+        cursor, chunks = self._cursor, self._chunks
         while len(ids) < count:
-            cursor = cursor % limit + 1
-            if cursor not in in_use:
-                in_use.add(cursor)
-                ids.append(cursor)
+            first = cursor % self._limit + 1
+            index, bit = divmod(first, CHUNK_BITS)
+            # This chunk's ids from `first` on (up to the limit): which are taken.
+            width = min(CHUNK_BITS - bit, self._limit - first + 1)
+            chunk = chunks.get(index, 0)
+            taken, wanted = chunk >> bit, count - len(ids)
+            if not taken and width <= wanted:  # all free, all wanted: in one go
+                new, cursor = (1 << width) - 1, first + width - 1
+                ids.extend(range(first, first + width))
+            else:
+                new = 0
+                for offset in range(width):
+                    if not taken >> offset & 1:
+                        new |= 1 << offset
+                        ids.append(first + offset)
+                        if len(ids) == count:
+                            break
+                cursor = first + offset
+            chunks[index] = chunk | new << bit
+        self._count += count
         self._cursor = cursor
         return ids
 
@@ -188,7 +218,17 @@ class IdAllocator:
         self._released.append(value)
 
     def settle(self) -> None:
-        self._in_use.difference_update(self._released)
+        chunks = self._chunks
+        for value in self._released:
+            index, bit = divmod(value, CHUNK_BITS)
+            chunk = chunks.get(index, 0)
+            if chunk >> bit & 1:
+                self._count -= 1
+                chunk &= ~(1 << bit)
+                if chunk:
+                    chunks[index] = chunk
+                else:
+                    del chunks[index]
         self._released.clear()
 
 
