@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes as ct
 import socket
 import struct
+from array import array
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Iterator, Mapping
@@ -42,6 +43,9 @@ _SERVICE_ID = struct.Struct("=I")  # a backend id (the key of `backends`), a ser
 # What follows the lb_l4addr in an lb_backend: its service_id, affinity_group.
 _BACKEND_OWNER = struct.Struct("=II")
 TARGET_SIZE = ct.sizeof(L4Addr)
+# The array type of Programmed.slot_ids: a u32 backend id each, as the maps' values hold them.
+SLOT_IDS = "I"
+_SLOT_ID_SIZE = array(SLOT_IDS).itemsize
 _NO_TARGET = bytes(TARGET_SIZE)  # of a recovered slot that names no backend
 
 
@@ -116,7 +120,10 @@ class Programmed:
     """A frontend as the maps hold it."""
 
     service_id: int
-    slots: tuple[int, ...]  # backend id of slot i+1; 0 where a recovered slot was missing
+    # The backend id of slot i+1, packed (SLOT_IDS, a u32 each: an int object
+    # each would cost ten times that); 0 where a recovered slot was missing.
+    # Given as ints, kept packed.
+    slot_ids: bytes
     # The packed lb_l4addr of each slot's backend (TARGET_SIZE bytes per slot,
     # zeros where a slot was missing): with the service id and the affinity
     # group, which every backend of the frontend shares, what its entry holds.
@@ -128,8 +135,20 @@ class Programmed:
     # port and family (lb_maps.h); 0 without.
     affinity_group: int = 0
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.slot_ids, bytes):
+            object.__setattr__(self, "slot_ids", array(SLOT_IDS, self.slot_ids).tobytes())
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        return tuple(array(SLOT_IDS, self.slot_ids))
+
+    @property
+    def slot_count(self) -> int:
+        return len(self.slot_ids) // _SLOT_ID_SIZE
+
     def master(self) -> ServiceValue:
-        return ServiceValue(id=self.service_id, count=len(self.slots),
+        return ServiceValue(id=self.service_id, count=self.slot_count,
                             affinity_timeout=self.affinity_timeout,
                             flags=(maps.SVC_F_AFFINITY if self.affinity_timeout else 0)
                             | self.kind_flag, affinity_group=self.affinity_group)
@@ -137,13 +156,13 @@ class Programmed:
     def backends(self) -> Iterator[tuple[int, bytes]]:
         """(backend id, packed lb_l4addr) of every slot that names one."""
         targets = self.targets
-        for index, backend_id in enumerate(self.slots):
+        for index, backend_id in enumerate(array(SLOT_IDS, self.slot_ids)):
             if backend_id:
                 yield backend_id, targets[index * TARGET_SIZE:(index + 1) * TARGET_SIZE]
 
     def same_master(self, other: Programmed) -> bool:
-        return (self.service_id, len(self.slots), self.affinity_timeout, self.kind_flag,
-                self.affinity_group) == (other.service_id, len(other.slots),
+        return (self.service_id, self.slot_count, self.affinity_timeout, self.kind_flag,
+                self.affinity_group) == (other.service_id, other.slot_count,
                                          other.affinity_timeout, other.kind_flag,
                                          other.affinity_group)
 
@@ -266,7 +285,7 @@ class Recovered:
         """As plain values (what `marshal` writes), which `decode` makes
         this again: what a child that recovers sends its parent."""
         order = {frontend: index for index, frontend in enumerate(self.frontends)}
-        return ([(bytes(f.vip.l4addr()), f.protocol.value, p.service_id, p.slots, p.targets,
+        return ([(bytes(f.vip.l4addr()), f.protocol.value, p.service_id, p.slot_ids, p.targets,
                   p.affinity_timeout, p.kind_flag, p.affinity_group)
                  for f, p in self.frontends.items()],
                 dict(self.backends),

@@ -159,18 +159,15 @@ class IdAllocator:
 
     def __init__(self, in_use: Iterable[int] = (), limit: int = MAX_ID) -> None:
         # chunk index -> the bits of its ids in use (no chunk without one)
-        self._chunks: dict[int, int] = {}
-        self._count = 0
+        chunks: dict[int, int] = {}
+        ids = set(in_use)
+        for value in ids:
+            index = value // CHUNK_BITS
+            chunks[index] = chunks.get(index, 0) | 1 << value % CHUNK_BITS
+        self._chunks, self._count = chunks, len(ids)
         self._limit = limit
         self._released: list[int] = []
-        self._cursor = 0
-        for value in in_use:
-            index, bit = divmod(value, CHUNK_BITS)
-            chunk = self._chunks.get(index, 0)
-            if not chunk >> bit & 1:
-                self._chunks[index] = chunk | 1 << bit
-                self._count += 1
-                self._cursor = max(self._cursor, value)
+        self._cursor = max(ids, default=0)
 
     @property
     def limit(self) -> int:
@@ -416,7 +413,7 @@ class ServiceProgrammer:
                          for frontend, ids in recovered.unnamed.items()}
         self._stray_keys = b"".join(bytes(key) for key in recovered.stray_keys)
         self._stray_backends = list(recovered.stray_backends)
-        self.service_entries = sum(1 + len(p.slots) for p in self._frontends.values()) + len(
+        self.service_entries = sum(1 + p.slot_count for p in self._frontends.values()) + len(
             recovered.stray_keys)
         self._service_ids = IdAllocator(
             (p.service_id for p in self._frontends.values()), self._capacity.max_id)
@@ -541,9 +538,9 @@ class ServiceProgrammer:
         programmed = self._frontends.pop(frontend)
         self._owners.pop(frontend, None)
         writes.gone_masters += frontend.packed_key(0)
-        for slot in range(1, len(programmed.slots) + 1):
+        for slot in range(1, programmed.slot_count + 1):
             writes.gone_slots += frontend.packed_key(slot)
-        self.service_entries -= 1 + len(programmed.slots)
+        self.service_entries -= 1 + programmed.slot_count
         backends = self._backends_of(frontend, programmed)
         self._unnamed.pop(frontend, None)
         self._drop_backends(frontend, programmed.service_id, backends, writes.gone_backends,
@@ -667,7 +664,7 @@ class ServiceProgrammer:
                 return (f"{frontend} has {len(targets)} endpoints; a frontend holds at most "
                         f"{MAX_SLOTS}")
             old = self._frontends.get(frontend)
-            old_slots = len(old.slots) if old else 0
+            old_slots = old.slot_count if old else 0
             services_needed += (0 if old else 1) + max(0, len(targets) - old_slots)
             service_ids_needed += 0 if old else 1
             # A new frontend's service id (or a new group's) is not allocated
@@ -715,7 +712,7 @@ class ServiceProgrammer:
             if index >= len(previous) or previous[index] != backend_id:
                 writes.slot_keys += frontend.packed_key(index + 1)
                 writes.slot_values += _SLOT_VALUE.pack(backend_id, 0, 0, 0, 0)
-        new = Programmed(service_id, tuple(slots), targets, spec.affinity_timeout,
+        new = Programmed(service_id, slots, targets, spec.affinity_timeout,
                          spec.kind_flag, group)
         if old is None or not old.same_master(new):
             writes.master_keys += frontend.packed_key(0)
@@ -724,7 +721,7 @@ class ServiceProgrammer:
             writes.stale_slots += frontend.packed_key(slot)
         self.service_entries += (0 if old else 1) + max(0, len(slots) - len(previous))
         self._frontends[frontend] = new
-        if old is not None and new.slots != old.slots:
+        if old is not None and new.slot_ids != old.slot_ids:
             dropped = dict(old.backends())
             for backend_id in slots:
                 dropped.pop(backend_id, None)
