@@ -266,20 +266,22 @@ class Recovered:
     """What a connect() can reach, as the programmer adopts it, and the rest."""
 
     frontends: Mapping[FrontendKeys, Programmed]
-    # Packed values of the backends of recovered frontends: those a slot
-    # names, and those no slot names yet (or any more) that carry the service
-    # id of one (`unnamed`: what a write that failed between steps 1 and 5
-    # left), which the next change set that programs the frontend reuses or
-    # deletes.
-    backends: Mapping[int, bytes]
-    unnamed: Mapping[FrontendKeys, tuple[int, ...]]
+    # The backends no slot names yet (or any more) that carry the service id
+    # of a recovered frontend (what a write that failed between steps 1 and
+    # 5 left), by id with their packed values, which the next change set
+    # that programs the frontend reuses or deletes. Those a slot names are
+    # in its Programmed (id and target): nothing is kept per backend twice.
+    unnamed: Mapping[FrontendKeys, Mapping[int, bytes]]
     stray_keys: tuple[ServiceKey, ...]
     stray_backends: tuple[int, ...]
 
-    def backend_ids(self) -> Iterator[int]:
-        """Every id the backends map holds (adopted and strays)."""
-        yield from self.backends
-        yield from self.stray_backends
+    def adopted_backend_ids(self) -> Iterator[int]:
+        """The ids of the backends adopted: named by a slot (an id named by
+        two slots comes twice), or unnamed."""
+        for programmed in self.frontends.values():
+            yield from filter(None, array(SLOT_IDS, programmed.slot_ids))  # 0: a missing slot
+        for by_id in self.unnamed.values():
+            yield from by_id
 
     def encode(self) -> tuple:
         """As plain values (what `marshal` writes), which `decode` makes
@@ -288,18 +290,17 @@ class Recovered:
         return ([(bytes(f.vip.l4addr()), f.protocol.value, p.service_id, p.slot_ids, p.targets,
                   p.affinity_timeout, p.kind_flag, p.affinity_group)
                  for f, p in self.frontends.items()],
-                dict(self.backends),
-                [(order[frontend], ids) for frontend, ids in self.unnamed.items()],
+                [(order[frontend], dict(by_id)) for frontend, by_id in self.unnamed.items()],
                 [bytes(key) for key in self.stray_keys], self.stray_backends)
 
     @classmethod
     def decode(cls, values: tuple) -> Recovered:
-        encoded_frontends, backends, unnamed, stray_keys, stray_backends = values
+        encoded_frontends, unnamed, stray_keys, stray_backends = values
         frontends = [FrontendKeys(HostPort.of_packed(vip), Protocol(protocol))
                      for vip, protocol, *_ in encoded_frontends]
         return cls({frontend: Programmed(*programmed)
                     for frontend, (_, _, *programmed) in zip(frontends, encoded_frontends)},
-                   backends, {frontends[index]: ids for index, ids in unnamed},
+                   {frontends[index]: by_id for index, by_id in unnamed},
                    tuple(ServiceKey.from_buffer_copy(key) for key in stray_keys),
                    tuple(stray_backends))
 
@@ -325,7 +326,7 @@ class Contents:
         group); a backend with the service id of an adopted master is adopted
         with it. Every other entry is a stray."""
         frontends: dict[FrontendKeys, Programmed] = {}
-        named: dict[int, bytes] = {}
+        named: set[int] = set()
         strays = list(self.masterless_slots)
         service_ids: dict[int, FrontendKeys] = {}
         for stored in self.frontends:
@@ -339,7 +340,7 @@ class Contents:
             frontends[frontend] = Programmed(service_id, slots, targets, stored.affinity_timeout,
                                              stored.master.flags & maps.SVC_F_KINDS,
                                              stored.affinity_group)
-        unnamed: dict[FrontendKeys, list[int]] = {}
+        unnamed: dict[FrontendKeys, dict[int, bytes]] = {}
         stray_backends = []
         for backend_id, raw in self.backends.items():
             if backend_id in named:
@@ -348,12 +349,10 @@ class Contents:
             if owner is None:
                 stray_backends.append(backend_id)
             else:
-                unnamed.setdefault(owner, []).append(backend_id)
-                named[backend_id] = raw
-        return Recovered(frontends, named, {f: tuple(ids) for f, ids in unnamed.items()},
-                         tuple(strays), tuple(stray_backends))
+                unnamed.setdefault(owner, {})[backend_id] = raw
+        return Recovered(frontends, unnamed, tuple(strays), tuple(stray_backends))
 
-    def _adopt_slots(self, stored: StoredFrontend, named: dict[int, bytes]
+    def _adopt_slots(self, stored: StoredFrontend, named: set[int]
                      ) -> tuple[tuple[int, ...], bytes]:
         """The backend id of each slot 1..count, 0 where the slot is missing or
         names no backend of the frontend (one that carries its service id and
@@ -367,7 +366,7 @@ class Contents:
             if raw is not None and raw[TARGET_SIZE:] == owner:
                 slots.append(backend_id)
                 targets.append(raw[:TARGET_SIZE])
-                named[backend_id] = raw
+                named.add(backend_id)
             else:
                 slots.append(0)
                 targets.append(_NO_TARGET)

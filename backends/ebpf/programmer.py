@@ -25,6 +25,7 @@ change costs what it touches.
 from __future__ import annotations
 
 import ctypes as ct
+import itertools
 import logging
 import struct
 import time
@@ -160,18 +161,26 @@ class IdAllocator:
     def __init__(self, in_use: Iterable[int] = (), limit: int = MAX_ID) -> None:
         # chunk index -> the bits of its ids in use (no chunk without one)
         chunks: dict[int, int] = {}
-        ids = set(in_use)
-        for value in ids:
-            index = value // CHUNK_BITS
-            chunks[index] = chunks.get(index, 0) | 1 << value % CHUNK_BITS
-        self._chunks, self._count = chunks, len(ids)
+        count = cursor = 0
+        for value in in_use:  # each once, however often it comes
+            index, bit = value // CHUNK_BITS, 1 << value % CHUNK_BITS
+            chunk = chunks.get(index, 0)
+            if not chunk & bit:
+                chunks[index] = chunk | bit
+                count += 1
+                if value > cursor:
+                    cursor = value
+        self._chunks, self._count, self._cursor = chunks, count, cursor
         self._limit = limit
         self._released: list[int] = []
-        self._cursor = max(ids, default=0)
 
     @property
     def limit(self) -> int:
         return self._limit
+
+    def in_use(self) -> int:
+        """How many ids are taken (released ones until `settle`)."""
+        return self._count
 
     def available(self) -> int:
         """How many ids `allocate` can hand out before the next `settle`."""
@@ -409,18 +418,21 @@ class ServiceProgrammer:
         self._reset()
         recovered = self._recovery(self._services, self._backends_map)
         self._frontends = dict(recovered.frontends)
-        self._unnamed = {frontend: {backend_id: recovered.backends[backend_id] for backend_id in ids}
-                         for frontend, ids in recovered.unnamed.items()}
+        self._unnamed = {frontend: dict(by_id) for frontend, by_id in recovered.unnamed.items()}
         self._stray_keys = b"".join(bytes(key) for key in recovered.stray_keys)
         self._stray_backends = list(recovered.stray_backends)
         self.service_entries = sum(1 + p.slot_count for p in self._frontends.values()) + len(
             recovered.stray_keys)
         self._service_ids = IdAllocator(
             (p.service_id for p in self._frontends.values()), self._capacity.max_id)
-        self._backend_id_pool = IdAllocator(recovered.backend_ids(), self._capacity.max_id)
-        self.backend_entries = len(recovered.backends) + len(recovered.stray_backends)
+        self._backend_id_pool = IdAllocator(
+            itertools.chain(recovered.adopted_backend_ids(), recovered.stray_backends),
+            self._capacity.max_id)
+        # Strays are no adopted backend's: the ids are the entries.
+        self.backend_entries = self._backend_id_pool.in_use()
         log.info("recovered the programmed services from the pinned maps", extra=fields(
-            frontends=len(self._frontends), backends=len(recovered.backends),
+            frontends=len(self._frontends),
+            backends=self.backend_entries - len(recovered.stray_backends),
             stray_entries=len(recovered.stray_keys) + len(self._stray_backends)))
 
     # -- planning --------------------------------------------------------------

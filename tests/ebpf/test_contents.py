@@ -70,7 +70,7 @@ def test_a_master_is_adopted_with_its_slots_and_everything_else_is_a_stray() -> 
             17, (), b"", 0, maps.SVC_F_NODE_PORT),
         frontend("::", 30081, Protocol.UDP): Programmed(18, (), b"", 0),
     }
-    assert sorted(recovered.backends) == [101, 102, 111, 201]
+    assert sorted(set(recovered.adopted_backend_ids())) == [101, 102, 111, 201]
     assert recovered.stray_backends == (300,)
     assert sorted(map(slot_of, recovered.stray_keys)) == sorted([
         ("10.96.0.10", 80, 6, 5),  # above the count
@@ -99,8 +99,9 @@ def test_a_backend_of_an_adopted_service_that_no_slot_names_is_adopted_with_it()
     backends.put_many([400], [maps.BackendValue(
         addr=maps.L4Addr.of(ipaddress.ip_address("10.244.0.7"), 8080), service_id=11)])
     recovered = read_contents(services, backends).recovered()
-    assert recovered.unnamed == {frontend("10.96.0.10", 80, Protocol.UDP): (400,)}
-    assert 400 in recovered.backends and recovered.stray_backends == (300,)
+    assert recovered.unnamed == {frontend("10.96.0.10", 80, Protocol.UDP): {400: bytes(
+        backends.get(400))}}
+    assert 400 in recovered.adopted_backend_ids() and recovered.stray_backends == (300,)
     p = ServiceProgrammer(services, backends, Capacity(SIZES["services"], SIZES["backends"]),
                           Skips(Metrics()))
     p.apply(ServicePortChanges(full=True))
@@ -118,7 +119,7 @@ def test_a_slot_naming_a_backend_of_another_affinity_group_is_missing() -> None:
     recovered = read_contents(services, backends).recovered()
     tcp = frontend("10.96.0.10", 80, Protocol.TCP)
     assert recovered.frontends[tcp].slots == (0, 102)
-    assert recovered.unnamed == {tcp: (101,)}
+    assert list(recovered.unnamed[tcp]) == [101] and len(recovered.unnamed) == 1
     p = ServiceProgrammer(services, backends, Capacity(SIZES["services"], SIZES["backends"]),
                           Skips(Metrics()))
     assert 101 in p.backend_ids() and p.backend_targets()[101][0] == 7
