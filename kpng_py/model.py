@@ -165,6 +165,7 @@ class Endpoint:
 PACKED_ADDRESS_SIZE = 17
 V4_MAPPED_PREFIX = bytes(10) + b"\xff\xff"
 _V4_VERSION, _V6_VERSION = b"\x04", b"\x06"
+_V4_START = 1 + len(V4_MAPPED_PREFIX)
 # An endpoint: its packed address, its port (network order), its flags.
 _ENDPOINT = struct.Struct("!17sHB")
 ENDPOINT_SIZE = _ENDPOINT.size
@@ -188,8 +189,8 @@ def packed_v4_address(packed: bytes) -> bytes:
 def unpacked_address(packed: bytes) -> IPAddress:
     """The address of `packed_address`'s bytes."""
     if packed[0] == 4:
-        return ipaddress.IPv4Address(packed[13:17])
-    return ipaddress.IPv6Address(packed[1:17])
+        return ipaddress.IPv4Address(packed[_V4_START:PACKED_ADDRESS_SIZE])
+    return ipaddress.IPv6Address(packed[1:PACKED_ADDRESS_SIZE])
 
 
 def endpoint_flags(local: bool, internal: bool, external: bool) -> int:
@@ -215,12 +216,16 @@ class Endpoints(Sequence[Endpoint]):
     packs them in `Endpoint.sort_key` order, each (address, port) once."""
 
     __slots__ = ("packed",)
+    packed: bytes
 
     def __init__(self, packed: bytes = b"") -> None:
         if len(packed) % ENDPOINT_SIZE:
             raise ValueError(f"{len(packed)} bytes are not whole endpoints of "
                              f"{ENDPOINT_SIZE} bytes")
-        self.packed = packed
+        object.__setattr__(self, "packed", bytes(packed))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Endpoints are a value: make new ones instead of setting {name}")
 
     @classmethod
     def of(cls, endpoints: Iterable[Endpoint]) -> Endpoints:
@@ -281,7 +286,6 @@ class Endpoints(Sequence[Endpoint]):
         return tuple(packed[at + _TARGET_START:at + _FLAGS_AT]
                      for at in range(0, len(packed), ENDPOINT_SIZE)
                      if packed[at] == first and packed[at + _FLAGS_AT] & flag)
-
 
 
 def _endpoint(address: bytes, port: int, flags: int) -> Endpoint:

@@ -18,7 +18,7 @@ from backends.ebpf.contents import (
 )
 from backends.ebpf.programmer import Capacity, ServiceProgrammer
 from kpng_py.metrics import Metrics
-from kpng_py.model import ServicePortChanges, Protocol
+from kpng_py.model import Endpoint, Endpoints, Protocol, ServicePortChanges
 from kpng_py.skips import Skips
 from tests.ebpf.fake_maps import FakeMap
 from tests.ebpf.test_dump import BACKENDS, SERVICES, SIZES, write_state
@@ -133,7 +133,9 @@ _ORDINARY_IPS = st.ip_addresses(v=4) | st.ip_addresses(v=6).filter(lambda ip: ip
 def test_a_packed_target_reads_back_as_its_address_and_port(ip, port: int) -> None:
     """The lb_l4addr bytes the programmer packs are the struct's fields:
     the address as the maps hold it (IPv4 mapped), the port in network
-    order, no padding."""
+    order, no padding; a state model's packed endpoint is its target."""
     addr = maps.L4Addr.from_buffer_copy(maps.packed_l4addr(ip, port))
     assert (addr.ip, addr.host_port, addr.pad) == (ip, port, 0)
     assert bytes(addr.addr) == maps.packed_address(ip)
+    target, = Endpoints.of([Endpoint(ip, port)]).targets(ip.version)
+    assert target + maps.L4ADDR_PAD == maps.packed_l4addr(ip, port)
