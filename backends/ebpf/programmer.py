@@ -30,6 +30,7 @@ import logging
 import struct
 import time
 import types
+from array import array
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from typing import Collection, Iterable, Mapping, NamedTuple, Sequence
 
 from backends.ebpf import maps
 from backends.ebpf.contents import (
+    SLOT_IDS,
     TARGET_SIZE,
     FrontendKeys,
     HostPort,
@@ -600,6 +602,10 @@ class ServiceProgrammer:
                                  f"frontend {frontend} is already programmed for service port "
                                  f"{owner}, which keeps it"))
         groups = self._affinity_groups(fitting)
+        if not problems and self._as_programmed(fitting, groups):
+            for frontend in fitting:
+                self._claim(frontend, port.name, writes)
+            return
         known = {frontend: self._known_backends(frontend, self._frontends[frontend])
                  for frontend in fitting if frontend in self._frontends}
         no_room = self._capacity_problem(fitting, groups, known)
@@ -619,10 +625,7 @@ class ServiceProgrammer:
             elif frontend in self._unnamed:  # kept as it was, without what no slot names
                 self._drop_unnamed(frontend, {}, writes)
             if frontend in self._frontends:  # programmed now, or kept as it was
-                if self._owners.get(frontend) != port.name:
-                    writes.named_service_ids.append((self._frontends[frontend].service_id,
-                                                     port.name))
-                self._owners[frontend] = port.name
+                self._claim(frontend, port.name, writes)
         if no_room:
             kept = any(frontend in self._frontends for frontend in fitting)
             problems.append((SkipReason.CAPACITY, None, no_room + (
@@ -634,6 +637,29 @@ class ServiceProgrammer:
                 self._skips.skip(reason, f"service port {port.name}", detail)
         self._waiting[port.name] = Waiting(port, reported | {
             (reason, frontend) for reason, frontend, _ in problems})
+
+    def _claim(self, frontend: FrontendKeys, name: ServicePortName, writes: MapWrites) -> None:
+        """`name` owns the programmed frontend (its service id is named so)."""
+        if self._owners.get(frontend) != name:
+            writes.named_service_ids.append((self._frontends[frontend].service_id, name))
+        self._owners[frontend] = name
+
+    def _as_programmed(self, specs: FrontendSpecs,
+                       groups: Mapping[FrontendKeys, int | None]) -> bool:
+        """Whether every frontend is in the maps as `specs` and `groups` want
+        it, every slot named and nothing unnamed to drop: what programming
+        it would leave as it is. A restart's first change set, or a
+        reconnect's, finds most ports so, and writes nothing for them."""
+        for frontend, spec in specs.items():
+            old = self._frontends.get(frontend)
+            if (old is None or frontend in self._unnamed
+                    or groups[frontend] != old.affinity_group
+                    or (spec.affinity_timeout, spec.kind_flag) != (old.affinity_timeout,
+                                                                   old.kind_flag)
+                    or old.targets != b"".join(spec.targets)
+                    or 0 in array(SLOT_IDS, old.slot_ids)):
+                return False
+        return True
 
     def _drop_orphaned_members(self, frontends: Iterable[FrontendKeys], writes: MapWrites) -> None:
         """Of a port's frontends kept as they were, remove those whose affinity
