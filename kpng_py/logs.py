@@ -106,9 +106,14 @@ def _json_value(value: Any) -> Any:
     return str(value)
 
 
+# The name of the handler `setup_logging` puts on the root logger.
+HANDLER_NAME = "kpng-py"
+
+
 def setup_logging(log_format: str = "text", verbosity: int = 0) -> None:
     """Log to stderr (stdout is reserved for `to-print`). -v: debug."""
     handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(HANDLER_NAME)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -11,6 +11,7 @@ from typing import Iterator
 
 import pytest
 
+from kpng_py.logs import HANDLER_NAME
 from lab.names import BPFFS_ROOT, RunNames
 
 
@@ -34,6 +35,18 @@ def _unfreeze_collected_objects() -> Iterator[None]:
     for the rest of the session."""
     yield
     gc.unfreeze()
+
+
+@pytest.fixture(autouse=True)
+def _no_logging_into_a_finished_test() -> Iterator[None]:
+    """A test that runs a command in this process (`main([...])`) has it log
+    to that test's stderr, which pytest closes after it: a line that a
+    later test's thread logs would then fail to write. The handler goes with
+    its test."""
+    yield
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if h.get_name() == HANDLER_NAME]:
+        root.removeHandler(handler)
 
 
 @pytest.fixture

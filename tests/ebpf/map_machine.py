@@ -212,6 +212,7 @@ class MapMachine(StreamMachine):
         # The maps' frontends and to-print's owners of them after the last sync.
         self._before: dict[tuple, tuple] = {}
         self._owners_before: dict[tuple, str] = {}
+        self._leaders_before: dict[tuple, tuple] = {}
 
     def _new_programmer(self) -> ServiceProgrammer:
         """A programmer as a fresh process makes one: recovering from the maps."""
@@ -293,28 +294,42 @@ class MapMachine(StreamMachine):
     def check_maps(self) -> None:
         line = json.loads(self.printed.getvalue().splitlines()[-1])
         printed, owners = printed_frontends(line), printed_owners(line)
-        programmed = programmed_frontends(self.maps.dump())
+        dump = self.maps.dump()
+        programmed = programmed_frontends(dump)
         self.check_entry_counts()
         if self.roomy:
             assert programmed == printed
         else:
             self.check_cramped(programmed, printed, owners)
         self._before, self._owners_before = programmed, owners
+        self._leaders_before = _affinity_leaders(dump["services"])
 
     def check_cramped(self, programmed: dict[tuple, tuple], printed: dict[tuple, tuple],
                       owners: dict[tuple, str]) -> None:
         """Each frontend holds what `to-print` shows or what it held before,
         and keeps it while its service port stays (a new version that does
-        not fit waits); a frontend `to-print` no longer shows is gone."""
+        not fit waits) unless the frontend that led its affinity group is
+        gone (its service id is free: no frontend may keep it as a group);
+        a frontend `to-print` no longer shows is gone."""
         for frontend, held in programmed.items():
             assert frontend in printed, f"{frontend} outlived its service port"
             assert held in (printed[frontend], self._before.get(frontend)), frontend
         for frontend in self._before:
-            if owners.get(frontend) == self._owners_before.get(frontend):
+            leader = self._leaders_before.get(frontend, frontend)
+            if owners.get(frontend) == self._owners_before.get(frontend) and (
+                    leader in programmed):
                 assert frontend in programmed, f"{frontend} lost what it held"
         if programmed != printed:
             assert self.metrics.registry.get_sample_value(
                 "kpng_py_skipped_total", {"reason": "capacity"})
+
+def _affinity_leaders(services: list[dict]) -> dict[tuple, tuple]:
+    """(vip, port, protocol) of each frontend with affinity -> that of the
+    frontend whose service id is its group (itself, for the leader)."""
+    by_id = {svc["serviceId"]: (svc["vip"], svc["port"], svc["protocol"]) for svc in services}
+    return {(svc["vip"], svc["port"], svc["protocol"]): by_id[svc["affinityGroup"]]
+            for svc in services if svc["affinityGroup"] in by_id}
+
 
 def _contested(claiming: list[ServicePort]) -> bool:
     """Whether two service ports claim one frontend."""
