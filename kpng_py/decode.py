@@ -477,10 +477,9 @@ def _ordinary_v4(ipset: bytes) -> bytes | None:
     """The addresses of an IPSet's bytes that hold short V4 entries only,
     each an ordinary IPv4 address in the form inet_pton reads, packed
     (`packed_address`): what decoding it and `parse_ips` would return,
-    without a skip. None for
-    anything else (another field, a V6 address, a long or non-ASCII entry,
-    an address that is not ordinary, none at all), which the full decode
-    handles and reports. Most endpoints of a full sync are one such address."""
+    without a skip. None for anything else (another field, a V6 address, a
+    long or non-ASCII entry, an address that is not ordinary, none at all),
+    which the full decode handles and reports."""
     addresses = b""
     at, end = 0, len(ipset)
     while at < end:

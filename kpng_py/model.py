@@ -167,7 +167,7 @@ V4_MAPPED_PREFIX = bytes(10) + b"\xff\xff"
 _V4_VERSION, _V6_VERSION = b"\x04", b"\x06"
 _V4_START = 1 + len(V4_MAPPED_PREFIX)
 # An endpoint: its packed address, its port (network order), its flags.
-_ENDPOINT = struct.Struct("!17sHB")
+_ENDPOINT = struct.Struct(f"!{PACKED_ADDRESS_SIZE}sHB")
 ENDPOINT_SIZE = _ENDPOINT.size
 # Where an endpoint's target (address bytes and port) and its flags are.
 _TARGET_START, _FLAGS_AT = 1, PACKED_ADDRESS_SIZE + 2
@@ -177,7 +177,7 @@ ENDPOINT_LOCAL, ENDPOINT_INTERNAL, ENDPOINT_EXTERNAL = 1, 2, 4
 def packed_address(ip: IPAddress) -> bytes:
     """`ip` as `Endpoints` packs it (PACKED_ADDRESS_SIZE bytes)."""
     if ip.version == 4:
-        return _V4_VERSION + V4_MAPPED_PREFIX + ip.packed
+        return packed_v4_address(ip.packed)
     return _V6_VERSION + ip.packed
 
 

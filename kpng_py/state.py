@@ -468,10 +468,9 @@ class NodeState:
         records = []
         for key, value in sorted(entry.endpoints.items()):
             if isinstance(value, bytes):
-                # Their tail may have left the cache since: the full decode
-                # then finds the same value, which needed no report.
-                value = fast_endpoint(value, self._tails) or decode_endpoint(
-                    service_path, key, value, self._skips, self._tails)
+                # Read by its fast path; if its tail has left the cache since,
+                # decoded whole, to the same value, which needed no report.
+                value = decode_endpoint(service_path, key, value, self._skips, self._tails)
             if isinstance(value, EndpointRecord):
                 records.append((key, value))
         return records

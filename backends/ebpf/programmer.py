@@ -39,7 +39,6 @@ from typing import Collection, Iterable, Mapping, NamedTuple, Sequence
 from backends.ebpf import maps
 from backends.ebpf.contents import (
     SLOT_IDS,
-    TARGET_SIZE,
     FrontendKeys,
     HostPort,
     Programmed,
@@ -747,11 +746,10 @@ class ServiceProgrammer:
         else:
             target_of = dict(zip(wanted, spec.targets))
             targets = b"".join(target_of[backend_id] for backend_id in slots)
-        if tuple(slots) != previous:  # as recovered at a restart: nothing to write
-            for index, backend_id in enumerate(slots):
-                if index >= len(previous) or previous[index] != backend_id:
-                    writes.slot_keys += frontend.packed_key(index + 1)
-                    writes.slot_values += _SLOT_VALUE.pack(backend_id, 0, 0, 0, 0)
+        for index, backend_id in enumerate(slots):
+            if index >= len(previous) or previous[index] != backend_id:
+                writes.slot_keys += frontend.packed_key(index + 1)
+                writes.slot_values += _SLOT_VALUE.pack(backend_id, 0, 0, 0, 0)
         new = Programmed(service_id, slots, targets, spec.affinity_timeout,
                          spec.kind_flag, group)
         if old is None or not old.same_master(new):
@@ -789,9 +787,7 @@ class ServiceProgrammer:
         slots name and those recovered unnamed."""
         known = {value: backend_id for backend_id, value in self._unnamed.get(frontend, {}).items()}
         owner = backend_owner(old.service_id, old.affinity_group)
-        targets = old.targets
-        known.update((targets[at:at + TARGET_SIZE] + owner, backend_id) for at, backend_id in
-                     zip(range(0, len(targets), TARGET_SIZE), old.slots) if backend_id)
+        known.update((target + owner, backend_id) for backend_id, target in old.backends())
         return known
 
     def _add_backends(self, values: list[bytes], known: dict[bytes, int],
