@@ -121,6 +121,22 @@ class Metrics:
             registry=r,
         )
         self.service_ports = Gauge(
-            "kpng_py_service_ports", "Service ports in the dataplane (its last applied "
-            "change set's state).", registry=r
+            "kpng_py_service_ports", "Service ports programmed in the dataplane (its last "
+            "applied change set's state, without those it could not hold).", registry=r
+        )
+        self.service_ports_not_programmed = Gauge(
+            "kpng_py_service_ports_not_programmed",
+            "Service ports the brain sent that the dataplane does not hold now, by reason "
+            "(capacity: a map or table is full; frontend-conflict: another service port owns "
+            "its frontends).", ["reason"], registry=r,
+        )
+        self.datapath_missing = Gauge(
+            "kpng_py_datapath_missing",
+            "1 while a part of the datapath this process installed is gone (taken away by "
+            "another process: a cleanup, a hand-made change), by object; 0 once it is back.",
+            ["object"], registry=r,
+        )
+        self.datapath_restored = Counter(
+            "kpng_py_datapath_restored",
+            "Parts of the datapath found gone and put back, by object.", ["object"], registry=r,
         )
