@@ -21,6 +21,7 @@ from typing import Iterable, Mapping, Protocol
 
 from kpng_py.api import localv1
 from kpng_py.dataplane_census import EXTERNAL, INTERNAL, DataplaneCensus
+from kpng_py.healthcheck_nodeport import ProxyHealth
 from kpng_py.client import Backoff
 from kpng_py.collector import CollectorPause, collector_paused, freeze_survivors
 from kpng_py.logs import fields
@@ -39,6 +40,17 @@ APPLY_RETRY_MAX_SECONDS = 30.0
 
 class BackendSetupError(Exception):
     """A backend cannot start here; the message names the cause and the fix."""
+
+
+class DataplaneHealth(ProxyHealth, Protocol):
+    """What /healthz says, and what a backend tells it of its dataplane's
+    integrity (kpng_py.health.SyncHealth is one)."""
+
+    def dataplane_incomplete(self, missing: str) -> None:
+        """`missing` (what, in a few words) is gone from the dataplane."""
+
+    def dataplane_complete(self) -> None:
+        """Nothing is missing (any more)."""
 
 
 class Backend(Protocol):
@@ -60,6 +72,11 @@ class Backend(Protocol):
         milliseconds by name ending in `_ms` (e.g. the eBPF backend's plan_ms,
         write_ms); empty if it has none. Logged with `sync applied`."""
 
+    def not_programmed(self) -> Mapping[str, int]:
+        """How many of the service ports it was given the dataplane does not
+        hold now (it could not: a full map, a port it cannot listen on), by
+        reason; empty while it holds them all."""
+
 
 def backend_stages(backend: Backend) -> dict[str, float]:
     """`backend.apply_stages()`, rounded; {} for a backend that predates the
@@ -69,6 +86,12 @@ def backend_stages(backend: Backend) -> dict[str, float]:
         return {}
     return {str(name): round(ms, 2) for name, ms in stages().items()
             if isinstance(ms, (int, float))}
+
+
+def backend_not_programmed(backend: Backend) -> dict[str, int]:
+    """`backend.not_programmed()`; {} for a backend without the method."""
+    counts = getattr(backend, "not_programmed", None)
+    return {} if counts is None else dict(counts())
 
 
 @dataclass(frozen=True)
@@ -177,6 +200,7 @@ class ChangeSetApplier:
         self._staged_seconds = 0.0
         self._collector = CollectorPause()
         self._census = DataplaneCensus()
+        self._not_programmed_reasons: set[str] = set()
         self.syncs = 0
 
     def changeset_queued(self) -> None:
@@ -295,15 +319,23 @@ class ChangeSetApplier:
         return _Programmed(done - started, done - backend_started)
 
     def _observe_programmed(self, changes: ServicePortChanges, seconds: float) -> None:
+        """Called holding the dataplane lock: no Sync changes the state meanwhile."""
         m = self._metrics
         m.sync_duration.observe(seconds)
         (m.sync_full_duration if changes.full else m.sync_partial_duration).observe(seconds)
         m.sync_last_timestamp.set_to_current_time()
         census = self._census
         census.applied(changes)
-        m.service_ports.set(census.service_ports)
         for policy in (INTERNAL, EXTERNAL):
             m.no_local_endpoints.labels(policy).set(census.no_local_endpoints(policy))
+        left_out = backend_not_programmed(self.backend)
+        m.service_ports.set(census.service_ports - sum(left_out.values()))
+        for reason, count in self.state.not_published().items():
+            left_out[reason.value] = left_out.get(reason.value, 0) + count
+        # A reason seen once stays exported, at 0 when it is gone.
+        for reason in self._not_programmed_reasons | left_out.keys():
+            m.service_ports_not_programmed.labels(reason).set(left_out.get(reason, 0))
+        self._not_programmed_reasons |= left_out.keys()
 
     def _observe(self, changes: ServicePortChanges) -> None:
         m = self._metrics

@@ -14,8 +14,11 @@ turns 503 only when kpng-py itself is stuck: a complete change set has been
 applying, or the dataplane has kept failing to take the state, for longer
 than `--healthz-timeout`. A lost or slow brain never fails it: restarting
 kpng-py cannot fix the brain, so `/livez` is for liveness probes and
-`/healthz` for readiness. `/metrics` (default 127.0.0.1:10249) serves the
-process's Prometheus registry. Both are served by `BoundedHTTPServer`.
+`/healthz` for readiness. Both answer 503 at once, with `dataplaneMissing`
+in the body, while the backend finds part of its dataplane taken away by
+another process and has not put it back yet (`dataplane_incomplete`).
+`/metrics` (default 127.0.0.1:10249) serves the process's Prometheus
+registry. Both are served by `BoundedHTTPServer`.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ class SyncHealth:
         # What /livez counts: kpng-py's own work that has not finished.
         self._applying_since: float | None = None  # a complete change set is applying
         self._failing_since: float | None = None  # applies failed since then
+        # What the backend found taken away from its dataplane and could not
+        # put back yet (e.g. "links, maps"); "" while it is complete.
+        self._missing = ""
 
     def changeset_started(self) -> None:
         """The first op of a change set arrived."""
@@ -110,6 +116,17 @@ class SyncHealth:
             self._last_applied = self._clock()
             self._update()
 
+    def dataplane_incomplete(self, missing: str) -> None:
+        """The backend found `missing` gone from its dataplane (another
+        process removed it) and has not put it back yet: both probes fail,
+        since traffic does."""
+        with self._lock:
+            self._missing = missing
+
+    def dataplane_complete(self) -> None:
+        with self._lock:
+            self._missing = ""
+
     def _update(self) -> None:
         if not (self._receiving or self._unapplied or self._brain_lost):
             self._pending_since = None
@@ -120,8 +137,8 @@ class SyncHealth:
         """/healthz: the dataplane follows the brain."""
         with self._lock:
             now = self._clock()
-            healthy = self._last_applied is not None and self._within_timeout(
-                self._pending_since, now)
+            healthy = not self._missing and self._last_applied is not None and (
+                self._within_timeout(self._pending_since, now))
             return healthy, self._body(now)
 
     def liveness(self) -> tuple[bool, dict]:
@@ -130,14 +147,17 @@ class SyncHealth:
             now = self._clock()
             stuck_since = (self._applying_since if self._failing_since is None
                            else self._failing_since)
-            return self._within_timeout(stuck_since, now), self._body(now)
+            return not self._missing and self._within_timeout(stuck_since, now), self._body(now)
 
     def _within_timeout(self, since: float | None, now: float) -> bool:
         return since is None or now - since < self._timeout
 
     def _body(self, now: float) -> dict:
-        return {"lastUpdated": _timestamp(self._last_applied), "currentTime": _timestamp(now),
+        body = {"lastUpdated": _timestamp(self._last_applied), "currentTime": _timestamp(now),
                 "nodeEligible": True}
+        if self._missing:
+            body["dataplaneMissing"] = self._missing
+        return body
 
 
 def _timestamp(seconds: float | None) -> str:

@@ -66,7 +66,9 @@ class Metrics:
             registry=r,
         )
         self.brain_connected = Gauge(
-            "kpng_py_brain_connected", "1 while the watch stream to the brain is up.", registry=r
+            "kpng_py_brain_connected", "1 while the backend gets the brain's state: the "
+            "watch stream to the brain is up, or the brain runs in this process (file ... "
+            "to-local).", registry=r
         )
         self.brain_reconnects = Counter(
             "kpng_py_brain_reconnects", "Watch streams re-opened after an error.", registry=r

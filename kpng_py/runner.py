@@ -135,6 +135,7 @@ def run_in_process(source: ChangeSetSource, node_name: str, backend: Backend,
     wire, the next change set is asked for only once `apply` has returned.
     Runs until `stop` is set (or `exit_after` change sets were applied)."""
     sink, applier = _backend_pipeline(backend, metrics, observability, limits, backend)
+    metrics.brain_connected.set(1)  # the brain is this process: never away
     backend.setup()
     try:
         asyncio.run(_apply_until_stopped(source.open_stream(), node_name, sink, applier,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Mapping
 
-from kpng_py.backend import Backend, backend_stages
+from kpng_py.backend import Backend, backend_not_programmed, backend_stages
 from kpng_py.model import ServicePortChanges
 
 class BackendNotSetUpError(RuntimeError):
@@ -54,6 +54,9 @@ class SetUpAlongside:
 
     def apply_stages(self) -> Mapping[str, float]:
         return backend_stages(self._backend)
+
+    def not_programmed(self) -> Mapping[str, int]:
+        return backend_not_programmed(self._backend)
 
     def close(self) -> None:
         """Wait for the setup; close the backend if it was set up."""

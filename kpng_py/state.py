@@ -149,6 +149,9 @@ class NodeState:
         self._synced = False
         # What many endpoints' values share, decoded once.
         self._tails = EndpointTails()
+        # Per service, its ports the backend does not get now, by reason
+        # (only services that have some): `not_published`.
+        self._unpublished: dict[str, dict[SkipReason, int]] = {}
 
     # -- reading ---------------------------------------------------------------
 
@@ -189,6 +192,17 @@ class NodeState:
                                      "change set's last ops")
                 changes = self._sync()
         return changes
+
+    def not_published(self) -> dict[SkipReason, int]:
+        """How many service ports the brain sent that the backend does not
+        get now, by reason: every frontend of the port belongs to another
+        one (frontend-conflict), or its service is over a limit with no
+        version in force yet (limit). As of the last Sync."""
+        totals: dict[SkipReason, int] = {}
+        for counts in self._unpublished.values():
+            for reason, count in counts.items():
+                totals[reason] = totals.get(reason, 0) + count
+        return totals
 
     def full_changeset(self) -> ServicePortChanges:
         """The whole state as a full ServicePortChanges, for a backend that must reconcile."""
@@ -296,7 +310,8 @@ class NodeState:
         removed: list[ServicePort] = []
         # In name order: a change set, and so what a full dataplane skips, is
         # the same whatever order the brain sent things in.
-        for path in sorted(replaced.keys() | {_service_path(name) for name in taken_over}):
+        republished = replaced.keys() | {_service_path(name) for name in taken_over}
+        for path in sorted(republished):
             entry = self._services[path]
             new = self._publishable(entry.claiming)
             old = entry.published
@@ -310,6 +325,8 @@ class NodeState:
             entry.published = new
             if entry.is_empty():
                 del self._services[path]
+        for path in republished | self._dirty:
+            self._count_unpublished(path)
         full, self._synced = not self._synced, True
         changes = ServicePortChanges(tuple(added), tuple(updated), tuple(removed), full=full,
                             service_changes=self._counts.service_changes,
@@ -318,6 +335,21 @@ class NodeState:
         self._dirty.clear()
         self._counts = _Counts()
         return changes
+
+    def _count_unpublished(self, path: str) -> None:
+        """Note the ports of service `path` the backend does not get now."""
+        entry = self._services.get(path)
+        counts: dict[SkipReason, int] = {}
+        if entry is not None:
+            if len(entry.published) < len(entry.claiming):
+                counts[SkipReason.FRONTEND_CONFLICT] = len(entry.claiming) - len(entry.published)
+            if entry.record is not None and entry.record.ports and not entry.claiming:
+                # Computed ports are always put in force but for a limit.
+                counts[SkipReason.LIMIT] = len(entry.record.ports)
+        if counts:
+            self._unpublished[path] = counts
+        else:
+            self._unpublished.pop(path, None)
 
     def _recompute(self) -> dict[str, dict[ServicePortName, ServicePort]]:
         """Compute the changed services' ports within the limits. Returns, for

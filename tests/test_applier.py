@@ -398,3 +398,39 @@ def test_metrics_of_the_programmed_dataplane_follow_each_change_set() -> None:
     assert queued <= _gauge(metrics, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
     assert _gauge(metrics, "kubeproxy_sync_full_proxy_rules_duration_seconds_count") == 1
     assert _gauge(metrics, "kubeproxy_sync_partial_proxy_rules_duration_seconds_count") == 1
+
+
+class CrampedBackend(FlakyBackend):
+    """Holds every port it is given but says some did not fit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left_out: dict[str, int] = {}
+
+    def not_programmed(self) -> dict[str, int]:
+        return dict(self.left_out)
+
+
+def test_what_is_not_programmed_stays_in_view_by_reason() -> None:
+    """Issue 31: ports a full map could not take were only counted once in
+    kpng_py_skipped_total, while kpng_py_service_ports counted them as
+    programmed. kpng_py_service_ports counts what the dataplane holds; the
+    rest is a gauge by reason (the backend's, and the state's: ports every
+    frontend of which another port owns) for as long as it lasts."""
+    metrics = Metrics()
+    backend = CrampedBackend()
+    applier = ChangeSetApplier(backend, NodeState(Skips(metrics)), metrics)
+    backend.left_out = {"capacity": 1}
+    # "twin" claims web's only frontend: it is left out by the state.
+    twin = service("twin", v4=["10.96.0.10"], ports=[port("http", 80, target=8080)])
+    applier.apply_ops([*web_and_dns()[:-1], set_service(twin), sync()])
+    assert _gauge(metrics, "kpng_py_service_ports") == 1  # web and dns given, one did not fit
+    assert _gauge(metrics, "kpng_py_service_ports_not_programmed", reason="capacity") == 1
+    assert _gauge(metrics, "kpng_py_service_ports_not_programmed",
+                  reason="frontend-conflict") == 1
+    backend.left_out = {}
+    applier.apply_ops([L.OpItem(Delete=L.Ref(Set=L.ServicesSet, Path="default/twin")),
+                       *another_web_endpoint()])
+    assert _gauge(metrics, "kpng_py_service_ports") == 2
+    for reason in ("capacity", "frontend-conflict"):  # still exported, at 0
+        assert _gauge(metrics, "kpng_py_service_ports_not_programmed", reason=reason) == 0

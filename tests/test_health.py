@@ -324,3 +324,16 @@ def test_healthz_sees_a_changeset_whose_sync_never_comes_over_a_real_stream(
 def test_bad_bind_addresses_are_named(text: str) -> None:
     with pytest.raises(ValueError, match="--healthz-bind-address"):
         BindAddress.parse(text, "--healthz-bind-address")
+
+
+def test_a_dataplane_missing_parts_fails_both_probes_until_it_is_complete(
+        health: SyncHealth) -> None:
+    """Issue 31: a backend that finds its dataplane taken away says so in
+    /healthz and /livez (a restart of kpng-py puts it back), naming what."""
+    health.dataplane_incomplete("links: connect4, connect6")
+    (ok, body), (alive_now, _) = health.status(), health.liveness()
+    assert not ok and not alive_now
+    assert body["dataplaneMissing"] == "links: connect4, connect6"
+    health.dataplane_complete()
+    (ok, body), (alive_now, _) = health.status(), health.liveness()
+    assert ok and alive_now and "dataplaneMissing" not in body

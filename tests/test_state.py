@@ -13,7 +13,7 @@ from kpng_py.decode import EndpointRecord, EndpointTail
 from kpng_py.limits import Limits, add_limit_flags, limits_from_args
 from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePortChanges, Protocol, ServicePort, ServicePortName
-from kpng_py.skips import Skips
+from kpng_py.skips import SkipReason, Skips
 from kpng_py.state import NodeState, resolve_endpoint_port
 from tests.streams.build import (
     SCENARIOS, delete, endpoint, port, reset, service, set_endpoint, set_raw, set_service, sync,
@@ -276,6 +276,7 @@ def test_a_waiting_claimant_takes_over_in_the_same_changeset() -> None:
                                                               pod("10.244.0.9")), sync()])
     assert len(waits) == 0 and skipped(metrics, "frontend-conflict") == 1
     assert published(state) == {"default/keep:http": ["10.96.0.10"]}
+    assert state.not_published() == {SkipReason.FRONTEND_CONFLICT: 1}
 
     # keep's own updates do not give the VIP away, nor report the intruder again
     kept = state.apply([set_endpoint("default", "keep", "k0", pod("10.244.0.5")),
@@ -289,10 +290,12 @@ def test_a_waiting_claimant_takes_over_in_the_same_changeset() -> None:
     assert [(str(p.name), [str(e) for e in p.endpoints]) for p in taken.added] == [
         ("aaa/intruder:http", ["10.244.0.9:8080"])]
     assert published(state) == {"aaa/intruder:http": ["10.96.0.10"]}
+    assert state.not_published() == {}
 
     # keep comes back: now it is the one that waits
     back = state.apply([set_service(vip("keep", v4=["10.96.0.10"])), sync()])
     assert len(back) == 0 and skipped(metrics, "frontend-conflict") == 2
+    assert state.not_published() == {SkipReason.FRONTEND_CONFLICT: 1}
 
 
 def test_an_owner_that_changes_its_clusterip_hands_the_old_one_over() -> None:
@@ -397,6 +400,7 @@ def test_room_made_under_the_node_limit_lets_a_refused_service_in() -> None:
                            set_endpoint("default", "bee", "b0", pod("10.244.0.7", "10.244.0.8")),
                            sync()])
     assert len(refused) == 0 and skipped(metrics, "limit") == 1
+    assert state.not_published() == {SkipReason.LIMIT: 1}  # bee's port, while it is out
     # nothing else changes: bee stays out and is not reported again
     assert len(state.apply([set_endpoint("default", "zed", "z1", pod("10.244.0.9")),
                             delete(L.EndpointsSet, "default/zed/z1"), sync()])) == 0
@@ -405,6 +409,7 @@ def test_room_made_under_the_node_limit_lets_a_refused_service_in() -> None:
     # bee sorts first, so that its room counts)
     room = state.apply([set_endpoint("default", "zed", "z0", pod("10.244.0.5")), sync()])
     assert names(room.added) == ["default/bee:http"]
+    assert state.not_published() == {}
     assert names(new for _, new in room.updated) == ["default/zed:http"]
     assert skipped(metrics, "limit") == 1
     # bee grows too, in the same Sync as zed shrinks to nothing: it fits

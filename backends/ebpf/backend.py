@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
 
 from backends.ebpf import counters, maps, service_id_maps
-from backends.ebpf.loader import Datapath, DatapathConfig
+from backends.ebpf.loader import Datapath, DatapathConfig, mount_holding
 from backends.ebpf.node_addresses import AddressFollower, FollowerFactory, NodeAddressMap
 from backends.ebpf.programmer import Capacity, MapWrites, ServiceProgrammer
 from backends.ebpf.recovery import RecoveryAhead
 from backends.ebpf.stale_udp import StaleUdpTerminator
 from backends.ebpf.usage import CachedCount
-from kpng_py.backend import BackendSetupError
-from kpng_py.healthcheck_nodeport import HealthCheckNodePorts, ProxyHealth
+from kpng_py.backend import BackendSetupError, DataplaneHealth
+from kpng_py.healthcheck_nodeport import HealthCheckNodePorts
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
 from kpng_py.model import IPAddress, ServicePortChanges, ServicePortName
 from kpng_py.nodeport_addresses import LocalAddressFollower, LocalAddressSet, NodePortAddresses
+from kpng_py.retrytimer import RetryTimer
 from kpng_py.service_counters import ServiceCounts, ServiceCountersCollector
 from kpng_py.skips import Skips
 
@@ -28,8 +31,32 @@ if TYPE_CHECKING:  # the table's module loads libnftables: only when one is made
 
 log = logging.getLogger(__name__)
 
+# How often the datapath is checked for parts another process took away: a
+# check is a few dozen bpf() calls and one netlink listing of the tables.
+DATAPATH_CHECK_SECONDS = 1.0
+# The parts kpng_py_datapath_missing names (Datapath.missing's, and the table).
+DATAPATH_PARTS = ("maps", "programs", "links")
+NETFILTER_PART = "netfilter-table"
+
 K = TypeVar("K")
 V = TypeVar("V")
+
+
+def _log_netfilter_scope(netfilter: NetfilterTable, cgroup: Path) -> None:
+    """--cgroup scopes the socket load balancer, not the table: say so, as
+    a warning when the cgroup is not the whole node's."""
+    mount = mount_holding(cgroup)
+    whole_node = mount is not None and mount.point == cgroup
+    (log.info if whole_node else log.warning)(
+        "the netfilter table serves node ports, ExternalIPs and LB IPs to packets from outside "
+        "for this whole network namespace, whatever --cgroup is (pass "
+        "--no-nodeport-netfilter to leave them to another proxy)",
+        extra=fields(table=netfilter.name, cgroup=cgroup, netns_inode=_netns_inode()))
+
+
+def _netns_inode() -> int:
+    """The network namespace this process runs in (what `ip netns identify` compares)."""
+    return os.stat("/proc/self/ns/net").st_ino
 
 
 class BackendNotReadyError(RuntimeError):
@@ -52,7 +79,8 @@ class EbpfBackend:
     def __init__(self, config: DatapathConfig, metrics: Metrics, skips: Skips,
                  nodeport_addresses: NodePortAddresses = NodePortAddresses(),
                  follower: FollowerFactory = LocalAddressFollower,
-                 netfilter: NetfilterTable | None = None) -> None:
+                 netfilter: NetfilterTable | None = None,
+                 check_seconds: float = DATAPATH_CHECK_SECONDS) -> None:
         self._config = config
         self._netfilter = netfilter
         self._metrics = metrics
@@ -66,16 +94,19 @@ class EbpfBackend:
         self._follower: AddressFollower | None = None
         # The healthCheckNodePort servers (spec N11), on the allowed node addresses.
         self._health_checks = HealthCheckNodePorts(metrics, nodeport_addresses)
-        self._health: ProxyHealth | None = None
-        # apply() and the follower's callbacks, one at a time.
+        self._health: DataplaneHealth | None = None
+        # apply(), the follower's callbacks and the datapath check, one at a time.
         self._lock = threading.Lock()
         self._attached = False
+        self._check_seconds = check_seconds
+        self._check = RetryTimer(self._check_datapath, name="datapath-check")
         self._collector = ServiceCountersCollector(
             self._counts_per_service_port,
             self._counts_per_endpoint if config.backend_counters else None)
 
-    def use_health(self, health: ProxyHealth) -> None:
-        """What /healthz says, for the healthCheckNodePort answers (before setup)."""
+    def use_health(self, health: DataplaneHealth) -> None:
+        """What /healthz says, for the healthCheckNodePort answers, and told
+        when the datapath is found incomplete (before setup)."""
         self._health = health
 
     def setup(self) -> None:
@@ -97,6 +128,9 @@ class EbpfBackend:
             for spec in (maps.SERVICES, maps.BACKENDS, maps.NODE_ADDRESSES,
                          maps.SERVICE_NAMES):  # written here
                 self._metrics.map_writes.labels(spec.pin)
+            for part in (*DATAPATH_PARTS, *((NETFILTER_PART,) if self._netfilter else ())):
+                self._metrics.datapath_missing.labels(part).set(0)
+                self._metrics.datapath_restored.labels(part)
             # Made by the datapath, or not counted by the programmer: walked.
             for spec in (maps.REVERSE_NAT, maps.AFFINITY, maps.COUNTERS, maps.BACKEND_COUNTERS,
                          maps.SERVICE_NAMES):
@@ -104,6 +138,7 @@ class EbpfBackend:
                     CachedCount(self._datapath.maps[spec.pin].count))
             if self._netfilter is not None:
                 self._netfilter.adopt()
+                _log_netfilter_scope(self._netfilter, config.cgroup)
             self._node_addresses = NodeAddressMap(self._datapath.maps[maps.NODE_ADDRESSES.pin])
             self._follow_node_addresses()
             self._programmer = ServiceProgrammer(
@@ -183,12 +218,62 @@ class EbpfBackend:
         if not self._attached:
             datapath.attach()
             self._attached = True
+            self._check.arm(self._check_seconds)
         if writes.removed_udp:
             self._terminate_stale_udp(terminator, writes.removed_udp)
         self._follow_service_ids(datapath, programmer, writes, changes.full)
         if self._netfilter is not None:
             self._netfilter.apply(changes)
         self._health_checks.apply(changes)
+
+    def _check_datapath(self) -> None:
+        """The check's timer: find what another process took away from the
+        datapath (`kpng-py ebpf cleanup`, a hand-made change) and put it
+        back; then check again after the interval."""
+        try:
+            with self._lock:
+                if self._datapath is None:
+                    return  # closed
+                missing = self._datapath.missing()
+                if self._netfilter is not None and self._netfilter.gone():
+                    missing[NETFILTER_PART] = [self._netfilter.name]
+                if missing:
+                    self._restore(self._datapath, missing)
+        finally:
+            self._check.arm(self._check_seconds)  # a no-op once closed
+
+    def _restore(self, datapath: Datapath, missing: Mapping[str, list[str]]) -> None:
+        """Put back what is missing, saying so in the log, the metrics and
+        /healthz and /livez (503 until it is back: traffic fails meanwhile)."""
+        failures: tuple[type[Exception], ...] = (OSError, BackendSetupError)
+        if self._netfilter is not None:
+            from backends.ebpf.netfilter import NetfilterError
+
+            failures += (NetfilterError,)
+        summary = "; ".join(f"{part}: {', '.join(names)}" for part, names in missing.items())
+        log.error("parts of the eBPF datapath are gone: another process removed them (`kpng-py "
+                  "ebpf cleanup` while this one runs, or a hand-made change); putting them "
+                  "back", extra=fields(missing=summary, bpffs_dir=datapath.config.bpffs_dir))
+        for part in missing:
+            self._metrics.datapath_missing.labels(part).set(1)
+        if self._health is not None:
+            self._health.dataplane_incomplete(summary)
+        try:
+            if missing.keys() - {NETFILTER_PART}:
+                datapath.restore()
+            if NETFILTER_PART in missing and self._netfilter is not None:
+                self._netfilter.restore()
+        except failures as err:
+            self._metrics.dataplane_errors.labels("datapath-restore").inc()
+            log.error("cannot put the eBPF datapath back; trying again in %g s",
+                      self._check_seconds, extra=fields(error=err, missing=summary))
+            return
+        for part in missing:
+            self._metrics.datapath_missing.labels(part).set(0)
+            self._metrics.datapath_restored.labels(part).inc()
+        if self._health is not None:
+            self._health.dataplane_complete()
+        log.info("the eBPF datapath is whole again", extra=fields(restored=summary))
 
     def _follow_service_ids(self, datapath: Datapath, programmer: ServiceProgrammer,
                             writes: MapWrites, full: bool) -> None:
@@ -243,6 +328,15 @@ class EbpfBackend:
     def apply_stages(self) -> Mapping[str, float]:
         return self._programmer.last_stages if self._programmer is not None else {}
 
+    def not_programmed(self) -> Mapping[str, int]:
+        """The service ports waiting for room in the maps (capacity) or for a
+        frontend another port holds (frontend-conflict)."""
+        with self._lock:
+            if self._programmer is None:
+                return {}
+            return {reason.value: count
+                    for reason, count in self._programmer.not_programmed().items()}
+
     def _loaded(self) -> tuple[Datapath, ServiceProgrammer, StaleUdpTerminator]:
         """What setup() made; a real check, not an assert (python -O strips those)."""
         if self._datapath is None or self._programmer is None or self._terminator is None:
@@ -262,6 +356,7 @@ class EbpfBackend:
                      extra=fields(sockets=destroyed, backends=len(removed_udp)))
 
     def close(self) -> None:
+        self._check.close()  # outside the lock: a check in progress holds it
         if self._follower is not None:
             self._follower.stop()  # outside the lock: its last callback may hold it
             self._follower = None

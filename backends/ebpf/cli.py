@@ -18,6 +18,7 @@ from pathlib import Path
 from backends.ebpf.maps import DEFAULT_PIN_DIR, SIZED_SPECS
 from backends.ebpf.privileges import privilege_hint
 from kpng_py.backend import Backend, BackendSetupError
+from kpng_py.durations import DurationError, parse_seconds
 from kpng_py.limits import positive_count
 from kpng_py.metrics import Metrics
 from kpng_py.nodeport_addresses import NodePortAddresses, add_nodeport_addresses_flag
@@ -118,6 +119,14 @@ def _add_tool_arguments(tool: argparse.ArgumentParser) -> None:
                          help="also detach every kpng-py program attached to this cgroup, "
                               "whichever --bpffs-dir pins it")
     _add_bpffs_dir_flag(cleanup)
+    cleanup.add_argument("--wait", type=_wait_seconds, default=0.0, metavar="DURATION",
+                         help="while a running kpng-py owns the datapath, wait up to this "
+                              "long for it to stop (seconds or Go's form, e.g. 10m; default: "
+                              "0, refuse at once)")
+    cleanup.add_argument("--force", action="store_true",
+                         help="remove the datapath even while a running kpng-py owns it (that "
+                              "process notices and puts it back within a second; stop it first "
+                              "to remove it for good)")
     dump = actions.add_parser("dump", help="show the services, backends and map usage",
                               description="Show what the pinned maps hold.")
     _add_bpffs_dir_flag(dump)
@@ -159,15 +168,7 @@ def _run_action(args: argparse.Namespace) -> None:
 
     bpffs_dir = checked_bpffs_dir(args.bpffs_dir)
     if args.ebpf_action == "cleanup":
-        from backends.ebpf.loader import cleanup
-
-        from backends.ebpf.netfilter import cleanup_table
-
-        removed = cleanup(bpffs_dir, checked_cgroup(args.cgroup) if args.cgroup else None)
-        if cleanup_table():
-            removed.append("the nftables table inet kpng-py")
-        print("\n".join(f"removed {item}" for item in removed) or
-              f"nothing installed under {bpffs_dir}")
+        _cleanup(bpffs_dir, checked_cgroup(args.cgroup) if args.cgroup else None, args)
     elif args.ebpf_action == "trace":
         _trace(bpffs_dir, args)
     else:
@@ -185,6 +186,47 @@ def _run_action(args: argparse.Namespace) -> None:
         else:
             lines = [f"nftables {line}" for line in describe_lines()]
             sys.stdout.write("\n".join([format_text(dump), *lines]) + "\n")
+
+
+def _cleanup(bpffs_dir: Path, cgroup: Path | None, args: argparse.Namespace) -> None:
+    """`ebpf cleanup`, holding the datapath's lock (ownership.py) while it
+    removes it: refused while a running kpng-py owns it, unless forced."""
+    from backends.ebpf.loader import cleanup
+    from backends.ebpf.netfilter import cleanup_table
+    from backends.ebpf.ownership import DatapathInUse, DatapathLock, holder
+
+    lock = DatapathLock.wait_for(bpffs_dir, args.wait) if bpffs_dir.is_dir() else None
+    if lock is None and bpffs_dir.is_dir():
+        if not args.force:
+            waited = f", still after {args.wait:g} s" if args.wait else ""
+            raise DatapathInUse(
+                f"the datapath under {bpffs_dir} is owned by a running kpng-py "
+                f"({holder(bpffs_dir)}){waited}: removing it would stop translating services "
+                "under a process that reports itself healthy. Stop that process first "
+                "(e.g. `kubectl delete -f deploy/kpng-py.yaml`), or pass --wait DURATION to "
+                "wait for it, or --force")
+        print(f"forced: the datapath under {bpffs_dir} is owned by a running kpng-py "
+              f"({holder(bpffs_dir)}), which will put it back", file=sys.stderr)
+    try:
+        removed = cleanup(bpffs_dir, cgroup)
+        if cleanup_table():
+            removed.append("the nftables table inet kpng-py")
+    finally:
+        if lock is not None:
+            lock.release()
+    print("\n".join(f"removed {item}" for item in removed) or
+          f"nothing installed under {bpffs_dir}")
+
+
+def _wait_seconds(text: str) -> float:
+    """A duration of 0 or more (seconds or Go's form)."""
+    try:
+        seconds = parse_seconds(text)
+    except DurationError as err:
+        raise argparse.ArgumentTypeError(str(err))
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is below 0 seconds")
+    return seconds
 
 
 def _trace(bpffs_dir: Path, args: argparse.Namespace) -> None:

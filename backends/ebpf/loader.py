@@ -21,6 +21,7 @@ runs with no program or with two. See docs/ebpf.md.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -35,7 +36,8 @@ from typing import Iterator, Mapping, NoReturn
 
 from backends.ebpf import libbpf
 from backends.ebpf.build import BuildFailed, BuildRequest, HookProgram, build_in_child
-from backends.ebpf.maps import DEFAULT_PIN_DIR, MAP_SPECS, MapSpec
+from backends.ebpf.maps import BPF_MAP_TYPE_LRU_HASH, DEFAULT_PIN_DIR, MAP_SPECS, MapSpec
+from backends.ebpf.ownership import START_WAIT_SECONDS, DatapathInUse, DatapathLock, holder
 from backends.ebpf.privileges import check_privileges, privilege_hint
 from kpng_py.backend import BackendSetupError
 from kpng_py.logs import fields
@@ -149,14 +151,43 @@ def checked_bpffs_dir(given: Path) -> Path:
     return path
 
 
-def checked_cgroup(given: Path) -> Path:
-    """--cgroup, resolved and checked (only the returned path may be used)."""
-    path, named = _resolved("--cgroup", given)
+# Where systemd's hybrid layout mounts cgroup v2, under the v1 tmpfs.
+HYBRID_UNIFIED = "unified"
+
+
+def _is_cgroup2(path: Path) -> bool:
     mount = mount_holding(path)
-    if mount is None or mount.fstype != "cgroup2" or not (path / "cgroup.procs").is_file():
-        raise BackendSetupError(f"{named} is not a cgroup v2 directory; pass one under the "
-                                "cgroup2 mount")
-    return path
+    return mount is not None and mount.fstype == "cgroup2" and (path / "cgroup.procs").is_file()
+
+
+def checked_cgroup(given: Path) -> Path:
+    """--cgroup, resolved and checked (only the returned path may be used).
+    The root of a hybrid layout (v1 controllers on a tmpfs, v2 mounted at
+    `unified` under it, as systemd makes it) stands for its v2 root, so one
+    manifest mounting the node's /sys/fs/cgroup fits both layouts."""
+    path, named = _resolved("--cgroup", given)
+    if _is_cgroup2(path):
+        return path
+    unified = path / HYBRID_UNIFIED
+    if mount_point_is(unified, "cgroup2"):
+        log.info("--cgroup is the root of a hybrid cgroup layout; using its cgroup v2 hierarchy",
+                 extra=fields(cgroup=unified))
+        return unified
+    found = [str(m.point) for m in _mounts() if m.fstype == "cgroup2"]
+    raise BackendSetupError(
+        f"{named} is not a cgroup v2 directory (it is on {_fstype_of(path)}); the cgroup2 "
+        f"mounts here: {', '.join(found) or 'none'}; pass one of them (or a directory under "
+        "one)")
+
+
+def mount_point_is(path: Path, fstype: str) -> bool:
+    """Whether `path` is itself the mount point of a filesystem of `fstype`."""
+    return any(m.point == path and m.fstype == fstype for m in _mounts())
+
+
+def _fstype_of(path: Path) -> str:
+    mount = mount_holding(path)
+    return "no mounted filesystem" if mount is None else f"{mount.fstype} at {mount.point}"
 
 
 @dataclass(frozen=True)
@@ -189,42 +220,62 @@ class Datapath:
     programs' directory under programs/."""
 
     def __init__(self, config: DatapathConfig, build: str,
-                 maps: dict[str, libbpf.BpfMap], programs: dict[str, int]) -> None:
+                 maps: dict[str, libbpf.BpfMap], programs: dict[str, int],
+                 lock: DatapathLock) -> None:
         self.config = config
         self.build = build
         self.maps = maps
         self._programs = programs  # hook name -> program fd (owned here)
+        self._lock = lock
 
     @classmethod
     def load(cls, config: DatapathConfig) -> Datapath:
         """Adopt or create the pinned maps, and adopt the pinned programs of
         this build or build them. Nothing is attached yet: the caller fills
-        the maps first."""
+        the maps first. The datapath's lock is taken first, waiting for a
+        stopping owner (ownership.py)."""
         check_privileges()
         config = config.checked()
+        lock: DatapathLock | None = None
         try:
             build = build_identity(config)
             config.bpffs_dir.parent.mkdir(parents=True, exist_ok=True)
             _private_directory(config.bpffs_dir)
-            _private_directory(config.bpffs_dir / LINKS_DIR)
-            _private_directory(config.bpffs_dir / PROGRAMS_DIR)
-            replaced = {spec.pin: old for spec in MAP_SPECS
-                        if (old := _set_aside_incompatible(config, spec)) is not None}
-            programs = _adopted_programs(config, build)
-            if programs is None:
-                programs = _built_programs(config, build)
-            maps = {spec.pin: open_pinned_map(config.bpffs_dir, spec) for spec in MAP_SPECS}
+            lock = DatapathLock.wait_for(config.bpffs_dir, START_WAIT_SECONDS)
+            if lock is None:
+                raise DatapathInUse(
+                    f"the datapath under {config.bpffs_dir} is owned by a running kpng-py "
+                    f"({holder(config.bpffs_dir)}), still after {START_WAIT_SECONDS:g} s: two "
+                    "processes would overwrite each other's maps. Stop that one first, or give "
+                    "this one another --bpffs-dir (and --cgroup)")
+            return cls._loaded(config, build, lock)
         except OSError as err:
             raise BackendSetupError(f"cannot set up the datapath under {config.bpffs_dir}: "
                                     f"{err}{privilege_hint(err)}") from err
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+
+    @classmethod
+    def _loaded(cls, config: DatapathConfig, build: str, lock: DatapathLock) -> Datapath:
+        """`load`'s work once the lock is held."""
+        _private_directory(config.bpffs_dir / LINKS_DIR)
+        _private_directory(config.bpffs_dir / PROGRAMS_DIR)
+        _refuse_shrinking_below_entries(config)
+        replaced = {spec.pin: old for spec in MAP_SPECS
+                    if (old := _set_aside_incompatible(config, spec)) is not None}
+        programs = _adopted_programs(config, build)
+        if programs is None:
+            programs = _built_programs(config, build)
+        maps = {spec.pin: open_pinned_map(config.bpffs_dir, spec) for spec in MAP_SPECS}
         for spec in MAP_SPECS:
             if not spec.matches(maps[spec.pin].info(), config.size(spec)):
                 raise BackendSetupError(
                     f"map {config.bpffs_dir / spec.pin} does not have the expected layout "
                     f"after loading; run `kpng-py ebpf cleanup --bpffs-dir {config.bpffs_dir}`")
-        for pin, old in replaced.items():
-            _copy_entries(old, maps[pin])
-        return cls(config, build, maps, programs)
+        _copy_replaced(config.bpffs_dir, replaced, maps)
+        return cls(config, build, maps, programs, lock)
 
     def attach(self) -> None:
         """Attach every program to the cgroup, replacing the previous ones
@@ -258,14 +309,108 @@ class Datapath:
                                                    bpffs_dir=self.config.bpffs_dir,
                                                    build=self.build))
 
+    def missing(self) -> dict[str, list[str]]:
+        """What of this datapath is no longer in place (another process took
+        it away: a cleanup, a hand-made change), by object: "maps" and
+        "programs" whose pin is gone or names another object, "links" whose
+        pin is gone or that no longer run this build's program on the
+        cgroup. Empty while all is in place."""
+        missing: dict[str, list[str]] = {}
+        directory = self.config.bpffs_dir
+        for pin, map_id in self._map_ids.items():
+            if _pinned_id(directory / pin, libbpf.MapInfo) != map_id:
+                missing.setdefault("maps", []).append(pin)
+        target = _cgroup_id_or_none(self.config.cgroup)
+        for hook in HOOKS:
+            program_id = self._program_ids[hook.name]
+            if _pinned_id(directory / PROGRAMS_DIR / self.build / hook.name,
+                          libbpf.ProgInfo) != program_id:
+                missing.setdefault("programs", []).append(hook.name)
+            link = _pinned_link(directory / LINKS_DIR / hook.name)
+            if link is None or (link.cgroup_id, link.prog_id) != (target, program_id):
+                missing.setdefault("links", []).append(hook.name)
+        return missing
+
+    @functools.cached_property
+    def _map_ids(self) -> dict[str, int]:
+        """The kernel's id of each map this process holds: a pin that names
+        another is not this datapath's."""
+        return {pin: bpf_map.info().id for pin, bpf_map in self.maps.items()}
+
+    @functools.cached_property
+    def _program_ids(self) -> dict[str, int]:
+        return {hook: libbpf.obj_info(fd, libbpf.ProgInfo, f"program {hook}").id
+                for hook, fd in self._programs.items()}
+
+    def restore(self) -> None:
+        """Put back what `missing` finds gone, from this process's own
+        handles: pins of its maps and programs (whose contents were never
+        lost: this process holds them), and links attached anew. The
+        directory's lock is taken again if the directory was made again."""
+        directory = self.config.bpffs_dir
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        _private_directory(directory)
+        if not self._lock.held():
+            self._lock.renew()
+        build_dir = directory / PROGRAMS_DIR / self.build
+        for path in (directory / LINKS_DIR, directory / PROGRAMS_DIR, build_dir):
+            _private_directory(path)
+        for pin, bpf_map in self.maps.items():
+            _pin_again(bpf_map.fd, directory / pin, self._map_ids[pin], libbpf.MapInfo)
+        for hook, fd in self._programs.items():
+            _pin_again(fd, build_dir / hook, self._program_ids[hook], libbpf.ProgInfo)
+        self.attach()
+
     def close(self) -> None:
-        """Release this process's handles; links, programs and maps stay
-        pinned, so the datapath keeps working."""
+        """Release this process's handles and the datapath's lock; links,
+        programs and maps stay pinned, so the datapath keeps working."""
         for bpf_map in self.maps.values():
             bpf_map.close()
         for fd in self._programs.values():
             os.close(fd)
         self._programs = {}
+        self._lock.release()
+
+
+def _pinned_id(path: Path, info_type: type[libbpf.MapInfo] | type[libbpf.ProgInfo]) -> int | None:
+    """The kernel's id of the map or program pinned at `path`; None if none is."""
+    try:
+        fd = libbpf.obj_get(path)
+    except OSError:
+        return None
+    try:
+        return libbpf.obj_info(fd, info_type, f"the object pinned at {path}").id
+    except OSError:
+        return None  # another kind of object
+    finally:
+        os.close(fd)
+
+
+def _pinned_link(path: Path) -> libbpf.LinkInfo | None:
+    fd = _open_link(path)
+    if fd is None:
+        return None
+    try:
+        return libbpf.obj_info(fd, libbpf.LinkInfo, f"the link pinned at {path}")
+    finally:
+        os.close(fd)
+
+
+def _cgroup_id_or_none(cgroup: Path) -> int | None:
+    try:
+        return cgroup_id(cgroup)
+    except FileNotFoundError:
+        return None
+
+
+def _pin_again(fd: int, path: Path, object_id: int,
+               info_type: type[libbpf.MapInfo] | type[libbpf.ProgInfo]) -> None:
+    """Pin the object of `fd` at `path` unless it is pinned there; whatever
+    else is pinned there goes."""
+    if _pinned_id(path, info_type) == object_id:
+        return
+    path.unlink(missing_ok=True)
+    libbpf.obj_pin(fd, path)
 
 
 def _named(err: OSError, what: str) -> OSError:
@@ -325,14 +470,58 @@ def _set_aside_incompatible(config: DatapathConfig, spec: MapSpec) -> libbpf.Bpf
     return None
 
 
-def _copy_entries(old: libbpf.BpfMap, new: libbpf.BpfMap) -> None:
-    items = list(old.items())
-    old.close()
+def _refuse_shrinking_below_entries(config: DatapathConfig) -> None:
+    """A pinned map the flags make smaller than what it holds would be
+    copied into its new one in part, and the programs swapped in over it:
+    the datapath in force half gone. Such a start is refused before anything
+    is touched. An LRU map may shrink (the kernel evicts its oldest entries,
+    which is what it does when full anyway)."""
+    too_small = []
+    for spec in MAP_SPECS:
+        path = config.bpffs_dir / spec.pin
+        if spec.type == BPF_MAP_TYPE_LRU_HASH or spec.ring_buffer or not path.exists():
+            continue
+        pinned = open_pinned_map(config.bpffs_dir, spec)
+        try:
+            info = pinned.info()
+            # Not copied (another layout starts empty), or not smaller: fits.
+            if not spec.same_layout(info) or info.max_entries <= config.size(spec):
+                continue
+            entries = pinned.count()
+        finally:
+            pinned.close()
+        if entries > config.size(spec):
+            too_small.append(f"{spec.size_flag} {config.size(spec)} is below the "
+                             f"{entries} entries map {spec.pin} holds (give at least "
+                             f"{entries})")
+    if too_small:
+        raise BackendSetupError(
+            f"refusing to resize the datapath under {config.bpffs_dir}: "
+            f"{'; '.join(too_small)}. The datapath in force stays as it is; to start smaller "
+            "anyway, remove it first (`kpng-py ebpf cleanup`, which stops translating until "
+            "the next start has synced)")
+
+
+def _copy_replaced(bpffs_dir: Path, replaced: Mapping[str, libbpf.BpfMap],
+                   maps: Mapping[str, libbpf.BpfMap]) -> None:
+    """Copy each set-aside map into its new one. Should one copy fail
+    (checked to fit beforehand, so not for room), every set-aside map is
+    pinned again in place of its new one, and the start fails: nothing is
+    attached yet, so the programs in force keep their maps whole."""
     try:
-        new.put_many([k for k, _ in items], [v for _, v in items])
-    except libbpf.MapFullError as err:
-        log.warning("the resized map could not take every entry of the old one",
-                    extra=fields(map=new.name, error=err))
+        for pin, old in replaced.items():
+            items = list(old.items())
+            maps[pin].put_many([k for k, _ in items], [v for _, v in items])
+    except OSError as err:
+        for pin, old in replaced.items():
+            (bpffs_dir / pin).unlink(missing_ok=True)
+            libbpf.obj_pin(old.fd, bpffs_dir / pin)
+        raise BackendSetupError(f"cannot copy the entries of the resized maps under "
+                                f"{bpffs_dir}: {err}; the previous maps stay pinned and in "
+                                "force") from err
+    finally:
+        for old in replaced.values():
+            old.close()
 
 
 def _cflags(config: DatapathConfig, reject_with_eperm: bool) -> list[str]:

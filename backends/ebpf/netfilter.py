@@ -131,10 +131,27 @@ class NetfilterTable:
     def _full(self, changes: ServicePortChanges
               ) -> tuple[Transaction, dict[ServicePortName, Held]]:
         programmed = {port.name: (port, self._objects(port)) for port in changes.added}
+        return self._whole_table(programmed), programmed
+
+    def _whole_table(self, programmed: Mapping[ServicePortName, Held]) -> Transaction:
+        """The transaction that makes the table hold exactly `programmed`."""
         maps, sets, chains = skeleton(self._addresses)
         txn = full_table(maps, sets, chains, [objects for _, objects in programmed.values()])
         txn.first += self._address_commands("add", self._node_ips)
-        return txn, programmed
+        return txn
+
+    @property
+    def name(self) -> str:
+        return f"{TABLE_FAMILY} {TABLE}"
+
+    def gone(self) -> bool:
+        """Whether the table this process programmed is no longer there
+        (another process removed it)."""
+        return self._synced and not self._nft.table_exists()
+
+    def restore(self) -> None:
+        """Make the table again, whole, from what this process programmed."""
+        self._nft.run(self._whole_table(self._programmed).commands(), "the table put back")
 
     def _incremental(self, changes: ServicePortChanges
                      ) -> tuple[Transaction, dict[ServicePortName, Held | None]]:

@@ -343,10 +343,12 @@ class Waiting:
     """A service port not (fully) programmed: a frontend of it belongs to
     another service port, or its new version does not fit the maps. It is
     retried with every later change set; `reported` holds the problems
-    already logged and counted for this version of it."""
+    already logged and counted for this version of it, `reason` the one that
+    keeps it out now (capacity over a conflict: its own version is out)."""
 
     port: ServicePort
     reported: frozenset[tuple[SkipReason, FrontendKeys | None]]
+    reason: SkipReason
 
 
 class ServiceProgrammer:
@@ -387,6 +389,14 @@ class ServiceProgrammer:
         """Every programmed backend id."""
         return {backend_id for frontend, programmed in self._frontends.items()
                 for backend_id in self._backends_of(frontend, programmed)}
+
+    def not_programmed(self) -> dict[SkipReason, int]:
+        """The service ports waiting (their version is not in the maps), by
+        the reason that keeps each out."""
+        counts: dict[SkipReason, int] = {}
+        for waiting in self._waiting.values():
+            counts[waiting.reason] = counts.get(waiting.reason, 0) + 1
+        return counts
 
     def service_port_of_ids(self) -> dict[int, ServicePortName | None]:
         """The service id of every programmed frontend, with the service port
@@ -634,8 +644,10 @@ class ServiceProgrammer:
         for reason, frontend, detail in problems:
             if (reason, frontend) not in reported:
                 self._skips.skip(reason, f"service port {port.name}", detail)
+        reasons = {reason for reason, _, _ in problems}
         self._waiting[port.name] = Waiting(port, reported | {
-            (reason, frontend) for reason, frontend, _ in problems})
+            (reason, frontend) for reason, frontend, _ in problems},
+            SkipReason.CAPACITY if SkipReason.CAPACITY in reasons else SkipReason.FRONTEND_CONFLICT)
 
     def _claim(self, frontend: FrontendKeys, name: ServicePortName, writes: MapWrites) -> None:
         """`name` owns the programmed frontend (its service id is named so)."""

@@ -73,6 +73,9 @@ _LISTENERS: dict[Protocol, type[Listener]] = {
 }
 T = TypeVar("T")
 
+# The reason kpng_py_service_ports_not_programmed gives a port missing a listener.
+CANNOT_LISTEN = "cannot-listen"
+
 
 def raise_open_files_limit() -> None:
     """Each proxied TCP connection holds six descriptors (two sockets, two
@@ -395,6 +398,10 @@ class UserspaceBackend:
 
     def apply_stages(self) -> Mapping[str, float]:
         return {}  # no stages timed apart
+
+    def not_programmed(self) -> Mapping[str, int]:
+        """The service ports missing a listener (tried again with each change set)."""
+        return {CANNOT_LISTEN: len(self._incomplete)} if self._incomplete else {}
 
     def close(self) -> None:
         """Close listeners and connections; the ClusterIPs stay (see addresses)."""

@@ -75,7 +75,10 @@ def test_the_backend_gets_the_nodes_view_and_each_edit(state_file: StateFile) ->
 def test_exit_after_stops_after_that_many_change_sets(state_file: StateFile) -> None:
     state_file.write(state(service("web", ("10.96.0.10",), [port()])))
     out = _Lines()
+    metrics = Metrics()
     with StateFileWatcher(state_file.path) as watcher:
-        run_in_process(BrainSource(watcher.snapshots), "n1", PrintBackend(out), Metrics(),
+        run_in_process(BrainSource(watcher.snapshots), "n1", PrintBackend(out), metrics,
                        NO_PROBES, ThreadsafeEvent(), exit_after=1)
     assert _endpoints(out.next()) == {"default/web": []}
+    # The brain runs in this process: it is connected (issue 31: it read 0).
+    assert metrics.registry.get_sample_value("kpng_py_brain_connected") == 1

@@ -16,6 +16,7 @@ from backends.ebpf import libbpf, loader
 from backends.ebpf.backend import BackendNotReadyError, EbpfBackend
 from backends.ebpf.build import BuildError
 from backends.ebpf.loader import HOOKS, LINKS_DIR, Datapath, DatapathConfig
+from backends.ebpf.ownership import DatapathLock
 from kpng_py.backend import BackendSetupError
 from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePortChanges
@@ -45,8 +46,10 @@ def unattached(tmp_path: Path) -> Datapath:
     (tmp_path / "bpffs" / LINKS_DIR).mkdir(parents=True)
     (tmp_path / "cgroup").mkdir()
     config = DatapathConfig(tmp_path / "bpffs", tmp_path / "cgroup")
+    lock = DatapathLock.take(config.bpffs_dir)
+    assert lock is not None
     return Datapath(config, build="none", maps={},
-                    programs={h.name: NOT_A_PROGRAM for h in HOOKS})
+                    programs={h.name: NOT_A_PROGRAM for h in HOOKS}, lock=lock)
 
 
 def test_a_missing_cgroup_is_named_at_attach(unattached: Datapath) -> None:

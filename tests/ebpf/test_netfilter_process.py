@@ -152,3 +152,40 @@ def test_a_health_check_node_port_answers_from_outside_as_kube_proxys(
     assert headers["X-Content-Type-Options"] == "nosniff"
     assert body == {"service": {"namespace": "default", "name": "lb"}, "localEndpoints": 1,
                     "serviceProxyHealthy": True}
+
+
+def test_cleanup_refuses_a_running_backends_datapath_and_a_forced_one_is_put_back(
+        processes: NodeProcesses) -> None:
+    """Issue 31: `ebpf cleanup` while the backend runs took its links, pins
+    and table away under a process that kept reporting itself healthy. It
+    is refused now; forced, the backend notices and puts everything back,
+    the node port included."""
+    lab = processes.lab
+    backend = processes.backend("backend-owner")
+    try:
+        assert lab.outside.call(tcp_probe, NODE_OUTSIDE[4], NODE_PORT).served
+        cleanup_args = ("ebpf", "cleanup", "--bpffs-dir", str(processes.bpffs_dir),
+                        "--cgroup", str(processes.group))
+        refused = run(in_namespace(lab.node_netns, [KPNG_PY, *cleanup_args]), check=False)
+        assert refused.returncode == 2
+        assert (f"the datapath under {processes.bpffs_dir} is owned by a running kpng-py "
+                f"(pid {backend.popen.pid})") in refused.stderr
+        assert lab.outside.call(tcp_probe, NODE_OUTSIDE[4], NODE_PORT).served
+
+        forced = processes.command(*cleanup_args, "--force")
+        assert "removed the nftables table inet kpng-py" in forced
+        log = JsonLog(backend.log)
+
+        def restored() -> bool:
+            log.poll()
+            return any(r.get("msg") == "the eBPF datapath is whole again" for _, r in log.records)
+
+        wait_until("the backend put its datapath back", restored, 10)
+        assert lab.outside.call(tcp_probe, NODE_OUTSIDE[4], NODE_PORT).served == (
+            f"{PODS[4][0]}:8080")
+        (gone,) = [r for _, r in log.records if r.get("msg", "").startswith(
+            "parts of the eBPF datapath are gone")]
+        for part in ("maps:", "programs:", "links:", "netfilter-table: inet kpng-py"):
+            assert part in gone["missing"], gone
+    finally:
+        backend.stop()

@@ -8,6 +8,7 @@ untranslated ClusterIP fails with ENETUNREACH."""
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from kpng_py.client import JITTER
 from lab.socket_lab import Agent, Lab, backend_ip, target
 from tests.brain.helpers import TCP
 from tests.ebpf.node import TARGETS, WEB_VIPS, lab_service, node, web_and_dns
-from tests.support.process import START_SECONDS, Process
+from tests.support.process import KPNG_PY, START_SECONDS, Process
 
 pytestmark = pytest.mark.kernel
 
@@ -163,6 +164,9 @@ def test_full_maps_skip_the_overflow_and_a_larger_flag_fixes_it_under_traffic(
         full = small.log_lines("skipped service port")
         assert small.metric("kpng_py_skipped_total", reason="capacity") == 2
         assert small.metric("kpng_py_map_entries", map=maps.SERVICES.pin) == 19
+        # What is not programmed stays in view as long as it lasts (issue 31).
+        assert small.metric("kpng_py_service_ports_not_programmed", reason="capacity") == 2
+        assert small.metric("kpng_py_service_ports") == 4
         reachable = [agent.call("tcp", host=t["host"], port=t["port"], family=4)["ok"]
                      for t in x_targets]
 
@@ -177,6 +181,8 @@ def test_full_maps_skip_the_overflow_and_a_larger_flag_fixes_it_under_traffic(
         now_reachable = [agent.call("tcp", host=t["host"], port=t["port"], family=4)["ok"]
                          for t in x_targets]
         assert large.metric("kpng_py_skipped_total", reason="capacity") == 0
+        assert large.metric("kpng_py_service_ports") == 6
+        assert large.metric("kpng_py_service_ports_not_programmed", reason="capacity") == 0
         assert large.metric("kpng_py_map_entries", map=maps.SERVICES.pin) == 27
         assert n.dump()["maps"][maps.SERVICES.pin] == {"entries": 27, "capacity": 64}
         # the datapath's own maps are counted when /metrics is read
@@ -192,3 +198,97 @@ def test_full_maps_skip_the_overflow_and_a_larger_flag_fixes_it_under_traffic(
     assert_no_failure(result)
     print(f"full maps: 2 service ports skipped at 20 entries; {result['connects']} connects and "
           f"{result['queries']} queries through the resize to 64, none failed")
+
+
+def test_a_resize_below_what_the_maps_hold_is_refused_and_the_datapath_stays_whole(
+        the_lab: Lab, agent: Agent, tmp_path: Path) -> None:
+    """Issue 31: a restart with maps smaller than their entries copied them
+    in part and swapped the programs in over them (slots pointing at missing
+    backends, services untranslated). Such a start is refused now, naming
+    the sizes needed, and the datapath in force is not touched."""
+    with node(the_lab, tmp_path) as n:
+        n.state.write(web_and_dns(web=[1, 2, 3], dns=[1, 2]))
+        n.start_brain()
+        backend = n.start_backend()
+        before, links = n.dump(), {link.hook: link for link in pinned_links(the_lab.bpffs_dir)}
+        services, backends = (before["maps"][pin]["entries"] for pin in WRITTEN_MAPS)
+        backend.terminate()
+
+        agent.call("loop_start", targets=TARGETS)
+        try:
+            time.sleep(0.3)
+            refused = n.start_backend("--map-size-services", "8", "--map-size-backends", "4",
+                                      syncs=0)
+            code = refused.popen.wait(START_SECONDS)
+            time.sleep(0.3)
+        finally:
+            result = agent.call("loop_stop")
+        assert code == 2
+        assert (f"--map-size-services 8 is below the {services} entries map services holds "
+                f"(give at least {services}); --map-size-backends 4 is below the {backends} "
+                f"entries map backends holds (give at least {backends})") in refused.stderr()
+        assert "The datapath in force stays as it is" in refused.stderr()
+        assert_no_failure(result)
+        now = n.dump()
+        assert programmed(now) == programmed(before)
+        assert {pin: now["maps"][pin] for pin in WRITTEN_MAPS} == {
+            pin: before["maps"][pin] for pin in WRITTEN_MAPS}
+        after = {link.hook: link for link in pinned_links(the_lab.bpffs_dir)}
+        assert after == links  # nothing swapped in
+
+        # The sizes it asked for are enough: that start goes ahead.
+        enough = n.start_backend("--map-size-services", str(services),
+                                 "--map-size-backends", str(backends))
+        assert enough.metric("kpng_py_service_ports_not_programmed", reason="capacity") == 0
+        assert programmed(n.dump()) == programmed(before)
+
+
+def test_cleanup_refuses_a_running_backends_datapath_and_a_forced_one_is_put_back(
+        the_lab: Lab, agent: Agent, tmp_path: Path) -> None:
+    """Issue 31: `ebpf cleanup` while a backend ran removed every link and
+    pin, and the backend went on logging `sync applied` with /healthz,
+    /livez and every metric green. Now the cleanup is refused while a live
+    process owns the datapath; forced, the backend finds what is gone,
+    says so, and puts it back with the same contents."""
+    with node(the_lab, tmp_path) as n:
+        n.state.write(web_and_dns(web=[1, 2, 3], dns=[1, 2]))
+        n.start_brain()
+        backend = n.start_backend()
+        before = programmed(n.dump())
+        cleanup = ["ebpf", "cleanup", "--bpffs-dir", str(the_lab.bpffs_dir), "--cgroup",
+                   str(the_lab.group.path)]
+
+        agent.call("loop_start", targets=TARGETS)
+        try:
+            time.sleep(0.3)
+            refused = subprocess.run([KPNG_PY, *cleanup], capture_output=True, text=True,
+                                     timeout=60)
+            time.sleep(0.3)
+        finally:
+            untouched = agent.call("loop_stop")
+        assert refused.returncode == 2
+        assert (f"kpng-py: error: the datapath under {the_lab.bpffs_dir} is owned by a running "
+                f"kpng-py (pid {backend.pid})") in refused.stderr
+        assert_no_failure(untouched)
+
+        agent.call("loop_start", targets=TARGETS)
+        try:
+            forced = subprocess.run([KPNG_PY, *cleanup, "--force"], capture_output=True,
+                                    text=True, timeout=60, check=True)
+            backend.wait_for_log("the eBPF datapath is whole again")
+            time.sleep(0.3)
+            healed = agent.call("loop_stop")
+            agent.call("loop_start", targets=TARGETS)
+            time.sleep(0.5)
+        finally:
+            after = agent.call("loop_stop")
+        (gone,) = backend.log_lines("parts of the eBPF datapath are gone")
+        assert f"removed {the_lab.bpffs_dir / 'links' / 'connect4'}" in forced.stdout
+        assert_no_failure(after)
+        assert programmed(n.dump()) == before
+        for part in ("maps", "programs", "links"):
+            assert backend.metric("kpng_py_datapath_restored_total", object=part) == 1, part
+            assert backend.metric("kpng_py_datapath_missing", object=part) == 0, part
+        assert backend.metric("kpng_py_dataplane_errors_total", kind="datapath-restore") == 0
+    print(f"forced cleanup under a running backend: {healed['connects']} connects, "
+          f"failed until it was put back: {healed['errors']}")

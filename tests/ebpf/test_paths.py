@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,8 +78,11 @@ def test_a_cgroup_path_is_checked_as_resolved(tmp_path: Path) -> None:
     given = escaping(CGROUP2_ROOT, tmp_path)
     with pytest.raises(BackendSetupError) as refused:
         checked_cgroup(given)
-    assert str(refused.value) == (f"--cgroup {given} (that is {tmp_path}) is not a cgroup v2 "
-                                  "directory; pass one under the cgroup2 mount")
+    assert str(refused.value).startswith(
+        f"--cgroup {given} (that is {tmp_path}) is not a cgroup v2 directory (it is on ")
+    assert str(refused.value).endswith(
+        f"); the cgroup2 mounts here: {CGROUP2_ROOT}; pass one of them (or a directory under "
+        "one)")
     with cgroup() as group:
         (tmp_path / "link").symlink_to(group.path)
         assert checked_cgroup(tmp_path / "link") == group.path
@@ -156,9 +160,30 @@ def test_the_cli_checks_the_paths_of_dump_and_cleanup(tmp_path: Path) -> None:
         for args in (["ebpf", "dump", "--bpffs-dir", str(outside)],
                      ["ebpf", "cleanup", "--bpffs-dir", str(outside)],
                      ["ebpf", "cleanup", "--bpffs-dir", str(unique_bpffs_dir()),
-                      "--cgroup", str(group.path / ".." / "..")]):
+                      "--cgroup", str(group.path / ".." / ".." / "..")]):
             result = subprocess.run([KPNG_PY, *args], capture_output=True, text=True,
                                     timeout=60)
             assert result.returncode == 2, (args, result.stderr)
             (error,) = [line for line in result.stderr.splitlines() if "kpng-py: error:" in line]
             assert "(that is " in error and " is not " in error, error
+
+
+def test_the_root_of_a_hybrid_cgroup_layout_stands_for_its_cgroup_v2_hierarchy(
+        tmp_path: Path) -> None:
+    """Issue 31: on a node with v1 controllers and v2 at /sys/fs/cgroup/unified
+    the manifest's --cgroup (the node's /sys/fs/cgroup) was refused. Made
+    here in a mount namespace of its own: a tmpfs with cgroup2 at `unified`."""
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    script = ('mount -t tmpfs tmpfs "$ROOT" && mkdir "$ROOT/unified" && '
+              'mount -t cgroup2 none "$ROOT/unified" && "$PYTHON" -c "$CHECK" "$ROOT"')
+    check = ("import sys; from pathlib import Path; "
+             "from backends.ebpf.loader import checked_cgroup; "
+             "print(checked_cgroup(Path(sys.argv[1])))")
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script],
+        env={"ROOT": str(root), "PYTHON": sys.executable, "CHECK": check,
+             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(root / "unified")
