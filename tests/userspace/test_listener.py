@@ -157,3 +157,16 @@ def test_a_bad_source_range_is_reported_once_and_admits_no_one(ctx):
     assert {w.address: w.source_ranges for w in listeners._wanted(changed)}[LOOPBACK] == (
         ipaddress.ip_network("192.0.2.0/24"),)
     assert skipped() == 2
+
+
+def test_outside_clients_of_etp_local_reach_only_local_endpoints(ctx):
+    """A remote endpoint that a brain left in the External scope serves no
+    client from outside with eTP=Local, as in the eBPF backend's netfilter
+    table (`ServicePort.external_endpoints`)."""
+    here = Endpoint(ipaddress.ip_address("10.244.0.5"), 8080, local=True)
+    elsewhere = Endpoint(ipaddress.ip_address("10.244.1.5"), 8080)
+    port = ServicePort(NAME, "LoadBalancer", (VIP,), 80, load_balancer_ips=(LOOPBACK,),
+                       external_traffic_local=True, endpoints=(here, elsewhere))
+    listeners = ServicePortListeners(ctx, NAME, Skips(Metrics()))
+    assert {w.address: w.external for w in listeners._wanted(port)} == {
+        VIP: None, LOOPBACK: (here,)}
