@@ -381,6 +381,36 @@ class ServicePort:
             if ep.internal and (family is None or ep.family == family)
         )
 
+    def external_endpoints(self, family: IPFamily | None = None) -> tuple[Endpoint, ...]:
+        """Endpoints traffic from outside the node may use (Scopes.External),
+        optionally of one family, in a stable order: with externalTrafficPolicy
+        Local only this node's (the brain already leaves out the others;
+        checked again so that a brain that does not cannot send outside
+        traffic to another node)."""
+        return tuple(
+            ep
+            for ep in self.endpoints
+            if ep.external and (ep.local or not self.external_traffic_local)
+            and (family is None or ep.family == family)
+        )
+
+    def outside_families(self) -> tuple[IPFamily, ...]:
+        """The families this port serves to clients outside the node: those of
+        its ExternalIPs, load-balancer IPs and node port; none for a port
+        with ClusterIPs only."""
+        served = {family_of(ip) for ip in (*self.external_ips, *self.load_balancer_ips)}
+        served.update(self.node_port_families)
+        return tuple(family for family in IPFamily if family in served)
+
+    def drops_outside(self, family: IPFamily) -> bool:
+        """What a client from outside gets at a frontend of `family` that has
+        no external endpoint of that family: True, its packets are dropped
+        (externalTrafficPolicy Local with endpoints on other nodes only: the
+        client times out, and a load balancer's health check moves on to
+        another node); False, it is refused at once (no endpoint of that
+        family at all)."""
+        return self.external_traffic_local and any(ep.family == family for ep in self.endpoints)
+
     def source_ranges(self, on_bad: Callable[[str], None]) -> tuple[IPNetwork, ...] | None:
         """Who may reach this port's load-balancer IPs (loadBalancerSourceRanges),
         as every backend filters it: None when anyone may; else the ranges that

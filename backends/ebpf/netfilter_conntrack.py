@@ -30,7 +30,7 @@ from pyroute2 import Conntrack
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
 
-from backends.ebpf.netfilter_plan import FAMILIES, external_endpoints, node_port_of
+from backends.ebpf.netfilter_plan import FAMILIES, node_port_of
 from kpng_py.logs import fields
 from kpng_py.model import IPAddress, IPFamily, Protocol as L4, ServicePort
 
@@ -84,7 +84,7 @@ def stale_udp_flows(old: ServicePort | None, new: ServicePort | None) -> list[St
 def _endpoints(port: ServicePort | None, family: IPFamily) -> set[tuple[IPAddress, int]]:
     if port is None or port.protocol is not L4.UDP:
         return set()
-    return {(ep.ip, ep.port) for ep in external_endpoints(port, family)}
+    return {(ep.ip, ep.port) for ep in port.external_endpoints(family)}
 
 
 def _frontends(port: ServicePort, family: IPFamily) -> frozenset[tuple[IPAddress, int]]:

@@ -223,22 +223,6 @@ def _endpoint_id(endpoint: Endpoint) -> str:
     return f"{str(endpoint.ip).replace(':', '.')}/{endpoint.port}"
 
 
-def external_endpoints(port: ServicePort, family: IPFamily) -> tuple[Endpoint, ...]:
-    """Endpoints traffic from outside may use: the External scope, and with
-    eTP=Local only this node's (the brain already drops the others; checked
-    again so that a brain that does not still cannot leak)."""
-    return tuple(ep for ep in port.endpoints
-                 if ep.family == family and ep.external
-                 and (ep.local or not port.external_traffic_local))
-
-
-def families(port: ServicePort) -> tuple[IPFamily, ...]:
-    """The families a service port serves from outside: those of the
-    frontends it owns (its node port's, its ExternalIPs' and LB IPs')."""
-    served = {family_of(ip) for ip in port.external_ips + port.load_balancer_ips}
-    return tuple(f for f in FAMILIES if f in served or f in port.node_port_families)
-
-
 @dataclass(frozen=True)
 class Frontends:
     """A service port's frontends from outside, in one family."""
@@ -273,7 +257,7 @@ def port_objects(port: ServicePort, on_bad_range: Callable[[str], None]) -> Port
     sets: list[NamedSet] = []
     elements: set[Element] = set()
     ranges = port.source_ranges(on_bad_range)
-    for family in families(port):
+    for family in port.outside_families():
         ends = frontends(port, family)
         if not ends:
             continue
@@ -297,7 +281,7 @@ def _family_objects(port: ServicePort, family: IPFamily, ends: Frontends,
 
     def to(base: str, keys: list[tuple[str | int, ...]], kind: str, target: str) -> None:
         elements.update(Element(per_family(base, family), k, kind, target) for k in keys)
-    endpoints = external_endpoints(port, family)
+    endpoints = port.external_endpoints(family)
     if endpoints:
         chain = f"svc{pid}"
         svc, eps, affinity = _service_chains(port, family, chain, endpoints)
@@ -306,12 +290,9 @@ def _family_objects(port: ServicePort, family: IPFamily, ends: Frontends,
         to(SERVICE_IPS, ip_keys, "goto", chain)
         to(SERVICE_NODEPORTS, port_keys, "goto", chain)
     else:
-        # Endpoints elsewhere but none here (eTP=Local): drop, so that the
-        # client times out and a load balancer's health check moves on. No
-        # endpoint at all: refuse at once.
-        elsewhere = port.external_traffic_local and any(
-            ep.family == family for ep in port.endpoints)
-        kind, target = ("drop", "") if elsewhere else ("goto", REJECT_CHAIN)
+        # Endpoints elsewhere but none here (eTP=Local): drop; no endpoint
+        # at all: refuse at once (ServicePort.drops_outside).
+        kind, target = ("drop", "") if port.drops_outside(family) else ("goto", REJECT_CHAIN)
         to(NO_ENDPOINT_SERVICES, ip_keys, kind, target)
         to(NO_ENDPOINT_NODEPORTS, port_keys, kind, target)
     if ends.load_balancer_ips and ranges is not None:

@@ -52,7 +52,6 @@ from kpng_py.model import (
     Frontend,
     FrontendKind,
     IPAddress,
-    IPFamily,
     IPNetwork,
     Protocol,
     ServicePort,
@@ -84,11 +83,6 @@ def raise_open_files_limit() -> None:
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         log.info("raised the open files limit", extra=fields(before=soft, after=hard))
-
-
-def external_endpoints(port: ServicePort, family: IPFamily) -> tuple[Endpoint, ...]:
-    """Endpoints traffic from outside the node may use (Scopes.External)."""
-    return tuple(ep for ep in port.endpoints if ep.external and ep.family == family)
 
 
 @dataclass(frozen=True)
@@ -139,7 +133,7 @@ class ServicePortListeners:
             family = family_of(frontend.ip)
             cluster = port.cluster_endpoints(family)
             external = (None if port.frontend_kind(frontend) is FrontendKind.CLUSTER_IP
-                        else external_endpoints(port, family))
+                        else port.external_endpoints(family))
             if not (cluster or external):
                 continue
             addresses = (self._ctx.node_addresses.node_port_addresses(family)

@@ -175,8 +175,8 @@ class FrontendPickers:
     A ClusterIP serves every client from the cluster endpoints (Internal
     scope). A node port, ExternalIP or load-balancer IP serves clients on the
     node the same way (N9: "exactly like a ClusterIP"), and clients from
-    outside from the External-scope endpoints (with eTP=Local the brain
-    leaves only local ones there). A userspace proxy sees no more of the
+    outside from the external endpoints (`ServicePort.external_endpoints`:
+    with eTP=Local only local ones). A userspace proxy sees no more of the
     client than its address: `is_internal` says whether it is the node's
     (or a pod's, with --cluster-cidr).
     """

@@ -8,11 +8,16 @@ import dataclasses
 import ipaddress
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from backends.ebpf.netfilter_conntrack import StaleFlows, stale_udp_flows
-from backends.ebpf.netfilter_plan import (NodePortMatch, PortObjects, port_objects,
-                                          skeleton)
+from backends.ebpf.netfilter_plan import (NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, Chain,
+                                          NodePortMatch, PortObjects, port_objects, skeleton)
 from backends.ebpf.netfilter_txn import Transaction, full_table
-from kpng_py.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
+from kpng_py.model import (Endpoint, IPFamily, Protocol, ServicePort, ServicePortName,
+                           sorted_endpoints)
+from kpng_py.print_backend import service_port_json
 
 ip = ipaddress.ip_address
 
@@ -174,3 +179,76 @@ def test_stale_udp_flows_are_those_of_endpoints_that_went_and_untranslated_ones_
         StaleFlows(IPFamily.V4, None, 30080, frontends)]
     assert stale_udp_flows(udp(ep(2)), udp(ep(2), ep(3))) == []
     assert stale_udp_flows(web(ep(2)), None) == []  # TCP has no such flows
+
+
+# -- the table holds what `to-print` shows for clients from outside ----------
+
+def _lists(values: list, size: int = 2) -> st.SearchStrategy:
+    return st.lists(st.sampled_from(values), max_size=size, unique=True).map(tuple)
+
+
+outside_ports = st.builds(
+    lambda endpoints, node_port_families, external_ips, lb_ips, etp, ranges: dataclasses.replace(
+        web(*sorted_endpoints(endpoints)), node_port_families=node_port_families,
+        external_ips=external_ips, load_balancer_ips=lb_ips, external_traffic_local=etp,
+        load_balancer_source_ranges=ranges),
+    st.lists(st.builds(Endpoint, st.sampled_from([ip("10.244.0.2"), ip("10.244.1.3"),
+                                                   ip("fd00::2"), ip("fd00::1:3")]),
+                       st.just(8080), st.booleans(), st.booleans(), st.booleans()),
+             max_size=4, unique_by=lambda e: e.ip),
+    _lists(list(IPFamily)), _lists([ip("192.0.2.7"), ip("2001:db8::7")]),
+    _lists([ip("198.51.100.8"), ip("2001:db8::8")]), st.booleans(),
+    _lists(["192.0.2.0/24", "2001:db8::/32", "bad"], 3))
+
+
+def _exprs(chain: Chain) -> list[dict]:
+    return [expr for rule in chain.rules for expr in json.loads(rule)]
+
+
+def _table_says(made: PortObjects, family: IPFamily) -> dict:
+    """What the table does with a packet from outside in `family`, in
+    `to-print`'s words."""
+    def chains(prefix: str) -> list[Chain]:
+        return [c for c in made.chains if c.name.startswith(f"{prefix}{family.value}-")]
+    verdicts = {"drop" if e.kind == "drop" else "reject" for e in made.elements
+                if e.map == f"{NO_ENDPOINT_SERVICES}{family.value}"
+                or e.map == f"{NO_ENDPOINT_NODEPORTS}{family.value}"}
+    said: dict = {"externalEndpoints": sorted(
+        str(Endpoint(ip(expr["dnat"]["addr"]), expr["dnat"]["port"]))
+        for chain in chains("ep") for expr in _exprs(chain) if "dnat" in expr)}
+    if verdicts:
+        (said["externalNoEndpoints"],) = verdicts
+    for chain in chains("fw"):
+        said["loadBalancerSourceRanges"] = sorted(
+            f"{member['prefix']['addr']}/{member['prefix']['len']}"
+            for expr in _exprs(chain) if "match" in expr
+            for member in expr["match"]["right"]["set"])
+    return said
+
+
+def _printed_says(printed: dict, family: IPFamily) -> dict:
+    """The same from `to-print`'s line: its lists cut to `family`."""
+    def of_family(values: list[str]) -> list[str]:
+        # IPv6 addresses have two colons at least; `10.244.0.2:8080` has one.
+        return [v for v in values if (v.count(":") > 1) == (family is IPFamily.V6)]
+    said: dict = {"externalEndpoints": of_family(printed["externalEndpoints"])}
+    verdict = printed.get("externalNoEndpoints", {}).get(f"IPv{family.value}")
+    if verdict:
+        said["externalNoEndpoints"] = verdict
+    lb_ips = of_family(printed.get("loadBalancerIPs", []))
+    if lb_ips and "loadBalancerSourceRanges" in printed:
+        said["loadBalancerSourceRanges"] = of_family(printed["loadBalancerSourceRanges"])
+    return said
+
+
+@settings(max_examples=300, deadline=None)
+@given(outside_ports)
+def test_the_table_holds_what_to_print_shows_from_outside(port: ServicePort) -> None:
+    """Per family served from outside: the endpoints the table DNATs to,
+    what it does without one (drop or reject) and who its firewall admits
+    are to-print's externalEndpoints, externalNoEndpoints and
+    loadBalancerSourceRanges."""
+    made, printed = objects(port, []), service_port_json(port)
+    assert ("externalEndpoints" in printed) == bool(made) == bool(port.outside_families())
+    for family in port.outside_families():
+        assert _table_says(made, family) == _printed_says(printed, family), family

@@ -66,11 +66,12 @@ def port(name: str, number: int, protocol: int = L.TCP, target: int = 0,
 
 
 def endpoint(v4: Iterable[str] = (), v6: Iterable[str] = (), local: bool = False,
-             internal: bool = True, overrides: Iterable[tuple[str, int]] = ()) -> L.Endpoint:
+             internal: bool = True, overrides: Iterable[tuple[str, int]] = (),
+             external: bool = True) -> L.Endpoint:
     """An endpoint as KPNG's brain sends it: one override per named port."""
     return L.Endpoint(IPs=L.IPSet(V4=list(v4), V6=list(v6)), Local=local,
                       PortOverrides=[L.PortName(Name=n, Port=p) for n, p in overrides],
-                      Scopes=L.EndpointScopes(Internal=internal, External=True))
+                      Scopes=L.EndpointScopes(Internal=internal, External=external))
 
 
 # -- scenarios ----------------------------------------------------------------
@@ -389,6 +390,45 @@ def node_ports():
     yield sync()
 
 
+def load_balancer():
+    """Issue 31: what an operator checks of a LoadBalancer with
+    externalTrafficPolicy Local: the endpoints traffic from outside uses
+    (this node's only), what it gets without one (dropped while endpoints
+    exist elsewhere, refused in a family with none), its health-check node
+    port and its source ranges (IPv4 only: its IPv6 LB IP admits no one)."""
+    mapping = port("https", 443, target=8443)
+    mapping.NodePort = 30443
+    lb = service("shop", v4=["10.96.0.60"], v6=["fd00:10:96::3c"], Type="LoadBalancer",
+                 ports=[mapping], ExternalTrafficToLocal=True, HealthCheckNodePort=32100,
+                 IPFilters=[L.IPFilter(SourceRanges=["203.0.113.0/24", "192.0.2.0/24"])])
+    lb.IPs.LoadBalancerIPs.V4.append("198.51.100.60")
+    lb.IPs.LoadBalancerIPs.V6.append("2001:db8::60")
+    https = [("https", 8443)]
+    # The brain's scopes for node-a: the pod elsewhere is not External.
+    here = endpoint(["10.244.0.60"], ["fd00:10:244::60"], local=True, overrides=https)
+    elsewhere = endpoint(["10.244.1.60"], ["fd00:10:244:1::60"], external=False, overrides=https)
+    yield reset()
+    yield set_service(lb)
+    yield set_endpoint("default", "shop", "shop-0", here)
+    yield set_endpoint("default", "shop", "shop-1", elsewhere)
+    yield sync()
+    # the local pod goes: outside traffic is dropped in both families
+    yield delete(L.EndpointsSet, "default/shop/shop-0")
+    yield sync()
+    # the pod elsewhere loses its IPv6 address: IPv6 from outside is refused
+    yield set_endpoint("default", "shop", "shop-1", endpoint(
+        ["10.244.1.60"], external=False, overrides=https))
+    yield sync()
+    # policies switched to eTP Cluster, iTP Local: no health-check server
+    # (the port stays in the message), the pod elsewhere serves outside
+    # traffic only
+    lb.ExternalTrafficToLocal, lb.InternalTrafficToLocal = False, True
+    yield set_service(lb)
+    yield set_endpoint("default", "shop", "shop-1", endpoint(
+        ["10.244.1.60"], internal=False, overrides=https))
+    yield sync()
+
+
 SCENARIOS: dict[str, Scenario] = {
     "initial-state": initial_state,
     "endpoints-churn": endpoints_churn,
@@ -403,6 +443,7 @@ SCENARIOS: dict[str, Scenario] = {
     "bad-inputs": bad_inputs,
     "hostile-frontends": hostile_frontends,
     "node-ports": node_ports,
+    "load-balancer": load_balancer,
 }
 
 

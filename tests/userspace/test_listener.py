@@ -26,6 +26,7 @@ from backends.userspace.udp import UdpListener
 from kpng_py.metrics import Metrics
 from kpng_py.model import Endpoint, Protocol, ServicePort, ServicePortName
 from kpng_py.nodeport_addresses import LocalAddressSet
+from kpng_py.print_backend import service_port_json
 from kpng_py.skips import Skips
 
 EP = (Endpoint(ipaddress.ip_address("10.244.1.1"), 8080),)
@@ -157,3 +158,17 @@ def test_a_bad_source_range_is_reported_once_and_admits_no_one(ctx):
     assert {w.address: w.source_ranges for w in listeners._wanted(changed)}[LOOPBACK] == (
         ipaddress.ip_network("192.0.2.0/24"),)
     assert skipped() == 2
+
+
+def test_outside_clients_of_etp_local_reach_the_endpoints_to_print_shows(ctx):
+    """A remote endpoint that a brain left in the External scope serves no
+    client from outside with eTP=Local (as in the eBPF backend's netfilter
+    table): the LB IP's listener has `to-print`'s externalEndpoints."""
+    here = Endpoint(ipaddress.ip_address("10.244.0.5"), 8080, local=True)
+    elsewhere = Endpoint(ipaddress.ip_address("10.244.1.5"), 8080)
+    port = ServicePort(NAME, "LoadBalancer", (VIP,), 80, load_balancer_ips=(LOOPBACK,),
+                       external_traffic_local=True, endpoints=(here, elsewhere))
+    listeners = ServicePortListeners(ctx, NAME, Skips(Metrics()))
+    assert {w.address: w.external for w in listeners._wanted(port)} == {
+        VIP: None, LOOPBACK: (here,)}
+    assert service_port_json(port)["externalEndpoints"] == [str(here)]
