@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from bench.rulesets.iptables import IptablesProxier, restore_command
-from bench.rulesets.nftables import LOAD_COMMAND, NftablesProxier
+from lab.kube_proxy.iptables import IptablesProxier, restore_command
+from lab.kube_proxy.nftables import LOAD_COMMAND, NftablesProxier
 from bench.scenario import CLUSTER_POD_CIDR, SERVICE_CIDR, Scenario
 from kpng_py.backend import Backend
 from kpng_py.metrics import Metrics

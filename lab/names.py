@@ -22,7 +22,22 @@ from pathlib import Path
 from kpng_py.registry import LabPlaces
 
 PREFIX = "kpe2e"
-CGROUP2_ROOT = Path("/sys/fs/cgroup/unified")
+
+
+def cgroup2_mount(mounts: str = "/proc/mounts") -> Path:
+    """The machine's cgroup v2 mount: /sys/fs/cgroup on a node with the
+    unified layout, /sys/fs/cgroup/unified on a hybrid one (v1 controllers
+    beside it); that path when none is mounted (a kernel test then skips,
+    naming it)."""
+    with open(mounts, encoding="utf-8") as lines:
+        for line in lines:
+            parts = line.split()
+            if len(parts) >= 3 and parts[2] == "cgroup2":
+                return Path(parts[1])
+    return Path("/sys/fs/cgroup/unified")
+
+
+CGROUP2_ROOT = cgroup2_mount()
 BPFFS_ROOT = Path("/sys/fs/bpf")
 TEMP_ROOT = Path(tempfile.gettempdir())
 # What `unique_name` may be given: the prefixes the sweep recognises.

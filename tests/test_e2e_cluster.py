@@ -16,7 +16,7 @@ import pytest
 
 from lab import clients, teardown
 from lab.cluster import ADDRESSING, Cluster, families_of_mode
-from lab.names import RunNames
+from lab.names import RunNames, cgroup2_mount
 from lab.pods import build_cluster
 from tests.support.kernel import require_root_bpf
 
@@ -90,3 +90,15 @@ def test_stale_run_is_cleared_and_live_run_left_alone():
         teardown.remove_run(dead)
         teardown.remove_run(live)
     assert teardown.leftovers(live) == []
+
+
+def test_the_cgroup2_mount_is_found_in_either_layout(tmp_path: Path) -> None:
+    """This project's machines mount cgroup v2 at /sys/fs/cgroup/unified
+    (hybrid); others at /sys/fs/cgroup (unified): the lab uses whichever."""
+    hybrid, unified = tmp_path / "hybrid", tmp_path / "unified"
+    hybrid.write_text("tmpfs /sys/fs/cgroup tmpfs rw 0 0\n"
+                      "cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n"
+                      "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n")
+    unified.write_text("cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n")
+    assert cgroup2_mount(str(hybrid)) == Path("/sys/fs/cgroup/unified")
+    assert cgroup2_mount(str(unified)) == Path("/sys/fs/cgroup")

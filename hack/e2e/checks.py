@@ -20,9 +20,11 @@ from typing import Callable, Sequence
 from e2e.expect import CheckFailed, CheckRun
 from e2e.proxy import BackendKind
 from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, PortSpec, ServiceSpec
+from kpng_py.model import IPFamily
 from lab import clients
 from lab.clients import Sample, StreamingProbe, host_literal
-from lab.cluster import Family, Pod
+from lab.cluster import ADDRESSING, Family, Pod
+from lab.kube_proxy.node import KubeProxyRules
 from lab.procs import Proc, in_namespace, run, wait_until
 from lab.servers import ContainerPort
 
@@ -697,3 +699,85 @@ def _expect_traced(lines: list[dict], traced: ServiceSpec, family: Family, clien
         commands = {line["comm"] for line in mine}
         if protocol == "TCP" and commands != {"curl"}:
             raise CheckFailed(f"TCP lines name {sorted(commands)}, not curl")
+
+
+# -- M1: migration, upgrade, rollback --------------------------------------
+# The flag that makes a restart of the eBPF backend load a new build of its
+# programs (another cflag), as an upgrade to a new image does.
+UPGRADE_FLAGS = ("--endpoint-counters",)
+KUBE_FAMILY = {Family.IPV4: IPFamily.V4, Family.IPV6: IPFamily.V6}
+
+
+def survives_no_restart(kind: BackendKind) -> str | None:
+    return None if kind.survives_restart else (
+        f"the {kind.name} backend's listeners close when it stops (S13): its upgrade and its "
+        "removal have a window by design; docs/deploy.md's migration is to-ebpf's")
+
+
+@check("M1/migration-upgrade-rollback",
+       "(kpng-py) docs/deploy.md: from kube-proxy to kpng-py, an upgrade, its rollback and "
+       "back to kube-proxy, with no failed connection", not_applicable=survives_no_restart)
+def migration_upgrade_rollback(t: CheckRun) -> None:
+    """kube-proxy (its iptables mode's rules for this node, loaded as it
+    loads them) and kpng-py each serve while the other comes and goes, under
+    a client loop of new connections and one long-lived connection."""
+    web, echo, control = t.env.shared("web"), t.env.shared("echo"), t.env.control
+    cluster = t.env.cluster  # type: ignore[attr-defined]
+    kube_proxy = KubeProxyRules(cluster.node_netns, {
+        KUBE_FAMILY[f]: str(ADDRESSING[f].cluster_pod_cidr) for f in t.families})
+    loops = {f: StreamingProbe(t.env.client, "http-loop", str(web.cluster_ip(f)), str(HTTP.port),
+                               str(echo.cluster_ip(f)), str(ECHO_TCP.port))
+             for f in t.active()}
+
+    def served(step: str, by_kube_proxy: bool) -> None:
+        """New connections served after `step`; by kube-proxy (the node got
+        packets to the ClusterIPs) or by kpng-py in the pod (it got none)."""
+        since, escaped = time.monotonic(), {f: cluster.escaped_packets(f) for f in t.active()}
+        t.each_family(step, lambda f: loop_served_since(loops[f], since, step))
+        t.each_family(step, lambda f: _served_by(cluster.escaped_packets(f) - escaped[f],
+                                                  by_kube_proxy))
+
+    def stopped_and_removed() -> None:
+        backend = control.backend
+        assert backend is not None
+        stop_backend(t, backend, signal.SIGTERM)
+        t.env.kind.dataplane_cleanup(cluster.names)
+
+    try:
+        t.each_family("before", lambda f: loop_under_way(loops[f]))
+        # A node on kube-proxy alone: its rules go in beside kpng-py, which goes.
+        kube_proxy.sync(control.service_ports())
+        stopped_and_removed()
+        served("kube-proxy alone", by_kube_proxy=True)
+        # The migration: kpng-py starts beside kube-proxy, then kube-proxy's rules go.
+        control.start_backend()
+        kube_proxy.cleanup()
+        served("migrated: kpng-py alone", by_kube_proxy=False)
+        # An upgrade to a new build, and its rollback.
+        stop_backend(t, control.backend, signal.SIGTERM)  # type: ignore[arg-type]
+        control.start_backend(flags=UPGRADE_FLAGS)
+        served("upgraded", by_kube_proxy=False)
+        stop_backend(t, control.backend, signal.SIGTERM)  # type: ignore[arg-type]
+        control.start_backend()
+        served("rolled back", by_kube_proxy=False)
+        # Back to kube-proxy: its rules go in first, then kpng-py is removed.
+        kube_proxy.sync(control.service_ports())
+        stopped_and_removed()
+        served("back on kube-proxy", by_kube_proxy=True)
+    finally:
+        lines = {f: loop.stop() for f, loop in loops.items()}
+        if control.backend is None or not control.backend.running():
+            control.start_backend()  # the next checks run on kpng-py alone
+        kube_proxy.cleanup()
+    for family in t.active():
+        _judge_restart_loop(t, family, lines[family])
+        log.info("M1 %s: %s", family.name, _loop_summary(lines[family]))
+
+
+def _served_by(escaped: int, kube_proxy: bool) -> None:
+    if kube_proxy and not escaped:
+        raise CheckFailed("no packet to a ClusterIP reached the node: kube-proxy's rules "
+                          "served nothing (kpng-py still translating?)")
+    if not kube_proxy and escaped:
+        raise CheckFailed(f"{escaped} packets to ClusterIPs reached the node: kpng-py did "
+                          "not translate them in the pod")

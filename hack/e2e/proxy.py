@@ -14,6 +14,13 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from e2e.statefile import LOCAL_NODE, ClusterState, write_atomically
+from kpng_py.brain.source import changeset
+from kpng_py.brain.statefile import parse_state
+from kpng_py.brain.view import node_view
+from kpng_py.metrics import Metrics
+from kpng_py.model import ServicePort
+from kpng_py.skips import Skips
+from kpng_py.state import NodeState
 from kpng_py.registry import LabPlaces, LabSupport, kpng_py_command, lab_backends
 from lab.cluster import Cluster
 from lab.multinode import MultiNodeCluster
@@ -137,15 +144,15 @@ class ControlPlane:
     def backend_of(self, seat: Seat) -> Proc:
         return self._running[seat.label].proc
 
-    def start_backend(self, seat: Seat | None = None) -> None:
-        """(Re)start a seat's backend (the first's by default) and wait for
-        its first applied change set."""
+    def start_backend(self, seat: Seat | None = None, flags: Sequence[str] = ()) -> None:
+        """(Re)start a seat's backend (the first's by default), with `flags`
+        after its lab flags, and wait for its first applied change set."""
         seat = seat or self.seats[0]
         starts = self._running[seat.label].starts + 1 if seat.label in self._running else 1
         name = seat.label if starts == 1 else f"{seat.label}-{starts}"
         proc = seat.spawn(name, kpng_py(
             "local", "--api", f"unix://{self.socket}", "--node-name", seat.node_name,
-            *self.kind.sink_args_at(seat.places)))
+            *self.kind.sink_args_at(seat.places), *flags))
         self._running[seat.label] = _Running(proc, JsonLog(proc.log), starts)
         self.wait_sync(0, START_TIMEOUT, seat)
 
@@ -206,6 +213,18 @@ class ControlPlane:
         write_atomically(self.state_path, state.to_yaml())
         for seat in self.seats:
             self.wait_sync(before[seat.label], seat=seat)
+
+    def service_ports(self, seat: Seat | None = None) -> tuple[ServicePort, ...]:
+        """The service ports of a seat's node (the first's by default) in the
+        current state: what the brain serves it, as the state model makes
+        them (what kube-proxy would program there)."""
+        seat = seat or self.seats[0]
+        cluster = parse_state(self.state.to_yaml().encode(), str(self.state_path))
+        metrics = Metrics()
+        changes = NodeState(Skips(metrics)).apply(
+            changeset(None, node_view(cluster, seat.node_name)))
+        assert changes is not None  # a full change set ends in its Sync
+        return changes.added
 
     def write_while_backend_down(self, state: ClusterState) -> None:
         """Change the state while no backend runs (the next start picks it up)."""

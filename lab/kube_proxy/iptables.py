@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from bench.rulesets import KubeServicePort, kube_service_ports, sha256_base32
-from kpng_py.model import ServicePort
+from lab.kube_proxy import KubeServicePort, kube_service_ports, sha256_base32
+from kpng_py.model import IPFamily, ServicePort
 
 MASQUERADE_MARK = "0x4000"  # --masquerade-bit 14, kube-proxy's default
 # Above this many endpoints in total, kube-proxy drops per-endpoint comments
@@ -28,9 +28,14 @@ MASQUERADE_MARK = "0x4000"  # --masquerade-bit 14, kube-proxy's default
 LARGE_CLUSTER_ENDPOINTS = 1000
 
 
-def restore_command(variant: str) -> tuple[str, ...]:
+def restore_command(variant: str, family: IPFamily = IPFamily.V4) -> tuple[str, ...]:
     """kube-proxy's restore call, with iptables' `legacy` or `nft` backend."""
-    return (f"iptables-{variant}-restore", "-w", "5", "-W", "100000", "--noflush", "--counters")
+    return (f"{TOOL[family]}-{variant}-restore", "-w", "5", "-W", "100000", "--noflush",
+            "--counters")
+
+
+# The tool of each family's proxier.
+TOOL = {IPFamily.V4: "iptables", IPFamily.V6: "ip6tables"}
 
 KUBE_SERVICES = "KUBE-SERVICES"
 KUBE_EXTERNAL_SERVICES = "KUBE-EXTERNAL-SERVICES"
@@ -86,15 +91,17 @@ class IptablesProxier:
     (--cluster-cidr: traffic from elsewhere to a ClusterIP is masqueraded)."""
 
     cluster_cidr: str
+    family: IPFamily = IPFamily.V4
 
     def full_sync(self, ports: Iterable[ServicePort]) -> str:
-        return self._sync(kube_service_ports(ports), changed=None)
+        return self._sync(kube_service_ports(ports, self.family), changed=None)
 
     def partial_sync(self, ports: Iterable[ServicePort],
                      updated: Sequence[tuple[ServicePort, ServicePort]]) -> str:
         """A partial sync after the service ports in `updated` (old, new)
         changed; `ports` is the whole new state."""
-        return self._sync(kube_service_ports(ports), changed={str(new.name) for _, new in updated})
+        return self._sync(kube_service_ports(ports, self.family),
+                          changed={str(new.name) for _, new in updated})
 
     def jump_rules(self) -> str:
         """The jumps from the built-in chains, as kube-proxy ensures them."""
@@ -115,10 +122,11 @@ class IptablesProxier:
         large = sum(len(p.endpoints) for p in ports) > LARGE_CLUSTER_ENDPOINTS
         filter_chains = [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS,
                          KUBE_PROXY_FIREWALL, KUBE_FIREWALL]
+        # kubelet's route_localnet guard exists for IPv4 only.
         filter_rules = [
             f"-A {KUBE_FIREWALL} -m comment --comment \"block incoming localnet connections\" "
             "-d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT "
-            "-j DROP"]
+            "-j DROP"] if self.family is IPFamily.V4 else []
         nat_chains = [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ]
         nat_rules = [
             f"-A {KUBE_POSTROUTING} -m mark ! --mark {MASQUERADE_MARK}/{MASQUERADE_MARK} -j RETURN",
@@ -147,7 +155,7 @@ class IptablesProxier:
                 sep = endpoint_chain(port, endpoint)
                 nat_chains.append(sep)
                 comment = "" if large else f" -m comment --comment {port.name}"
-                ip = endpoint.rsplit(":", 1)[0]
+                ip = endpoint.rsplit(":", 1)[0].strip("[]")
                 nat_rules.append(f"-A {sep}{comment} -s {ip} -j {KUBE_MARK_MASQ}")
                 nat_rules.append(f"-A {sep}{comment} -m {port.protocol} -p {port.protocol} "
                                  f"-j DNAT --to-destination {endpoint}")

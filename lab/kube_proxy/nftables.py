@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from bench.rulesets import KubeServicePort, kube_service_ports, sha256_base32
+from lab.kube_proxy import KubeServicePort, kube_service_ports, sha256_base32
 from kpng_py.model import ServicePort
 
 TABLE = "ip kube-proxy"

@@ -4,8 +4,11 @@ transaction). The generators follow kube-proxy's proxiers (pkg/proxy/iptables
 and pkg/proxy/nftables, Kubernetes 1.29+) rule for rule for ClusterIP service
 ports, so loading their output costs what kube-proxy's own syncs cost.
 
-Only what the benchmark's state uses is generated: IPv4 ClusterIP services
-with cluster traffic policy, no session affinity, no NodePorts.
+Only what the benchmark's state and the e2e's migration check use is
+generated: ClusterIP service ports with cluster traffic policy, no session
+affinity, no NodePorts; iptables in either family (nftables: IPv4). The
+benchmark loads them into a namespace of its own; `node.KubeProxyRules`
+loads and removes them on a lab node as kube-proxy would.
 """
 
 from __future__ import annotations
@@ -37,18 +40,19 @@ class KubeServicePort:
     endpoints: tuple[str, ...]  # `ip:port`, in order
 
     @classmethod
-    def of(cls, port: ServicePort) -> KubeServicePort | None:
-        """The IPv4 view of a service port; None without an IPv4 ClusterIP."""
-        vip = next((frontend.ip for frontend in port.frontends()
-                    if family_of(frontend.ip) == IPFamily.V4), None)
+    def of(cls, port: ServicePort, family: IPFamily = IPFamily.V4) -> KubeServicePort | None:
+        """The view of a service port in one family (kube-proxy runs a proxier
+        per family); None without a ClusterIP of that family."""
+        vip = next((ip for ip in port.cluster_ips if family_of(ip) == family), None)
         if vip is None:
             return None
         return cls(
             name=str(port.name), namespace=port.name.namespace, service=port.name.name,
             port_name=port.name.port, protocol=port.protocol.value.lower(),
             cluster_ip=str(vip), port=port.port,
-            endpoints=tuple(str(ep) for ep in port.cluster_endpoints(IPFamily.V4)))
+            endpoints=tuple(str(ep) for ep in port.cluster_endpoints(family)))
 
 
-def kube_service_ports(ports: Iterable[ServicePort]) -> list[KubeServicePort]:
-    return [kp for kp in map(KubeServicePort.of, ports) if kp is not None]
+def kube_service_ports(ports: Iterable[ServicePort],
+                       family: IPFamily = IPFamily.V4) -> list[KubeServicePort]:
+    return [kp for kp in (KubeServicePort.of(port, family) for port in ports) if kp is not None]
