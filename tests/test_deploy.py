@@ -167,11 +167,8 @@ def test_the_brain_gets_kpngs_protobuf_setting_and_kpng_py_a_memory_limit() -> N
     containers = daemonset_containers()
     assert {"name": "GOLANG_PROTOBUF_REGISTRATION_CONFLICT", "value": "warn"} in \
         containers["brain"]["env"]
-    resources = containers["kpng-py"]["resources"]
-    mib = {"Mi": 1, "Gi": 1024}
-    limit = int(resources["limits"]["memory"][:-2]) * mib[resources["limits"]["memory"][-2:]]
-    request = int(resources["requests"]["memory"][:-2]) * mib[resources["requests"]["memory"][-2:]]
-    assert 161 < request <= limit and limit > 361  # the peak RSS docs/bench.md gives
+    # Its size: tests/test_doc_figures.py, from the peak docs/bench.md gives.
+    assert containers["kpng-py"]["resources"]["limits"]["memory"]
 
 
 def flag_values(args: list[str], *flags: str) -> dict[str, str]:
