@@ -5,7 +5,7 @@ VENV := .venv
 PYTEST := $(VENV)/bin/pytest
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo test unit e2e bench clean
+.PHONY: setup demo test unit e2e bench image clean
 
 setup:
 	@hack/setup.sh
@@ -28,6 +28,13 @@ e2e: setup
 # make bench BENCH_ARGS="--quick"    (a few minutes)
 bench: setup
 	$(VENV)/bin/python -m bench $(BENCH_ARGS)
+
+# The container image of this tree, tagged with its build version; prints the
+# image to push and deploy (docs/deploy.md), e.g.
+# make image IMAGE_REPOSITORY=registry.example/kpng-py
+IMAGE_REPOSITORY ?= kpng-py
+image:
+	@hack/image.sh $(IMAGE_REPOSITORY)
 
 unit: setup
 	$(PYTEST) -q -ra -n $(TEST_WORKERS) -m "not kernel"

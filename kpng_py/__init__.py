@@ -7,4 +7,7 @@ ends of the localv1 Watch stream; dataplanes live in the top-level ``backends``
 package.
 """
 
+# The base version, the one place it is set (pyproject.toml reads it): a
+# build's version adds the commits and the commit it was built from
+# (kpng_py/version.py).
 __version__ = "0.1.0"

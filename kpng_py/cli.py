@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import IO, Callable, Iterator, Sequence
 
-from kpng_py import __version__, registry, runner
+from kpng_py import registry, runner
 from kpng_py.backend import BackendSetupError
 # The brain itself (its YAML reader and server) is imported by the commands
 # that run it: a backend's run does not load it.
@@ -31,7 +31,7 @@ from kpng_py.logs import setup_logging
 from kpng_py.metrics import Metrics
 from kpng_py.recording import RecordingError, read_segments
 from kpng_py.replay import ReplaySource
-from kpng_py.version import version_report
+from kpng_py.version import PrintVersion, version_report
 from kpng_py.transport import AddressError, ListenAddress, TLSFiles, dial_target
 
 _CLIENT = ClientConfig(target="", node_name="")  # the client's defaults
@@ -326,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kpng-py",
         description="A KPNG backend: programs a node's Kubernetes Services from a KPNG brain.")
-    parser.add_argument("--version", action="version", version=f"kpng-py {__version__}")
+    parser.add_argument("--version", action=PrintVersion)
     _add_global_flags(parser, verbose=0, log_format="text")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 

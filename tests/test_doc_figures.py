@@ -1,0 +1,125 @@
+"""Each measured figure has one place, docs/bench.md: the other docs (and the
+manifests' comments) link to its section instead of quoting their own copy,
+which went stale (issue 31: 161 and 361 MiB, 11.6 -> 3.84 s, 4.5 s).
+
+What a test can tell apart without guessing: every MiB figure is a
+measurement, but for the few sizes the code or a test sets; a seconds figure
+is one where its paragraph says it was measured or points to the bench (the
+others are timeouts, defaults and test parameters, which no pattern tells
+from a measurement)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.test_deploy import DEPLOY, ROOT, daemonset_containers
+
+DOCS = ROOT / "docs"
+BENCH = DOCS / "bench.md"
+# Sizes the code or a test sets, not measured: the trace ring buffer and the
+# userspace proxy's default pipe; gRPC's default message limit, the probes'
+# answer in a test and the soak's bound on memory growth.
+SET_SIZES = {"1 MiB", "4 MiB"}
+_FIGURE = re.compile(r"(?<![\w.,-])(\d{1,3}(?: \d{3})+|\d+(?:\.\d+)?) ?(MiB|GiB|ms|us|s)\b")
+_MEASURED = re.compile(r"measur|bench\.md", re.IGNORECASE)
+_BENCH_LINK = re.compile(r"\(bench\.md#([^)\s]+)\)|docs/bench\.md#([^)\s]+)")
+
+
+def quoting_texts() -> dict[str, str]:
+    """README.md, docs/*.md but the bench's, and the comments of deploy/."""
+    texts = {path.name: path.read_text() for path in (ROOT / "README.md", *DOCS.glob("*.md"))
+             if path != BENCH}
+    for path in (*DEPLOY.rglob("*.yaml"), DEPLOY / "Dockerfile"):
+        texts[str(path.relative_to(ROOT))] = "\n".join(
+            line.split("#", 1)[1] if "#" in line else "" for line in path.read_text().splitlines())
+    return texts
+
+
+def units(text: str) -> list[tuple[str, bool]]:
+    """(paragraph or table row, whether it reports a measurement): one that
+    says so or points to the bench, or a row of a table that follows one."""
+    found: list[tuple[str, bool]] = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        lines = paragraph.strip().splitlines()
+        if lines and all(line.lstrip().startswith("|") for line in lines):
+            after_measured = bool(found) and found[-1][1]
+            found += [(row, after_measured or bool(_MEASURED.search(row))) for row in lines]
+        else:
+            found.append((paragraph, bool(_MEASURED.search(paragraph))))
+    return found
+
+
+def in_bench(figure: str, bench: str) -> bool:
+    return re.search(r"(?<![\w.,])" + re.escape(figure) + r"\b", bench) is not None
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_every_measured_figure_outside_the_bench_is_one_the_bench_has() -> None:
+    bench = flat(BENCH.read_text())
+    stray = []
+    for name, text in quoting_texts().items():
+        for unit, measured in units(text):
+            for number, symbol in _FIGURE.findall(flat(unit)):
+                figure = f"{number} {symbol}"
+                if (symbol in ("MiB", "GiB") and figure not in SET_SIZES) or measured:
+                    if not in_bench(figure, bench):
+                        stray.append(f"{name}: {figure} in {flat(unit)[:100]!r}")
+    assert stray == [], "link to docs/bench.md's section instead of quoting: " + "\n".join(stray)
+
+
+def slug(heading: str) -> str:
+    """A Markdown heading's anchor, as GitHub makes it."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def bench_sections() -> dict[str, str]:
+    """Each heading's anchor and its text, up to the next heading of its level or above."""
+    sections: dict[str, str] = {}
+    lines = BENCH.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if heading := re.match(r"(#+) (.+)", line):
+            level = len(heading[1])
+            end = next((j for j in range(i + 1, len(lines))
+                        if (h := re.match(r"(#+) ", lines[j])) and len(h[1]) <= level),
+                       len(lines))
+            sections[slug(heading[2])] = "\n".join(lines[i:end])
+    return sections
+
+
+def test_every_link_into_the_bench_names_a_section_it_has() -> None:
+    anchors = bench_sections()
+    linked = {(name, a or b) for name, text in quoting_texts().items()
+              for a, b in _BENCH_LINK.findall(text)}
+    assert len(linked) >= 10
+    assert {(name, anchor) for name, anchor in linked if anchor not in anchors} == set()
+
+
+def resources_comment() -> str:
+    """The comment right above the kpng-py container's `resources:`."""
+    lines = (DEPLOY / "kpng-py.yaml").read_text().splitlines()
+    container = lines.index("        - name: kpng-py")
+    at = next(i for i in range(container, len(lines)) if lines[i].strip() == "resources:")
+    above = []
+    while lines[at - 1 - len(above)].strip().startswith("#"):
+        above.append(lines[at - 1 - len(above)].strip().lstrip("# "))
+    return " ".join(reversed(above))
+
+
+def test_the_memory_request_holds_the_peak_the_current_bench_gives() -> None:
+    """The one number that must stand in the manifest: derived from the
+    figures its comment quotes, which the section it names has."""
+    comment = resources_comment()
+    (section,) = re.findall(r'docs/bench\.md, "([^"]+)"', comment)
+    (anchor,) = [a for a in bench_sections() if a.startswith(slug(section))]
+    peaks = [float(n) for n in re.findall(r"([\d.]+) MiB", comment)]
+    assert len(peaks) >= 2
+    assert all(in_bench(f"{peak:g} MiB", flat(bench_sections()[anchor])) for peak in peaks)
+    resources = daemonset_containers()["kpng-py"]["resources"]
+    mib = {"Mi": 1, "Gi": 1024}
+    request, limit = (int(resources[k]["memory"][:-2]) * mib[resources[k]["memory"][-2:]]
+                      for k in ("requests", "limits"))
+    assert max(peaks) <= request < limit
