@@ -195,6 +195,8 @@ def test_the_uninstall_cleans_where_the_install_puts_its_datapath() -> None:
     assert len(flag_values(backend_args(), *where)) == 2
     parsed = build_parser().parse_args(cleanup_args())
     assert (parsed.command, parsed.ebpf_action) == ("ebpf", "cleanup")
+    # It may be applied before the kpng-py pods are gone: it waits for them.
+    assert parsed.wait >= 60 and not parsed.force
     (ds,) = manifests("kpng-py-cleanup.yaml")
     spec = ds["spec"]["template"]["spec"]
     images = {c["image"] for c in spec["initContainers"] + spec["containers"]}
