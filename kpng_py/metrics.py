@@ -130,7 +130,8 @@ class Metrics:
             "kpng_py_service_ports_not_programmed",
             "Service ports the brain sent that the dataplane does not hold now, by reason "
             "(capacity: a map or table is full; frontend-conflict: another service port owns "
-            "its frontends).", ["reason"], registry=r,
+            "its frontends; limit: its service is over a --max-* limit; cannot-listen: the "
+            "userspace proxy cannot listen on one of its addresses).", ["reason"], registry=r,
         )
         self.datapath_missing = Gauge(
             "kpng_py_datapath_missing",
