@@ -22,7 +22,6 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable
 
 from kpng_py.backend import BackendSetupError
 from kpng_py.logs import fields
@@ -82,18 +81,17 @@ class DatapathLock:
         return cls(directory, fd)
 
     @classmethod
-    def wait_for(cls, directory: Path, seconds: float, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> DatapathLock | None:
+    def wait_for(cls, directory: Path, seconds: float) -> DatapathLock | None:
         """The lock, waiting up to `seconds` for its holder to go (a
         stopping process; logged once); None if it stays."""
-        deadline = clock() + seconds
+        deadline = time.monotonic() + seconds
         lock = cls.take(directory)
         if lock is None and seconds > 0:
             log.warning("another process owns the datapath; waiting for it to stop",
                         extra=fields(bpffs_dir=directory, owner=holder(directory),
                                      wait_s=seconds))
-        while lock is None and clock() < deadline:
-            sleep(_POLL_SECONDS)
+        while lock is None and time.monotonic() < deadline:
+            time.sleep(_POLL_SECONDS)
             lock = cls.take(directory)
         return lock
 
