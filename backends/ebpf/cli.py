@@ -196,18 +196,22 @@ def _cleanup(bpffs_dir: Path, cgroup: Path | None, args: argparse.Namespace) -> 
     from backends.ebpf.ownership import DatapathInUse, DatapathLock, holder
 
     lock = DatapathLock.wait_for(bpffs_dir, args.wait) if bpffs_dir.is_dir() else None
-    if lock is None and bpffs_dir.is_dir():
-        if not args.force:
-            waited = f", still after {args.wait:g} s" if args.wait else ""
-            raise DatapathInUse(
-                f"the datapath under {bpffs_dir} is owned by a running kpng-py "
-                f"({holder(bpffs_dir)}){waited}: removing it would stop translating services "
-                "under a process that reports itself healthy. Stop that process first "
-                "(e.g. `kubectl delete -f deploy/kpng-py.yaml`), or pass --wait DURATION to "
-                "wait for it, or --force")
-        print(f"forced: the datapath under {bpffs_dir} is owned by a running kpng-py "
-              f"({holder(bpffs_dir)}), which will put it back", file=sys.stderr)
     try:
+        owners = _other_owners_on(bpffs_dir, cgroup)
+        if lock is None and bpffs_dir.is_dir():
+            owners[bpffs_dir] = holder(bpffs_dir)
+        for directory, who in owners.items():
+            if not args.force:
+                waited = f", still after {args.wait:g} s" if args.wait else ""
+                attached = "" if directory == bpffs_dir else f" (attached to --cgroup {cgroup})"
+                raise DatapathInUse(
+                    f"the datapath under {directory}{attached} is owned by a running kpng-py "
+                    f"({who}){waited}: removing it would stop translating services under a "
+                    "process that reports itself healthy. Stop that process first (e.g. "
+                    "`kubectl delete -f deploy/kpng-py.yaml`), or pass --wait DURATION to wait "
+                    "for it, or --force")
+            print(f"forced: the datapath under {directory} is owned by a running kpng-py "
+                  f"({who}), which will put it back", file=sys.stderr)
         removed = cleanup(bpffs_dir, cgroup)
         if cleanup_table():
             removed.append("the nftables table inet kpng-py")
@@ -216,6 +220,23 @@ def _cleanup(bpffs_dir: Path, cgroup: Path | None, args: argparse.Namespace) -> 
             lock.release()
     print("\n".join(f"removed {item}" for item in removed) or
           f"nothing installed under {bpffs_dir}")
+
+
+def _other_owners_on(bpffs_dir: Path, cgroup: Path | None) -> dict[Path, str]:
+    """Datapaths pinned elsewhere on the same bpf filesystem, owned by a live
+    process and attached to `cgroup`: `cleanup --cgroup` would detach them."""
+    from backends.ebpf.loader import (LINKS_DIR, PROGRAMS_DIR, cgroup_id, mount_holding,
+                                      pinned_links)
+    from backends.ebpf.ownership import owned_datapaths
+
+    mount = mount_holding(bpffs_dir)
+    if cgroup is None or mount is None:
+        return {}
+    target = cgroup_id(cgroup)
+    return {directory: who for directory, who in owned_datapaths(
+                mount.point, (LINKS_DIR, PROGRAMS_DIR)).items()
+            if directory != bpffs_dir
+            and any(link.cgroup_id == target for link in pinned_links(directory))}
 
 
 def _wait_seconds(text: str) -> float:

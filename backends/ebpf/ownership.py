@@ -117,3 +117,24 @@ class DatapathLock:
         if self._fd >= 0:
             os.close(self._fd)  # closing the only descriptor drops the flock
             self._fd = -1
+
+
+def owned_datapaths(bpffs_root: Path, layout: tuple[str, ...]) -> dict[Path, str]:
+    """The directories under a bpf filesystem's root that hold a datapath
+    (`layout`: the subdirectories one has) and whose lock a live process
+    holds, with who holds it."""
+    owned: dict[Path, str] = {}
+    for directory, subdirectories, _ in os.walk(bpffs_root):
+        if not set(layout) <= set(subdirectories):
+            continue
+        subdirectories.clear()  # a datapath holds no other
+        path = Path(directory)
+        try:
+            lock = DatapathLock.take(path)
+        except OSError:
+            continue  # gone meanwhile, or not ours to open
+        if lock is None:
+            owned[path] = holder(path)
+        else:
+            lock.release()
+    return owned

@@ -269,6 +269,16 @@ def test_cleanup_refuses_a_running_backends_datapath_and_a_forced_one_is_put_bac
         assert refused.returncode == 2
         assert (f"kpng-py: error: the datapath under {the_lab.bpffs_dir} is owned by a running "
                 f"kpng-py (pid {backend.pid})") in refused.stderr
+        # Another --bpffs-dir with the same --cgroup would detach the running
+        # one's links by the cgroup: refused too.
+        elsewhere = the_lab.bpffs_dir.with_name(the_lab.bpffs_dir.name + "elsewhere")
+        by_cgroup = subprocess.run(
+            [KPNG_PY, "ebpf", "cleanup", "--bpffs-dir", str(elsewhere), "--cgroup",
+             str(the_lab.group.path)], capture_output=True, text=True, timeout=60)
+        assert by_cgroup.returncode == 2
+        assert (f"the datapath under {the_lab.bpffs_dir} (attached to --cgroup "
+                f"{the_lab.group.path}) is owned by a running kpng-py (pid {backend.pid})"
+                ) in by_cgroup.stderr
         assert_no_failure(untouched)
 
         agent.call("loop_start", targets=TARGETS)
