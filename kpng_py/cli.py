@@ -23,6 +23,7 @@ from kpng_py.backend import BackendSetupError
 # The brain itself (its YAML reader and server) is imported by the commands
 # that run it: a backend's run does not load it.
 from kpng_py.brain.settings import DEFAULT_MAX_FILE_SIZE, Settle, StateFileError
+from kpng_py.cli_parser import PROGRAM, Parser
 from kpng_py.client import ClientConfig, SinkFailed
 from kpng_py.durations import DurationError, parse_seconds
 from kpng_py.health import DEFAULT_HEALTHZ, DEFAULT_METRICS, BindAddress, Observability
@@ -323,8 +324,8 @@ def _convert(kubectl_output: Path, output: Path | None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kpng-py",
+    parser = Parser(
+        prog=PROGRAM,
         description="A KPNG backend: programs a node's Kubernetes Services from a KPNG brain.")
     parser.add_argument("--version", action="version", version=f"kpng-py {__version__}")
     _add_global_flags(parser, verbose=0, log_format="text")
