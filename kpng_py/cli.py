@@ -2,8 +2,8 @@
 
     kpng-py local  --api ADDR [--node-name N] to-<backend> [backend flags]
     kpng-py record --api ADDR [--node-name N] -o FILE
-    kpng-py replay -i FILE to-api --listen unix:///path|tcp://host:port
-    kpng-py file   -i STATE.yaml to-api --listen unix:///path|tcp://host:port
+    kpng-py replay -i FILE to-api --listen unix:///path|tcp://host:port|host:port
+    kpng-py file   -i STATE.yaml to-api --listen unix:///path|tcp://host:port|host:port
     kpng-py file   -i STATE.yaml to-local [--node-name N] to-<backend> [backend flags]
 """
 
@@ -33,7 +33,7 @@ from kpng_py.metrics import Metrics
 from kpng_py.recording import RecordingError, read_segments
 from kpng_py.replay import ReplaySource
 from kpng_py.version import version_report
-from kpng_py.transport import AddressError, ListenAddress, TLSFiles, dial_target
+from kpng_py.transport import ADDRESS_FORMS, AddressError, ListenAddress, TLSFiles, dial_target
 
 _CLIENT = ClientConfig(target="", node_name="")  # the client's defaults
 
@@ -148,7 +148,7 @@ def _add_exit_after_flag(parser: argparse.ArgumentParser) -> None:
 
 def _add_client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api", required=True,
-                        help="the brain to watch: unix:///path/to.sock or host:port "
+                        help=f"the brain to watch: {ADDRESS_FORMS}; gRPC's dns:///host:port too "
                              "(e.g. unix:///k8s/proxy.sock, 127.0.0.1:12090)")
     _add_node_name_flag(parser)
     parser.add_argument("--error-delay", type=_positive_float, default=_CLIENT.error_delay,
@@ -264,7 +264,9 @@ def _add_api_server_parser(parser: argparse.ArgumentParser) -> argparse._SubPars
     api = sinks.add_parser("to-api", help="serve localv1 Watch streams to backends",
                            description="serve localv1 Watch streams to backends")
     api.add_argument("--listen", default="tcp://:12090",
-                     help="unix:///path/to.sock or tcp://host:port (default: tcp://:12090)")
+                     help=f"where to serve: {ADDRESS_FORMS}; no host, as in :12090, for "
+                          "every address (e.g. unix:///run/kpng.sock, 127.0.0.1:12090; "
+                          "default: tcp://:12090)")
     _add_tls_flags(api)
     return sinks
 

@@ -63,7 +63,7 @@ def test_help_on_every_command(capsys: pytest.CaptureFixture) -> None:
     (["local", "--api", "x:1", "to-nowhere"], "invalid choice: 'to-nowhere'"),
     (["replay", "-i", "/nonexistent.jsonl", "to-api"], "/nonexistent.jsonl: no such file"),
     (["replay", "-i", "x.jsonl", "to-api", "--listen", "http://x"],
-     "use unix:///path/to.sock or tcp://host:port"),
+     "use unix:///path/to.sock, tcp://host:port or host:port"),
 ])
 def test_bad_flags_are_named(capsys: pytest.CaptureFixture, argv: list[str], message: str) -> None:
     code, out = run(capsys, *argv)
