@@ -152,7 +152,9 @@ HOSTILE = [
     *[(LOCAL, ["--tls-ca", value], ["to-print"]) for value in FILES],
     *[(LOCAL, ["--tls-key", value, "--tls-crt", "{pem}"], ["to-print"]) for value in FILES],
     *[(["record", "--api", "unix:///nonexistent.sock"], ["-o", value], [])
-      for value in ["{dir}", "{fifo}", "{missing}/out.jsonl", "{text}/out.jsonl"]],
+      for value in ["{dir}", "{fifo}", "{missing}/out.jsonl", "{text}/out.jsonl", "{text}"]],
+    *[(["file", "convert", "-i", "{text}"], ["-o", value], [])
+      for value in ["{dir}", "{fifo}", "{missing}/state.yaml", "{text}/state.yaml", "{text}"]],
     *[(["replay"], ["-i", value], ["to-api", "--listen", "unix:///{dir}/s.sock"])
       for value in FILES[:-1]],
     *[(REPLAY, ["--listen", value], [])
@@ -200,7 +202,7 @@ def test_a_hostile_value_is_one_clear_error(capsys: pytest.CaptureFixture, hosti
     assert code == 2, out
     assert "Traceback" not in out and "usage:" not in out
     assert len(errors) == 1 and "unrecognized arguments" not in errors[0], out
-    given_file = name in ("-i", "-o") and value.removesuffix("/out.jsonl") in errors[0]
+    given_file = name in ("-i", "-o") and value in errors[0]
     assert name in errors[0] or given_file, out
 
 
