@@ -41,6 +41,11 @@ class BackendSetupError(Exception):
     """A backend cannot start here; the message names the cause and the fix."""
 
 
+class NothingMatched(Exception):
+    """A backend tool's filter matched nothing (`ebpf dump --service ns/nope`);
+    the message names the filter. The command exits 1."""
+
+
 class Backend(Protocol):
     """A dataplane. `apply` must be idempotent per service port: `added` and
     `updated` are upserts, `removed` deletes if present; with `full` set, the

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from kpng_py import __version__, registry, runner
-from kpng_py.backend import BackendSetupError
+from kpng_py.backend import BackendSetupError, NothingMatched
 # The brain itself (its YAML reader and server) is imported by the commands
 # that run it: a backend's run does not load it.
 from kpng_py.brain.settings import DEFAULT_MAX_FILE_SIZE, STDIN, Settle, StateFileError
@@ -486,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as err:
         print(f"kpng-py: error: {err.filename}: no such file", file=sys.stderr)
         return 2
-    except SinkFailed as err:
+    except (SinkFailed, NothingMatched) as err:
         print(f"kpng-py: error: {err}", file=sys.stderr)
         return 1
     return 0

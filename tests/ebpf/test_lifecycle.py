@@ -130,6 +130,9 @@ def test_dump_shows_the_programmed_services(the_lab: Lab, brain: str) -> None:
     assert (web["port"], web["protocol"], web["count"]) == (80, "TCP", 3)
     assert sorted(b["address"] for b in web["backends"]) == [
         "10.244.0.2:8080", "10.244.0.3:8080", "10.244.0.4:8080"]
+    # Without --endpoint-counters, connections per backend are not counted.
+    assert dump["endpointCounters"] is False
+    assert {b["connections"] for b in web["backends"]} == {None}
     assert {link["hook"] for link in dump["links"]} == {
         "connect4", "connect6", "sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6",
         "getpeername4", "getpeername6"}
