@@ -110,7 +110,8 @@ def _node_name(text: str) -> str:
 
 
 def _input_path(text: str) -> Path:
-    """A file to read (made absolute as _file_path does), or STDIN for `-`."""
+    """A file to read (made absolute as _file_path does), or STDIN (`-`, as
+    it is named in messages) for `-`."""
     return STDIN if text == "-" else _file_path(text)
 
 
@@ -315,7 +316,7 @@ def _convert(args: argparse.Namespace) -> None:
     try:
         conversion = convert_kubectl(_read_input(kubectl_output).decode("utf-8"))
     except (ConvertError, UnicodeDecodeError) as err:
-        raise UsageError(f"{_input_name(kubectl_output)}: {err}") from err
+        raise UsageError(f"{kubectl_output}: {err}") from err
     text = dump_state(conversion)
     if output is None:
         sys.stdout.write(text)
@@ -332,9 +333,8 @@ def _convert(args: argparse.Namespace) -> None:
 def _convert_input(args: argparse.Namespace) -> Path:
     """convert's -i, or file's (`file -i X convert`): one of them."""
     if args.kubectl_output and args.input and args.kubectl_output != args.input:
-        raise UsageError(f"file -i {_input_name(args.input)} and convert -i "
-                         f"{_input_name(args.kubectl_output)}: give one -i (after file or "
-                         "after convert)")
+        raise UsageError(f"file -i {args.input} and convert -i {args.kubectl_output}: give "
+                         "one -i (after file or after convert)")
     kubectl_output = args.kubectl_output or args.input
     if kubectl_output is None:
         raise UsageError("file convert needs -i FILE: kubectl's YAML output (- for standard "
@@ -351,10 +351,6 @@ def _read_input(path: Path) -> bytes:
         raise  # reported as every command reports a missing file
     except OSError as err:
         raise UsageError(f"-i {path}: {err.strerror}; give kubectl's YAML output") from err
-
-
-def _input_name(path: Path) -> str:
-    return "-" if path == STDIN else str(path)
 
 
 def build_parser() -> argparse.ArgumentParser:
