@@ -53,6 +53,11 @@ class DataplaneHealth(ProxyHealth, Protocol):
         """Nothing is missing (any more)."""
 
 
+class NothingMatched(Exception):
+    """A backend tool's filter matched nothing (`ebpf dump --service ns/nope`);
+    the message names the filter. The command exits 1."""
+
+
 class Backend(Protocol):
     """A dataplane. `apply` must be idempotent per service port: `added` and
     `updated` are upserts, `removed` deletes if present; with `full` set, the

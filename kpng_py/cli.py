@@ -1,38 +1,41 @@
 """The `kpng-py` command line. Mirrors KPNG's: a source of state, then a sink.
 
     kpng-py local  --api ADDR [--node-name N] to-<backend> [backend flags]
-    kpng-py record --api ADDR [--node-name N] -o FILE
-    kpng-py replay -i FILE to-api --listen unix:///path|tcp://host:port
-    kpng-py file   -i STATE.yaml to-api --listen unix:///path|tcp://host:port
+    kpng-py record --api ADDR [--node-name N] -o FILE [--force]
+    kpng-py replay -i FILE to-api --listen unix:///path|tcp://host:port|host:port
+    kpng-py file   -i STATE.yaml to-api --listen unix:///path|tcp://host:port|host:port
     kpng-py file   -i STATE.yaml to-local [--node-name N] to-<backend> [backend flags]
+    kpng-py file   convert -i KUBECTL.yaml [-o STATE.yaml [--force]]
+
+`-i -` is standard input.
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import json
-import os
 import socket
 import sys
 from pathlib import Path
-from typing import IO, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from kpng_py import registry, runner
-from kpng_py.backend import BackendSetupError
+from kpng_py.backend import BackendSetupError, NothingMatched
 # The brain itself (its YAML reader and server) is imported by the commands
 # that run it: a backend's run does not load it.
-from kpng_py.brain.settings import DEFAULT_MAX_FILE_SIZE, Settle, StateFileError
+from kpng_py.brain.settings import DEFAULT_MAX_FILE_SIZE, STDIN, Settle, StateFileError
+from kpng_py.cli_parser import PROGRAM, Parser
 from kpng_py.client import ClientConfig, SinkFailed
 from kpng_py.durations import DurationError, parse_seconds
 from kpng_py.health import DEFAULT_HEALTHZ, DEFAULT_METRICS, BindAddress, Observability
 from kpng_py.limits import add_limit_flags, limits_from_args
 from kpng_py.logs import setup_logging
 from kpng_py.metrics import Metrics
+from kpng_py.output_file import OutputFile, OutputFileError
 from kpng_py.recording import RecordingError, read_segments
 from kpng_py.replay import ReplaySource
 from kpng_py.version import PrintVersion, version_report
-from kpng_py.transport import AddressError, ListenAddress, TLSFiles, dial_target
+from kpng_py.transport import ADDRESS_FORMS, AddressError, ListenAddress, TLSFiles, dial_target
 
 _CLIENT = ClientConfig(target="", node_name="")  # the client's defaults
 
@@ -106,21 +109,15 @@ def _node_name(text: str) -> str:
     return text
 
 
-def _output_file(path: Path, flag: str) -> IO[str]:
-    """`path` opened for writing, or a UsageError naming `flag`."""
-    try:
-        return open(path, "w", encoding="utf-8", opener=_open_nonblocking)
-    except OSError as err:
-        cause = "a FIFO that no process reads" if err.errno == errno.ENXIO else err.strerror
-        raise UsageError(f"{flag} {path}: {cause}; give a file to write") from err
+def _input_path(text: str) -> Path:
+    """A file to read (made absolute as _file_path does), or STDIN (`-`, as
+    it is named in messages) for `-`."""
+    return STDIN if text == "-" else _file_path(text)
 
 
-def _open_nonblocking(path: str, flags: int) -> int:
-    """Opens without blocking, then blocks as usual: a FIFO that no process
-    reads is refused at once (ENXIO) instead of hanging the command."""
-    fd = os.open(path, flags | os.O_NONBLOCK, 0o666)
-    os.set_blocking(fd, True)
-    return fd
+def _add_force_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--force", action="store_true",
+                        help="overwrite -o if it exists and is not empty (default: refuse)")
 
 
 def _add_tls_flags(parser: argparse.ArgumentParser) -> None:
@@ -147,7 +144,7 @@ def _add_exit_after_flag(parser: argparse.ArgumentParser) -> None:
 
 def _add_client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api", required=True,
-                        help="the brain to watch: unix:///path/to.sock or host:port "
+                        help=f"the brain to watch: {ADDRESS_FORMS}; gRPC's dns:///host:port too "
                              "(e.g. unix:///k8s/proxy.sock, 127.0.0.1:12090)")
     _add_node_name_flag(parser)
     parser.add_argument("--error-delay", type=_positive_float, default=_CLIENT.error_delay,
@@ -263,7 +260,9 @@ def _add_api_server_parser(parser: argparse.ArgumentParser) -> argparse._SubPars
     api = sinks.add_parser("to-api", help="serve localv1 Watch streams to backends",
                            description="serve localv1 Watch streams to backends")
     api.add_argument("--listen", default="tcp://:12090",
-                     help="unix:///path/to.sock or tcp://host:port (default: tcp://:12090)")
+                     help=f"where to serve: {ADDRESS_FORMS}; no host, as in :12090, for "
+                          "every address (e.g. unix:///run/kpng.sock, 127.0.0.1:12090; "
+                          "default: tcp://:12090)")
     _add_tls_flags(api)
     return sinks
 
@@ -273,8 +272,10 @@ def _add_file_parser(commands: argparse._SubParsersAction) -> None:
         "file", help="be a brain: serve a KPNG state file, following its edits",
         description="Serve the state in a KPNG state file (`kpng file` format, "
                     "docs/brain.md) and publish each saved edit.")
-    brain.add_argument("-i", "--input", type=_file_path,
-                       help="state file (YAML); required by to-api and to-local")
+    brain.add_argument("-i", "--input", type=_input_path,
+                       help="state file (YAML), followed as it is edited; - for standard input, "
+                            "read once; required by to-api and to-local, and the input of "
+                            "convert when its own -i is not given")
     brain.add_argument("--max-file-size", type=_size, default=DEFAULT_MAX_FILE_SIZE,
                        help="largest state file read, in bytes; a bigger one is refused "
                             f"(default: {DEFAULT_MAX_FILE_SIZE >> 20}M)")
@@ -297,34 +298,64 @@ def _add_file_parser(commands: argparse._SubParsersAction) -> None:
         "convert", help="write a state file from `kubectl get nodes,svc,endpointslices -A -o yaml`",
         description="Write a KPNG state file from what `kubectl get nodes,svc,endpointslices -A "
                     "-o yaml` prints (kpng_py/brain/convert.py says how each object is mapped).")
-    convert.add_argument("-i", "--input", type=_file_path, required=True, dest="kubectl_output",
-                         help="kubectl's YAML output")
-    convert.add_argument("-o", "--output", type=_file_path, help="state file to write "
-                         "(default: stdout)")
+    convert.add_argument("-i", "--input", type=_input_path, dest="kubectl_output",
+                         help="kubectl's YAML output; - for standard input (default: file's -i)")
+    convert.add_argument("-o", "--output", type=_file_path, help="state file to write, once "
+                         "converted (default: stdout)")
+    _add_force_flag(convert)
 
 
-def _convert(kubectl_output: Path, output: Path | None) -> None:
+def _convert(args: argparse.Namespace) -> None:
     from kpng_py.brain.convert import ConvertError
     from kpng_py.brain.convert import convert as convert_kubectl
     from kpng_py.brain.convert import dump as dump_state
 
+    kubectl_output = _convert_input(args)
+    # Checked before the input is read: a refusal costs no conversion.
+    output = OutputFile(args.output, "-o", args.force) if args.output else None
     try:
-        conversion = convert_kubectl(kubectl_output.read_text(encoding="utf-8"))
+        conversion = convert_kubectl(_read_input(kubectl_output).decode("utf-8"))
     except (ConvertError, UnicodeDecodeError) as err:
         raise UsageError(f"{kubectl_output}: {err}") from err
     text = dump_state(conversion)
     if output is None:
         sys.stdout.write(text)
     else:
-        with _output_file(output, "-o") as out:
-            out.write(text)
+        try:
+            with output.open() as out:
+                out.write(text)
+        except OSError as err:
+            raise output.error(err) from err
     for kind, count in sorted(conversion.skipped.items()):
         print(f"kpng-py: skipped {count} {kind} object(s)", file=sys.stderr)
 
 
+def _convert_input(args: argparse.Namespace) -> Path:
+    """convert's -i, or file's (`file -i X convert`): one of them."""
+    if args.kubectl_output and args.input and args.kubectl_output != args.input:
+        raise UsageError(f"file -i {args.input} and convert -i {args.kubectl_output}: give "
+                         "one -i (after file or after convert)")
+    kubectl_output = args.kubectl_output or args.input
+    if kubectl_output is None:
+        raise UsageError("file convert needs -i FILE: kubectl's YAML output (- for standard "
+                         "input)")
+    return kubectl_output
+
+
+def _read_input(path: Path) -> bytes:
+    if path == STDIN:
+        return sys.stdin.buffer.read()
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise  # reported as every command reports a missing file
+    except OSError as err:
+        raise UsageError(f"-i {path}: {err.strerror}; give kubectl's YAML output") from err
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kpng-py",
+    parser = Parser(
+        prog=PROGRAM,
         description="A KPNG backend: programs a node's Kubernetes Services from a KPNG brain.")
     parser.add_argument("--version", action=PrintVersion)
     _add_global_flags(parser, verbose=0, log_format="text")
@@ -342,7 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
         "record", help="record a brain's localv1 stream to a file",
         description="Record the raw localv1 op stream (format: docs/recording-format.md).")
     _add_client_flags(rec)
-    rec.add_argument("-o", "--output", type=_file_path, required=True, help="recording to write")
+    rec.add_argument("-o", "--output", type=_file_path, required=True,
+                     help="recording to write, from the first op the brain sends (until then "
+                          "an existing file is left as it is)")
+    _add_force_flag(rec)
 
     replay = commands.add_parser(
         "replay", help="serve a recording as a brain would",
@@ -403,13 +437,14 @@ def _run(args: argparse.Namespace) -> None:
                            limits_from_args(args))
     elif args.command == "record":
         config = _client_config(args)  # flags first, then the file
-        runner.record(config, _output_file(args.output, "-o"), metrics, args.exit_after)
+        runner.record(config, OutputFile(args.output, "-o", args.force), metrics,
+                      args.exit_after)
     elif args.command == "replay":
         listen, tls = _server_address(args)  # flags first, then the file
         runner.serve(ReplaySource(read_segments(args.input)), listen, tls)
     elif args.command == "file":
         if args.sink == "convert":
-            _convert(args.kubectl_output, args.output)
+            _convert(args)
             return
         if args.input is None:
             raise UsageError(f"file {args.sink} needs -i STATE.yaml (before {args.sink})")
@@ -440,13 +475,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.log_format, args.verbose)
     try:
         _run(args)
-    except (UsageError, AddressError, RecordingError, StateFileError, BackendSetupError) as err:
+    except (UsageError, AddressError, RecordingError, StateFileError, BackendSetupError,
+            OutputFileError) as err:
         print(f"kpng-py: error: {err}", file=sys.stderr)
         return 2
     except FileNotFoundError as err:
         print(f"kpng-py: error: {err.filename}: no such file", file=sys.stderr)
         return 2
-    except SinkFailed as err:
+    except (SinkFailed, NothingMatched) as err:
         print(f"kpng-py: error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -1,7 +1,8 @@
 """Logging set-up: text or JSON lines, with structured fields.
 
 Call sites attach fields with ``extra=fields(key=value, ...)``; the formatters
-render them as ``key=value`` (text) or as JSON members.
+render them as ``key=value`` (text) or as JSON members, and leave out a field
+whose value is None (it has no value to show).
 
 Every record is exactly one line in both formats, whatever it carries: names
 and values come from the brain, and a newline in a service name must not forge
@@ -57,6 +58,9 @@ def _failure_fields(formatter: logging.Formatter, record: logging.LogRecord) -> 
 
 
 class TextFormatter(logging.Formatter):
+    """`TIME LEVEL LOGGER: MESSAGE key=value ...`; a field whose value is
+    None is left out, as in the JSON format."""
+
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -65,7 +69,7 @@ class TextFormatter(logging.Formatter):
         record.asctime = self.formatTime(record, self.datefmt)
         line = self.formatMessage(record)
         extra = {**_record_fields(record), **_failure_fields(self, record)}
-        pairs = " ".join(f"{k}={_text_value(v)}" for k, v in extra.items())
+        pairs = " ".join(f"{k}={_text_value(v)}" for k, v in extra.items() if v is not None)
         return f"{line} {pairs}" if pairs else line
 
 

@@ -7,7 +7,7 @@ import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Iterator
+from typing import Iterator
 
 from kpng_py.aio import ThreadsafeEvent
 from kpng_py.api import localv1
@@ -16,6 +16,7 @@ from kpng_py.client import ClientConfig, OpsSink, SinkFailed, WatchClient
 from kpng_py.health import HealthSink, Observability
 from kpng_py.limits import Limits
 from kpng_py.metrics import Metrics
+from kpng_py.output_file import OutputFile
 from kpng_py.recording import RecordingWriter
 from kpng_py.server import ChangeSetSource, LocalApiServer, StreamSession
 from kpng_py.setup_alongside import SetUpAlongside
@@ -175,53 +176,66 @@ async def _apply_until_stopped(session: StreamSession, node_name: str, sink: Ops
 
 class RecordSink:
     """`kpng-py record`: writes every op, and each stream failure, as received.
-    A failed write (disk full, a closed pipe) ends the recording."""
+    The recording is opened (an existing file truncated) at the first op: a
+    stream failure before it is only logged by the client, so a record that
+    never reaches its brain leaves its file as it was. A failed write (disk
+    full, a closed pipe) ends the recording."""
 
-    def __init__(self, out: IO[str]) -> None:
-        self._out = out
-        with self._writing():
-            self._writer = RecordingWriter(out)
+    def __init__(self, output: OutputFile) -> None:
+        self._output = output
+        self._writer: RecordingWriter | None = None
 
     def on_changeset_started(self) -> None:
         pass  # ops are written as they come, and flushed at the Sync or the failure
 
     def on_ops(self, ops: list[localv1.OpItem]) -> None:
+        if not ops:
+            return
         with self._writing():
+            writer = self._recording()
             for op in ops:
-                self._writer.op(op)
+                writer.op(op)
 
     def on_changeset(self, ops: list[localv1.OpItem]) -> None:
         self.on_ops(ops)
-        with self._writing():
-            self._writer.flush()
+        if self._writer is not None:
+            with self._writing():
+                self._writer.flush()
 
     def on_stream_error(self, reason: str, partial: list[localv1.OpItem]) -> None:
+        if self._writer is None and not partial:
+            return  # nothing recorded yet
+        self.on_ops(partial)
         with self._writing():
-            for op in partial:
-                self._writer.op(op)
-            self._writer.disconnect(reason)
+            self._recording().disconnect(reason)
 
     def close(self) -> None:
         with self._writing():
-            self._out.close()
+            self._output.close()
+
+    def _recording(self) -> RecordingWriter:
+        if self._writer is None:
+            self._writer = RecordingWriter(self._output.open())
+        return self._writer
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[None]:
         try:
             yield
         except OSError as err:
-            raise SinkFailed(f"writing the recording {self._out.name} failed: "
+            raise SinkFailed(f"writing the recording {self._output.path} failed: "
                              f"{err.strerror}") from err
 
 
-def record(config: ClientConfig, out: IO[str], metrics: Metrics, exit_after: int = 0) -> None:
-    """`kpng-py record`: the stream into `out` (closed at the end)."""
-    sink = RecordSink(out)
+def record(config: ClientConfig, output: OutputFile, metrics: Metrics,
+           exit_after: int = 0) -> None:
+    """`kpng-py record`: the stream into `output` (closed at the end)."""
+    sink = RecordSink(output)
     try:
         watch(config, sink, metrics, exit_after)
     except SinkFailed:
         with contextlib.suppress(OSError):  # what could not be written is lost either way
-            out.close()
+            output.close()
         raise
     sink.close()
 

@@ -529,9 +529,7 @@ class NodeState:
                 self._report_once(
                     entry, (SkipReason.UNRESOLVED_PORT, port.name.port, key),
                     f"endpoint {key} of {port.name}",
-                    f"no port override named {port.name.port!r}"
-                    + (f" or {port.target_port_name!r}" if port.target_port_name else "")
-                    + " and no numeric targetPort")
+                    f"{_overrides_looked_for(port)} and no numeric targetPort")
                 continue
             addresses = ep.addresses
             for at in range(0, len(addresses), PACKED_ADDRESS_SIZE):
@@ -589,6 +587,19 @@ def resolve_endpoint_port(port: ServicePort, endpoint: EndpointRecord) -> int | 
         if by_target is not None:
             return by_target
     return port.target_port or None
+
+
+def _overrides_looked_for(port: ServicePort) -> str:
+    """The port overrides resolve_endpoint_port looked for, as missing: the
+    one named like the service port, and the one named like its targetPort."""
+    own, target = port.name.port, port.target_port_name
+    if own and own == target:
+        return f"no port override named {own!r} (the port's name and its targetPort)"
+    names = [f"{name!r} ({what})" for name, what in ((own, "the port's name"),
+                                                     (target, "its targetPort")) if name]
+    if not names:
+        return "no unnamed port override (the port has no name)"
+    return "no port override named " + " or ".join(names)
 
 
 def _set_name(ref_set: int) -> str:

@@ -1,8 +1,10 @@
 """Addresses and TLS for both ends of the localv1 stream.
 
-Listen specs follow KPNG's brain (`unix:///path`, `tcp://host:port`); dial
-targets follow KPNG's client (a gRPC target such as `unix:///k8s/proxy.sock`
-or `127.0.0.1:12090`; `tcp://host:port` is accepted too).
+Both ends take the same forms (ADDRESS_FORMS): `unix:///path/to.sock`,
+`tcp://host:port` (as KPNG's brain listens) and `host:port` (as KPNG's client
+dials, a gRPC target), `[v6]:port` for IPv6. A listen address may leave the
+host out (`:12090`, `tcp://:12090`: every address); a dial target may also be
+any other gRPC target KPNG's client takes (`dns:///host:port`, `unix:path`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from kpng_py.model import MAX_PORT
 
 # sun_path holds 108 bytes, the last one a NUL.
 MAX_UNIX_PATH = 107
+# What --api and --listen both take, for their help and their errors.
+ADDRESS_FORMS = "unix:///path/to.sock, tcp://host:port or host:port ([v6]:port for IPv6)"
 
 
 class AddressError(ValueError):
@@ -44,14 +48,14 @@ class ListenAddress:
                 raise AddressError(f"--listen {spec!r}: a unix socket path has at most "
                                    f"{MAX_UNIX_PATH} bytes; pick a shorter one")
             return cls(unix_path=Path(path))
-        if spec.startswith("tcp://"):
-            host, port = _host_port(spec[len("tcp://"):])
-            if port is None:
-                raise AddressError(f"--listen {spec!r}: use tcp://host:port with a port in "
-                                   f"0..{MAX_PORT} (e.g. tcp://:12090)")
-            return cls(host_port=f"{host or '[::]'}:{port}")
-        raise AddressError(
-            f"--listen {spec!r}: use unix:///path/to.sock or tcp://host:port")
+        scheme, sep, rest = spec.partition("://")
+        if sep and scheme != "tcp":
+            raise AddressError(f"--listen {spec!r}: use {ADDRESS_FORMS}")
+        host, port = _host_port(rest if sep else spec)
+        if port is None:
+            raise AddressError(f"--listen {spec!r}: use {ADDRESS_FORMS}, with a port in "
+                               f"0..{MAX_PORT} (e.g. 127.0.0.1:12090; :12090 for every address)")
+        return cls(host_port=f"{host or '[::]'}:{port}")
 
     def check(self) -> None:
         """Fail early, naming the flag and the cause, if a TCP address cannot
@@ -99,13 +103,13 @@ DIAL_SCHEMES = ("unix", "dns", "tcp")
 def dial_target(api: str) -> str:
     """A gRPC target for `--api`, checked by `DialTarget.parse`."""
     if not api:
-        raise AddressError("--api is empty: give unix:///path or host:port")
+        raise AddressError(f"--api is empty: give {ADDRESS_FORMS}")
     if not api.isprintable() or any(c.isspace() for c in api):
         raise AddressError(f"--api {api!r}: a gRPC target has no spaces or control characters")
     scheme, sep, _ = api.partition("://")
     if sep and scheme not in DIAL_SCHEMES:
-        raise AddressError(f"--api {api!r}: unknown scheme {scheme}://; use unix:///path, "
-                           "tcp://host:port, dns:///host:port or host:port")
+        raise AddressError(f"--api {api!r}: unknown scheme {scheme}://; use {ADDRESS_FORMS} "
+                           "(or dns:///host:port)")
     if api.startswith("tcp://"):
         host, port = _host_port(api[len("tcp://"):])
         if not host or port is None:

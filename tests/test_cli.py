@@ -63,12 +63,52 @@ def test_help_on_every_command(capsys: pytest.CaptureFixture) -> None:
     (["local", "--api", "x:1", "to-nowhere"], "invalid choice: 'to-nowhere'"),
     (["replay", "-i", "/nonexistent.jsonl", "to-api"], "/nonexistent.jsonl: no such file"),
     (["replay", "-i", "x.jsonl", "to-api", "--listen", "http://x"],
-     "use unix:///path/to.sock or tcp://host:port"),
+     "use unix:///path/to.sock, tcp://host:port or host:port"),
 ])
 def test_bad_flags_are_named(capsys: pytest.CaptureFixture, argv: list[str], message: str) -> None:
     code, out = run(capsys, *argv)
     assert code == 2
     assert message in out
+
+
+def test_a_parse_error_is_one_line_in_every_command(capsys: pytest.CaptureFixture) -> None:
+    """As the README says: one `kpng-py: error: ...` line (and the --help to
+    read), exit code 2, no usage; for the top level and every command, sink
+    and tool."""
+    for command in all_commands():
+        code, out = run(capsys, *command, "--no-such-flag")
+        error, hint = out.splitlines()
+        assert code == 2 and error.startswith("kpng-py: error: "), (command, out)
+        assert hint == f"run `{' '.join(('kpng-py',) + command)} --help` for the flags", out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["local", "--api", "x:1", "to-ebpf", "--cgroupp", "/x"],
+     "unrecognized arguments: --cgroupp /x; did you mean --cgroup?"),
+    (["file", "-i", "s.yaml", "to-local", "to-ebpf", "--bpfs-dir=/x"],
+     "unrecognized arguments: --bpfs-dir=/x; did you mean --bpffs-dir?"),
+    # Before the sink, a misspelt flag's value is not taken for the sink.
+    (["local", "--api", "x:1", "--eror-delay", "1", "to-print"],
+     "unrecognized arguments: --eror-delay; did you mean --error-delay?"),
+    (["lcoal"], "invalid choice: 'lcoal' (choose from 'local', "),
+    (["lcoal"], "; did you mean 'local'?"),
+    (["local", "--api", "x:1", "to-ebpff"], "; did you mean 'to-ebpf'?"),
+    (["ebpf", "dupm"], "; did you mean 'dump'?"),
+    (["--log-format", "jsn", "version"], "; did you mean 'json'?"),
+    (["file", "-i", "s.yaml", "to-local", "to-print", "--node-name", "a"],
+     "--node-name is a flag of `kpng-py file to-local`: give it before to-print"),
+    (["local", "to-print", "--api", "x:1"],
+     "--api is a flag of `kpng-py local`: give it before to-print"),
+])
+def test_a_misspelt_or_misplaced_flag_or_command_gets_the_right_one(
+        capsys: pytest.CaptureFixture, argv: list[str], message: str) -> None:
+    code, out = run(capsys, *argv)
+    assert code == 2 and message in out.splitlines()[0], out
+
+
+def test_a_far_off_word_gets_no_suggestion(capsys: pytest.CaptureFixture) -> None:
+    code, out = run(capsys, "version", "--bogus")
+    assert code == 2 and out.splitlines()[0] == "kpng-py: error: unrecognized arguments: --bogus"
 
 
 def test_a_file_that_is_not_a_recording(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
@@ -112,7 +152,9 @@ HOSTILE = [
     *[(LOCAL, ["--tls-ca", value], ["to-print"]) for value in FILES],
     *[(LOCAL, ["--tls-key", value, "--tls-crt", "{pem}"], ["to-print"]) for value in FILES],
     *[(["record", "--api", "unix:///nonexistent.sock"], ["-o", value], [])
-      for value in ["{dir}", "{fifo}", "{missing}/out.jsonl", "{text}/out.jsonl"]],
+      for value in ["{dir}", "{fifo}", "{missing}/out.jsonl", "{text}/out.jsonl", "{text}"]],
+    *[(["file", "convert", "-i", "{text}"], ["-o", value], [])
+      for value in ["{dir}", "{fifo}", "{missing}/state.yaml", "{text}/state.yaml", "{text}"]],
     *[(["replay"], ["-i", value], ["to-api", "--listen", "unix:///{dir}/s.sock"])
       for value in FILES[:-1]],
     *[(REPLAY, ["--listen", value], [])
@@ -158,9 +200,9 @@ def test_a_hostile_value_is_one_clear_error(capsys: pytest.CaptureFixture, hosti
     errors = [line for line in out.splitlines() if "error:" in line]
     name, value = flag[0], flag[1].format(**hostile_paths)
     assert code == 2, out
-    assert "Traceback" not in out
+    assert "Traceback" not in out and "usage:" not in out
     assert len(errors) == 1 and "unrecognized arguments" not in errors[0], out
-    given_file = name in ("-i", "-o") and value.removesuffix("/out.jsonl") in errors[0]
+    given_file = name in ("-i", "-o") and value in errors[0]
     assert name in errors[0] or given_file, out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import struct
 import subprocess
 import threading
@@ -19,7 +20,7 @@ from kpng_py.api import localv1 as L
 from kpng_py.client import Backoff, ClientConfig, WatchClient, WholeChangeSets
 from kpng_py.metrics import Metrics
 from kpng_py.server import Reply
-from kpng_py.transport import AddressError, DialTarget, TLSFiles, dial_target
+from kpng_py.transport import AddressError, DialTarget, ListenAddress, TLSFiles, dial_target
 from lab.localv1_servers import H2Brain, framed
 from tests.streams.build import reset, service, set_service, sync
 from tests.support.watch import RecordingSink, ScriptedSource, changeset, run_client, start
@@ -420,6 +421,36 @@ def test_dial_targets_as_grpc_reads_them(target: str, expected: DialTarget) -> N
 def test_dial_targets_that_cannot_be_dialled_are_refused_early(api: str) -> None:
     with pytest.raises(AddressError, match=f"--api '{api}'"):
         dial_target(api)
+
+
+@pytest.mark.parametrize("address, host, port", [
+    ("127.0.0.1:12090", "127.0.0.1", 12090),
+    ("tcp://127.0.0.1:12090", "127.0.0.1", 12090),
+    ("[::1]:12090", "::1", 12090),
+    ("tcp://[::1]:12090", "::1", 12090),
+    ("localhost:1", "localhost", 1),
+])
+def test_api_and_listen_take_the_same_tcp_addresses(address: str, host: str, port: int) -> None:
+    """What `--api` dials is what `--listen` serves, written the same."""
+    assert DialTarget.parse(dial_target(address)) == DialTarget(host=host, port=port)
+    assert ListenAddress.parse(address).tcp_host_port() == (host, port)
+
+
+def test_api_and_listen_take_the_same_unix_sockets() -> None:
+    assert DialTarget.parse(dial_target("unix:///run/kpng.sock")).unix_path == "/run/kpng.sock"
+    assert ListenAddress.parse("unix:///run/kpng.sock").unix_path == Path("/run/kpng.sock")
+
+
+@pytest.mark.parametrize("listen", [":12090", "tcp://:12090"])
+def test_a_listen_address_without_a_host_is_every_address(listen: str) -> None:
+    assert ListenAddress.parse(listen).tcp_host_port() == ("::", 12090)
+
+
+@pytest.mark.parametrize("listen", ["x", "x:", "x:65536", "http://x:1", "12090", "unix:/x"])
+def test_listen_addresses_that_cannot_be_served_are_refused_with_the_forms(listen: str) -> None:
+    with pytest.raises(AddressError, match=re.escape(
+            f"--listen {listen!r}: use unix:///path/to.sock, tcp://host:port or host:port")):
+        ListenAddress.parse(listen)
 
 
 def openssl(*args: str) -> None:

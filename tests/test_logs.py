@@ -152,12 +152,18 @@ def test_a_traceback_stays_inside_its_json_line() -> None:
 @pytest.mark.parametrize(("value", "text"), [
     ("plain", "plain"), ("", '""'), ("a b", '"a b"'), ('a"b', '"a\\"b"'), ("a=b", '"a=b"'),
     ("a\\b", '"a\\\\b"'), ("a\nb", '"a\\nb"'), ("a\tb", '"a\\tb"'), ("naïve", "naïve"),
-    (1.5, "1.5"), (None, "None"),
+    (1.5, "1.5"), ("None", "None"),
 ])
 def test_text_field_values(value: object, text: str) -> None:
     record = logging.LogRecord("x", logging.INFO, "f", 1, "m", None, None)
     record.__dict__.update(fields(v=value))
     assert TextFormatter().format(record).endswith(f" x: m v={text}")
+
+
+def test_a_text_field_without_a_value_is_left_out_as_in_json() -> None:
+    record = logging.LogRecord("x", logging.INFO, "f", 1, "m", None, None)
+    record.__dict__.update(fields(reason=None, failures=0, error=None))
+    assert TextFormatter().format(record).endswith(" x: m failures=0")
 
 
 def test_json_timestamps_are_rfc3339_utc_milliseconds_and_missing_fields_are_left_out() -> None:

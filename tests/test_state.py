@@ -186,6 +186,24 @@ def test_unresolved_port_is_reported_once_per_version() -> None:
         "kpng_py_skipped_total", {"reason": "unresolved-port"}) == 2
 
 
+@pytest.mark.parametrize("name, target_name, looked_for", [
+    ("http", "http", "no port override named 'http' (the port's name and its targetPort)"),
+    ("http", "web", "no port override named 'http' (the port's name) or 'web' (its targetPort)"),
+    ("", "web", "no port override named 'web' (its targetPort)"),
+    ("http", "", "no port override named 'http' (the port's name)"),
+    ("", "", "no unnamed port override (the port has no name)"),
+])
+def test_an_unresolved_port_names_each_override_looked_for_once(
+        caplog: pytest.LogCaptureFixture, name: str, target_name: str, looked_for: str) -> None:
+    state, _ = new_state()
+    svc = service("app", v4=["10.96.0.30"], ports=[port(name, 80, target_name=target_name)])
+    other = endpoint(["10.244.0.14"], overrides=[("other", 8083)])
+    with caplog.at_level(logging.INFO, logger="kpng_py.skips"):
+        state.apply([reset(), set_service(svc), set_endpoint("default", "app", "d", other), sync()])
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "kpng_py.skips"]
+    assert message.endswith(f": {looked_for} and no numeric targetPort"), message
+
+
 def test_full_changeset_holds_everything() -> None:
     state, _ = new_state()
     state.apply([reset(), set_service(web()), sync()])

@@ -365,5 +365,11 @@ class EbpfBackend:
             self._node_addresses = None
             if self._datapath is not None:
                 self._metrics.registry.unregister(self._collector)
+                if self._attached:
+                    config = self._datapath.config
+                    log.info("the eBPF programs stay attached and keep translating with the "
+                             "last state programmed; `kpng-py ebpf cleanup --cgroup %s "
+                             "--bpffs-dir %s` removes them", config.cgroup, config.bpffs_dir,
+                             extra=fields(cgroup=config.cgroup, bpffs_dir=config.bpffs_dir))
                 self._datapath.close()
                 self._datapath = None

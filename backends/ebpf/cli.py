@@ -128,7 +128,8 @@ def _add_tool_arguments(tool: argparse.ArgumentParser) -> None:
                               "process notices and puts it back within a second; stop it first "
                               "to remove it for good)")
     dump = actions.add_parser("dump", help="show the services, backends and map usage",
-                              description="Show what the pinned maps hold.")
+                              description="Show what the pinned maps hold. Exits 1, saying "
+                                          "so, when --service or --vip match nothing.")
     _add_bpffs_dir_flag(dump)
     dump.add_argument("--json", action="store_true", help="print JSON")
     dump.add_argument("--service", type=_service_filter, metavar="NS/NAME[:PORT]",
@@ -172,15 +173,11 @@ def _run_action(args: argparse.Namespace) -> None:
     elif args.ebpf_action == "trace":
         _trace(bpffs_dir, args)
     else:
-        from backends.ebpf.dump import dump_json, format_text, of_service, of_vip, read_dump
+        from backends.ebpf.dump import dump_json, format_text, matching, read_dump
 
         from backends.ebpf.netfilter import describe_lines, describe_table
 
-        dump = read_dump(bpffs_dir)
-        if args.service:
-            dump = of_service(dump, args.service)
-        if args.vip:
-            dump = of_vip(dump, *args.vip)
+        dump = matching(read_dump(bpffs_dir), args.service, args.vip)
         if args.json:
             sys.stdout.write(dump_json({**dump, "netfilterTable": describe_table()}) + "\n")
         else:

@@ -8,17 +8,27 @@ Each frontend's kind (ClusterIP, ExternalIP, LoadBalancerIP, NodePort) comes
 from its master entry's kind flag (LB_SVC_F_*): the key alone tells a node
 port (its wildcard address) but not a ClusterIP from an ExternalIP or an LB
 IP. A master whose flags name more than one kind shows `unknown`.
+
+Connections per backend are counted only by programs built with
+--endpoint-counters (KPNG_BACKEND_COUNTERS); the backend_counters map is
+pinned either way. So they are shown when an attached program uses that map
+(the kernel lists the maps of each program), and as unknown (null; one
+`n/a` line in the text) when none does, rather than as a 0 never counted.
+
+`--service` and `--vip` that leave no frontend are NothingMatched, naming
+them: the command says so and exits 1 rather than printing an empty dump.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from backends.ebpf import maps
+from backends.ebpf import libbpf, maps
 from backends.ebpf.cgroup_paths import CgroupPaths
 from backends.ebpf.contents import Contents, StoredBackend, StoredFrontend, read_contents
 from backends.ebpf.counters import read_backend_counts, read_counts
@@ -26,8 +36,8 @@ from backends.ebpf.service_id_maps import is_of_service, read_names
 from backends.ebpf.libbpf import BpfMap
 from backends.ebpf.mapaccess import MapAccess
 from backends.ebpf.maps import NodeAddressKey, NodeAddressValue
-from backends.ebpf.loader import mount_point, open_pinned_map, pinned_links
-from kpng_py.backend import BackendSetupError
+from backends.ebpf.loader import AttachedLink, mount_point, open_pinned_map, pinned_links
+from kpng_py.backend import BackendSetupError, NothingMatched
 from kpng_py.model import FrontendKind, IPAddress, format_host_port
 from kpng_py.service_counters import ServiceCounts
 
@@ -52,17 +62,53 @@ def read_dump(bpffs_dir: Path) -> dict:
 def _read(bpffs_dir: Path, opened: dict[str, BpfMap]) -> dict:
     contents = read_contents(opened[maps.SERVICES.pin], opened[maps.BACKENDS.pin])
     cgroups = CgroupPaths(mount_point("cgroup2"))
+    links = list(pinned_links(bpffs_dir))
+    backend_counters = opened[maps.BACKEND_COUNTERS.pin]
+    counted = _counted_per_backend(links, backend_counters)
     return {
         "bpffsDir": str(bpffs_dir),
+        "endpointCounters": counted,
         "services": services_of(contents, ByIds(
             read_counts(opened[maps.COUNTERS.pin]), read_names(opened[maps.SERVICE_NAMES.pin]),
-            read_backend_counts(opened[maps.BACKEND_COUNTERS.pin]))),
+            read_backend_counts(backend_counters) if counted else None)),
         "nodeAddresses": node_addresses_of(opened[maps.NODE_ADDRESSES.pin]),
         "maps": {spec.pin: _usage(spec, opened[spec.pin]) for spec in maps.MAP_SPECS},
         "links": [{"hook": link.hook, "linkId": link.link_id, "progId": link.prog_id,
                    "cgroupId": link.cgroup_id, "cgroup": cgroups.path(link.cgroup_id)}
-                  for link in pinned_links(bpffs_dir)],
+                  for link in links],
     }
+
+
+def _counted_per_backend(links: list[AttachedLink], backend_counters: BpfMap) -> bool:
+    """Whether an attached program counts per backend (uses the map)."""
+    map_id = backend_counters.info().id
+    return any(map_id in _map_ids_of(link.prog_id) for link in links)
+
+
+def _map_ids_of(prog_id: int) -> list[int]:
+    fd = libbpf.prog_fd_by_id(prog_id)
+    try:
+        return libbpf.prog_map_ids(fd, f"program {prog_id}")
+    finally:
+        os.close(fd)
+
+
+def matching(dump: dict, service: str | None = None,
+             vip: tuple[IPAddress, int | None] | None = None) -> dict:
+    """The dump with only the frontends of `service` and at `vip` (each one
+    when given); NothingMatched, naming them, when they leave none."""
+    shown = of_service(dump, service) if service else dump
+    shown = of_vip(shown, *vip) if vip else shown
+    if shown["services"] or not (service or vip):
+        return shown
+    given = ([f"--service {service}"] if service else []) + (
+        [f"--vip {_vip_text(*vip)}"] if vip else [])
+    raise NothingMatched(f"not found: no frontend of the datapath under {dump['bpffsDir']} "
+                         f"matches {' '.join(given)}")
+
+
+def _vip_text(ip: IPAddress, port: int | None) -> str:
+    return str(ip) if port is None else format_host_port(ip, port)
 
 
 def of_service(dump: dict, service: str) -> dict:
@@ -101,14 +147,15 @@ class ByIds:
 
     counts: Mapping[int, ServiceCounts] = field(default_factory=dict)  # by service id
     names: Mapping[int, str] = field(default_factory=dict)  # by service id
-    backend_counts: Mapping[int, int] = field(default_factory=dict)  # by backend id
+    # By backend id; None: not counted (no attached program counts per backend).
+    backend_counts: Mapping[int, int] | None = None
 
 
 def services_of(contents: Contents, by_ids: ByIds = ByIds()) -> list[dict]:
     """The services of a dump: every master entry, with its service port's
     name (None if the map has none for its id), its slots 1..count and its
-    counters (zero until a client used it; per backend only counted with
-    --endpoint-counters)."""
+    counters (zero until a client used it; per backend None unless counted,
+    with --endpoint-counters)."""
     return [_service(stored, contents, by_ids) for stored in contents.frontends]
 
 
@@ -133,14 +180,15 @@ def _service(stored: StoredFrontend, contents: Contents, by_ids: ByIds) -> dict:
         "affinityGroup": stored.affinity_group,
         "connections": counts.translated,
         "rejections": counts.rejected,
-        "backends": [_slot(slot, backend_id, contents.backend(backend_id),
-                           by_ids.backend_counts.get(backend_id or 0, 0))
+        "backends": [_slot(slot, backend_id, contents.backend(backend_id), by_ids)
                      for slot, backend_id in enumerate(stored.backend_ids(), start=1)],
     }
 
 
 def _slot(slot: int, backend_id: int | None, backend: StoredBackend | None,
-          connections: int) -> dict:
+          by_ids: ByIds) -> dict:
+    counts = by_ids.backend_counts
+    connections = None if counts is None else counts.get(backend_id or 0, 0)
     return {"slot": slot, "backendId": backend_id,
             "address": str(backend.target) if backend is not None else None,
             "serviceId": backend.service_id if backend is not None else None,
@@ -152,6 +200,9 @@ def format_text(dump: dict) -> str:
     frontends under it (in the order of the maps), then the frontends no
     service port's name was found for."""
     lines = [f"datapath pinned at {dump['bpffsDir']}"]
+    if not dump["endpointCounters"]:
+        lines.append("connections per backend: n/a (not counted: run to-ebpf with "
+                     "--endpoint-counters)")
     # service -> its ports' frontends as (port name, frontend); None: no name
     by_service: dict[str | None, list[tuple[str, dict]]] = {}
     for svc in dump["services"]:

@@ -365,8 +365,12 @@ def prog_map_ids(prog_fd: int, of: str) -> list[int]:
     return list(ids[:min(count, info.nr_map_ids)])
 
 
+def prog_fd_by_id(prog_id: int) -> int:
+    return _check(_lib.bpf_prog_get_fd_by_id(prog_id), f"open program {prog_id}")
+
+
 def prog_name(prog_id: int) -> str:
-    fd = _check(_lib.bpf_prog_get_fd_by_id(prog_id), f"open program {prog_id}")
+    fd = prog_fd_by_id(prog_id)
     try:
         return obj_info(fd, ProgInfo, f"program {prog_id}").name.decode()
     finally:

@@ -98,6 +98,11 @@ def _objects(text: str) -> Iterator[dict[str, Any]]:
             continue
         if not isinstance(document, dict):
             raise ConvertError("not a Kubernetes object or List (`kubectl get ... -o yaml`)")
+        if "kind" not in document:
+            raise ConvertError(
+                "not a Kubernetes object or List (`kubectl get ... -o yaml`): it has no kind"
+                + ("; it is a KPNG state file already: give it to `kpng-py file -i` as it is"
+                   if {"nodes", "services"} & document.keys() else ""))
         if document.get("kind", "").endswith("List"):
             yield from (item for item in document.get("items") or [] if isinstance(item, dict))
         else:

@@ -59,7 +59,10 @@ class PlainValue:
     def place(self) -> Place:
         return _NOWHERE
 
-    def mapping(self, keys: Iterable[str]) -> PlainMembers:
+    def mapping(self, keys: Iterable[str], hints: Mapping[str, str] | None = None
+                ) -> PlainMembers:
+        """As `Value.mapping`; a key not in `keys` fails, and the strict
+        reader then names it (with its hint)."""
         value = self._value
         if value is None:
             return PlainMembers({}, keys)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, NoReturn, Protocol
+from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Protocol
 
 import yaml
 from google.protobuf.descriptor import EnumDescriptor, FieldDescriptor
@@ -122,8 +122,10 @@ class Value:
 
     # -- structure -------------------------------------------------------------
 
-    def mapping(self, keys: Iterable[str]) -> Members:
-        """The members of a mapping; every key must be one of `keys`."""
+    def mapping(self, keys: Iterable[str], hints: Mapping[str, str] | None = None) -> Members:
+        """The members of a mapping; every key must be one of `keys`. A key
+        of `hints` that is not one of them is refused with its hint (what the
+        document is instead, and what to do)."""
         allowed = list(keys)
         members = Members(self, allowed)
         if self._node is None:
@@ -134,8 +136,8 @@ class Value:
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
             if key not in allowed:
                 shown = repr(key) if key is not None else "a non-scalar key"
-                self._member(key_node, str(key)).fail(
-                    f"unknown key {shown}; expected one of: {', '.join(allowed)}")
+                hint = (hints or {}).get(key or "", f"expected one of: {', '.join(allowed)}")
+                self._member(key_node, str(key)).fail(f"unknown key {shown}; {hint}")
             if key in members:
                 self._member(key_node, key).fail(
                     f"repeats the key {key!r} (first on line {members[key].place.line})")

@@ -6,11 +6,14 @@ server) for them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 # The largest state file read (`kpng-py file --max-file-size`). The bench's
 # largest scenario, 30 000 services of 10 endpoints, is 58.5 MB as yaml.dump
 # writes it (and takes minutes and about 3 GB to parse): it fits.
 DEFAULT_MAX_FILE_SIZE = 64 << 20
+# `-i -`: standard input (a relative path, which no other -i is once read).
+STDIN = Path("-")
 
 
 @dataclass(frozen=True)

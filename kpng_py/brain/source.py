@@ -16,6 +16,7 @@ and serialized once.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -26,8 +27,13 @@ from kpng_py.api import localv1
 from kpng_py.brain.statefile import ClusterState
 from kpng_py.brain.view import NodeView, Ref, node_view
 from kpng_py.brain.protowire import VARINT, delimited, key, varint
+from kpng_py.logs import fields
 from kpng_py.server import MESSAGE_PREFIX
 
+log = logging.getLogger(__name__)
+
+# The state's node names a warning about a node it does not list names.
+_NODES_NAMED = 10
 # What a stream was last sent (the node and version of that view; None:
 # nothing yet), the node it asks for and the current version.
 ReplyKey = tuple[tuple[str, int] | None, str, int]
@@ -67,12 +73,17 @@ class StateSnapshots:
         return True
 
     def current_view(self, node_name: str) -> tuple[int, NodeView]:
-        """The version and the node's view of it."""
+        """The version and the node's view of it. A node the state does
+        not list is warned about when its view of a version is computed:
+        once per version, whatever the number of its streams."""
         with self._lock:
-            view = self._views.get(node_name)
+            version, state, view = self._version, self._state, self._views.get(node_name)
+            computed = view is None
             if view is None:
-                view = self._views[node_name] = node_view(self._state, node_name)
-            return self._version, view
+                view = self._views[node_name] = node_view(state, node_name)
+        if computed:
+            _warn_if_unlisted(state, node_name, version)
+        return version, view
 
     def shared_reply(self, key: ReplyKey,
                      build: Callable[[], ChangeSetReply]) -> ChangeSetReply:
@@ -96,6 +107,21 @@ class StateSnapshots:
             if changed:
                 return self.current_view(node_name)
             await superseded.wait()
+
+
+def _warn_if_unlisted(state: ClusterState, node_name: str, version: int) -> None:
+    """One warning if the state lists nodes and `node_name` is not one of
+    them (a state without nodes has none to check against)."""
+    names = [node.name for node in state.nodes]
+    if not names or node_name in names:
+        return
+    shown = ", ".join(names[:_NODES_NAMED])
+    if len(names) > _NODES_NAMED:
+        shown += f" and {len(names) - _NODES_NAMED} more"
+    log.warning("node %r is not one of the state file's nodes (%s); check its --node-name "
+                "(a node the file does not list has no zone: endpoints with zone hints are left "
+                "out of its view)", node_name, shown,
+                extra=fields(node=node_name, nodes=len(names), version=version))
 
 
 class BrainSource:

@@ -221,11 +221,22 @@ def read_strict(text: str, file: str) -> ClusterState:
 
 
 def _cluster_state(document: Doc) -> ClusterState:
-    top = document.mapping(("nodes", "services"))
+    top = document.mapping(("nodes", "services"), _kubernetes_hints(document.place.file))
     return ClusterState(
         nodes=_unique(top["nodes"].sequence(), _node, lambda n: n.name, "node"),
         services=_unique(top["services"].sequence(), _service_entry, lambda s: s.path,
                          "service"))
+
+
+# The top-level keys of what `kubectl get ... -o yaml` prints (a List, or one
+# object), which `kpng-py file convert` reads.
+_KUBERNETES_KEYS = ("apiVersion", "kind", "items", "metadata", "spec")
+
+
+def _kubernetes_hints(file: str) -> dict[str, str]:
+    hint = ("the file holds Kubernetes objects (`kubectl get ... -o yaml`), not a KPNG state: "
+            f"run `kpng-py file convert -i {file} -o state.yaml` first and give state.yaml to -i")
+    return dict.fromkeys(_KUBERNETES_KEYS, hint)
 
 
 def _unique(values: list[Doc], read: Callable[[Doc], T], key: Callable[[T], str],

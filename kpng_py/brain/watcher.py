@@ -24,7 +24,8 @@ is: a reader sees the old file or the new. A writer that only ever saves
 atomically may lower the settle time (`kpng-py file --settle`).
 
 Only a regular file is read, of at most `max_size` bytes: a FIFO would block
-the open, a device could be read forever. A file that cannot be read or
+the open, a device could be read forever. Standard input (`-i -`) is read
+once, to its end (and at most `max_size` bytes), and served as read. A file that cannot be read or
 parsed keeps the last good state in force and is reported once (one error log
 line per bad version, not per poll).
 """
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from kpng_py.brain.settings import DEFAULT_MAX_FILE_SIZE, Settle
+from kpng_py.brain.settings import DEFAULT_MAX_FILE_SIZE, STDIN, Settle
 from kpng_py.brain.source import StateSnapshots
 from kpng_py.brain.statefile import ClusterState, StateFileError, StateReader
 from kpng_py.logs import fields
@@ -234,7 +235,7 @@ class StateFileWatcher:
         finally:
             os.close(fd)
         if len(data) > self._max_size:
-            raise self._too_big(f"more than {self._max_size} bytes")
+            raise _too_big(self.path, f"more than {self._max_size} bytes", self._max_size)
         return data
 
     def _check(self, st: os.stat_result) -> None:
@@ -244,11 +245,7 @@ class StateFileWatcher:
             raise StateFileError(f"{self.path}: is {kind}; the state file must be a "
                                  "regular file")
         if st.st_size > self._max_size:
-            raise self._too_big(f"{st.st_size} bytes")
-
-    def _too_big(self, size: str) -> StateFileError:
-        return StateFileError(f"{self.path}: {size} is more than --max-file-size "
-                              f"({self._max_size} bytes); raise --max-file-size")
+            raise _too_big(self.path, f"{st.st_size} bytes", self._max_size)
 
     def _report(self, data: bytes | None, problem: str) -> None:
         if self._reported == (data, problem):
@@ -256,6 +253,27 @@ class StateFileWatcher:
         self._reported = (data, problem)
         log.error("state file rejected, the last good state stays in force: %s", problem,
                   extra=fields(file=str(self.path)))
+
+
+def read_standard_input(max_size: int = DEFAULT_MAX_FILE_SIZE, fd: int = 0) -> StateSnapshots:
+    """The state read once from standard input (`-i -`), to its end: a
+    stream has no edits to follow. StateFileError if it is bigger than
+    `max_size` or not a good state."""
+    try:
+        data = _read_at_most(fd, max_size + 1)
+    except OSError as err:
+        raise StateFileError(f"{STDIN}: cannot read standard input: {err.strerror}") from err
+    if len(data) > max_size:
+        raise _too_big(STDIN, f"more than {max_size} bytes", max_size)
+    state = StateReader(str(STDIN)).read(data)
+    snapshots = StateSnapshots(state)
+    _log_loaded(STDIN, snapshots.version, state)
+    return snapshots
+
+
+def _too_big(path: Path, size: str, max_size: int) -> StateFileError:
+    return StateFileError(f"{path}: {size} is more than --max-file-size ({max_size} bytes); "
+                          "raise --max-file-size")
 
 
 def _modified_within(signature: _Signature, seconds: float) -> bool:

@@ -157,3 +157,25 @@ def test_the_readme_example_runs_without_root() -> None:
     assert ports == {"kube-system/dns:dns": ["10.244.0.53:53"],
                      "shop/web:http": ["10.244.0.5:8080", "10.244.1.7:8080",
                                        "[fd00:10:244::5]:8080"]}
+
+
+def test_state_from_standard_input_is_read_once_and_served(tmp_path: Path) -> None:
+    """`file -i -` reads standard input, as `file convert -i -` does (not a
+    file named "-")."""
+    state = (Path(__file__).resolve().parents[2] / "docs/examples/state.yaml").read_text()
+    done = subprocess.run(
+        [sys.executable, "-m", "kpng_py.cli", "file", "-i", "-", "to-local", "--node-name",
+         "node-a", "--exit-after", "1", *NO_PROBES, "to-print"],
+        input=state, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True)
+    assert sorted(_endpoints(done.stdout)) == ["kube-system/dns:dns", "shop/web:http"]
+    assert "state file loaded file=- version=1 nodes=1 services=2" in done.stderr
+
+
+def test_standard_input_bigger_than_the_limit_is_a_clear_error(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kpng_py.cli", "file", "-i", "-", "--max-file-size", "1k",
+         "to-api", "--listen", f"unix://{tmp_path}/brain.sock"],
+        input="services: []\n" + "#\n" * 1024, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.endswith("kpng-py: error: -: more than 1024 bytes is more than "
+                                "--max-file-size (1024 bytes); raise --max-file-size\n")

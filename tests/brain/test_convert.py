@@ -3,6 +3,7 @@ serves as KPNG's kube watcher would."""
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 
@@ -72,6 +73,8 @@ def test_headless_services_nodes_and_other_kinds() -> None:
      "Service default/s clusterIPs: '10.96.0.300' is not an IP address"),
     ("kind: Service\nspec: {}\n", "a Service without metadata.name"),
     ("[1, 2]\n", "not a Kubernetes object or List"),
+    ("services: []\n", "not a Kubernetes object or List (`kubectl get ... -o yaml`): it has "
+     "no kind; it is a KPNG state file already: give it to `kpng-py file -i` as it is"),
     ("a: [\n", "not YAML"),
 ])
 def test_what_cannot_be_mapped_names_the_object(text: str, message: str) -> None:
@@ -90,3 +93,48 @@ def test_the_command_writes_the_file_and_counts_what_it_skipped(
     bad.write_text("[1]\n")
     assert main(["file", "convert", "-i", str(bad)]) == 2
     assert f"{bad}: not a Kubernetes object or List" in capsys.readouterr().err
+
+
+def converted_paths(path: Path) -> list[str]:
+    return [s.path for s in parse_state(path.read_bytes(), str(path)).services]
+
+
+def test_file_i_gives_convert_its_input(tmp_path: Path) -> None:
+    out = tmp_path / "state.yaml"
+    assert main(["file", "-i", str(KUBECTL_OUTPUT), "convert", "-o", str(out)]) == 0
+    assert converted_paths(out) == ["shop/db", "shop/web"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["file", "convert"], "file convert needs -i FILE: kubectl's YAML output (- for standard "
+                          "input)"),
+    (["file", "-i", "/a.yaml", "convert", "-i", "/b.yaml"],
+     "file -i /a.yaml and convert -i /b.yaml: give one -i (after file or after convert)"),
+])
+def test_convert_takes_one_input(capsys: pytest.CaptureFixture, argv: list[str],
+                                 message: str) -> None:
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"kpng-py: error: {message}\n"
+
+
+@pytest.mark.parametrize("argv", [["file", "convert", "-i", "-"], ["file", "-i", "-", "convert"]])
+def test_convert_reads_standard_input_for_dash(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, argv: list[str]) -> None:
+    monkeypatch.chdir(tmp_path)  # where a file named "-" would be looked for
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(KUBECTL_OUTPUT.read_bytes())))
+    out = tmp_path / "state.yaml"
+    assert main([*argv, "-o", str(out)]) == 0
+    assert converted_paths(out) == ["shop/db", "shop/web"]
+
+
+def test_convert_keeps_a_file_that_is_not_empty_unless_forced(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "state.yaml"
+    out.write_text("nodes: []\n")
+    assert main(["file", "convert", "-i", str(KUBECTL_OUTPUT), "-o", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"kpng-py: error: -o {out}: exists and is not empty (10 bytes); give --force to "
+        "overwrite it, or another file\n")
+    assert out.read_text() == "nodes: []\n"
+    assert main(["file", "convert", "-i", str(KUBECTL_OUTPUT), "-o", str(out), "--force"]) == 0
+    assert converted_paths(out) == ["shop/db", "shop/web"]

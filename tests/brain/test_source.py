@@ -247,3 +247,32 @@ def test_a_big_reply_is_written_in_parts_serialized_once_for_all_its_streams() -
     assert len(parts) == 2  # Reset, the service, PART_OPS + 10 endpoints, Sync
     assert b"".join(parts) == reply.wire == Reply(reply.ops).wire
     assert parts[0] == Reply(reply.ops[:PART_OPS]).wire
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "kpng_py.brain.source" and r.levelname == "WARNING"]
+
+
+def test_a_node_the_state_does_not_list_is_warned_about_once_per_version(
+        caplog: pytest.LogCaptureFixture) -> None:
+    nodes = [{"name": f"n{i}"} for i in range(12)]
+    snapshots = StateSnapshots(_state(WEB, nodes=nodes))
+    for _ in range(2):  # a second stream, or a second look, of the same version
+        snapshots.current_view("nope")
+        snapshots.current_view("n1")
+    assert _warnings(caplog) == [
+        "node 'nope' is not one of the state file's nodes (n0, n1, n2, n3, n4, n5, n6, n7, n8, "
+        "n9 and 2 more); check its --node-name (a node the file does not list has no zone: "
+        "endpoints with zone hints are left out of its view)"]
+    assert not snapshots.publish(_state(WEB, nodes=nodes))  # the file read again, unchanged
+    snapshots.current_view("nope")
+    assert len(_warnings(caplog)) == 1
+    assert snapshots.publish(_state(WEB, DB, nodes=nodes))  # a new version
+    snapshots.current_view("nope")
+    assert len(_warnings(caplog)) == 2
+
+
+def test_a_state_without_nodes_warns_about_none(caplog: pytest.LogCaptureFixture) -> None:
+    StateSnapshots(_state(WEB)).current_view("any")
+    assert _warnings(caplog) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -292,6 +293,18 @@ def test_text_that_is_not_utf8_is_an_error() -> None:
 def test_a_top_level_that_is_not_a_mapping_is_an_error() -> None:
     with pytest.raises(StateFileError, match=r"^state.yaml:1: expected a mapping, found a list"):
         parse_state(b"- a\n- b\n", "state.yaml")
+
+
+@pytest.mark.parametrize("text", [
+    (Path(__file__).parent / "data" / "kubectl-get.yaml").read_text(),  # a List
+    "kind: Service\napiVersion: v1\nmetadata: {name: web}\n",  # one object
+])
+def test_kubernetes_objects_are_refused_with_the_command_that_converts_them(text: str) -> None:
+    with pytest.raises(StateFileError, match=re.escape(
+            "the file holds Kubernetes objects (`kubectl get ... -o yaml`), not a KPNG state: "
+            "run `kpng-py file convert -i k.yaml -o state.yaml` first and give state.yaml "
+            "to -i")):
+        parse_state(text.encode(), "k.yaml")
 
 
 def test_an_empty_file_is_an_empty_state() -> None:

@@ -54,8 +54,10 @@ def test_connections_are_counted_per_endpoint_over_every_frontend(
     assert sum(served.values()) == CONNECTS and len(served) > 1
     for endpoint, count in served.items():
         assert endpoint_count(metrics, endpoint) == count
+    dump = read_dump(the_lab.bpffs_dir)
+    assert dump["endpointCounters"] is True  # the attached programs count per backend
     slots = {(svc["vip"], slot["address"]): slot["connections"]
-             for svc in read_dump(the_lab.bpffs_dir)["services"] for slot in svc["backends"]}
+             for svc in dump["services"] for slot in svc["backends"]}
     assert sum(slots.values()) == CONNECTS
 
     # An endpoint that goes takes its counts along (both frontends' backends).

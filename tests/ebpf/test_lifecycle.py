@@ -123,13 +123,19 @@ def test_restarts_under_a_connect_loop_fail_no_connect(the_lab: Lab, brain: str,
 
 
 def test_dump_shows_the_programmed_services(the_lab: Lab, brain: str) -> None:
-    run_backend(the_lab, brain, "dump")
+    log = run_backend(the_lab, brain, "dump")
+    assert ("the eBPF programs stay attached and keep translating with the last state "
+            "programmed; `kpng-py ebpf cleanup --cgroup "
+            f"{the_lab.group.path} --bpffs-dir {the_lab.bpffs_dir}` removes them") in log
     dump = json.loads(kpng_py("ebpf", "dump", "--bpffs-dir", str(the_lab.bpffs_dir),
                               "--json").stdout)
     (web,) = [s for s in dump["services"] if s["vip"] == VIP]
     assert (web["port"], web["protocol"], web["count"]) == (80, "TCP", 3)
     assert sorted(b["address"] for b in web["backends"]) == [
         "10.244.0.2:8080", "10.244.0.3:8080", "10.244.0.4:8080"]
+    # Without --endpoint-counters, connections per backend are not counted.
+    assert dump["endpointCounters"] is False
+    assert {b["connections"] for b in web["backends"]} == {None}
     assert {link["hook"] for link in dump["links"]} == {
         "connect4", "connect6", "sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6",
         "getpeername4", "getpeername6"}
