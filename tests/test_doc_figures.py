@@ -11,7 +11,6 @@ from a measurement)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from tests.test_deploy import DEPLOY, ROOT, daemonset_containers
 
