@@ -109,6 +109,10 @@ def test_a_node_port_from_outside_survives_a_restart_and_cleanup_removes_it(
     lab = processes.lab
     first = processes.backend("backend-1")
     assert lab.outside.call(tcp_probe, NODE_OUTSIDE[4], NODE_PORT).served == f"{PODS[4][0]}:8080"
+    # --cgroup (the test's own) does not scope the table: the start says so (issue 31).
+    (scope,) = [json.loads(line) for line in first.log.read_text().splitlines()
+                if "whatever --cgroup is" in line]
+    assert scope["level"] == "warning" and scope["table"] == "inet kpng-py"
     dump = processes.command("ebpf", "dump", "--bpffs-dir", str(processes.bpffs_dir))
     assert (f"nftables service-nodeports4: tcp . {NODE_PORT} -> goto "
             "svc4-default/web/http/tcp") in dump
