@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One idempotent set-up for a fresh Debian 12 machine (root, python3 on PATH):
-# Debian packages, kernel headers findable by BCC, bpffs, the .venv with pinned
-# dependencies, the generated protobuf code and the kpng-py command.
+# One idempotent set-up for a fresh Debian 12 machine (root, python3 and Go
+# 1.26 on PATH): Debian packages, kernel headers findable by BCC, bpffs, the
+# .venv with pinned dependencies, the generated protobuf code, the kpng-py
+# command, and (dev) the lab's Kubernetes control plane, built with Go.
 # Safe to run again: every step checks before it acts.
 #
 #   hack/setup.sh           development and tests (what `make` runs)
@@ -133,6 +134,42 @@ generate_proto() {
         --python_out="$out" --pyi_out="$out" "$ROOT/proto/localv1.proto"
 }
 
+# The lab's Kubernetes control plane (lab/kube_control_plane.py), built with
+# Go from the modules lab/components/*/go.mod pin: kube-apiserver and
+# kube-controller-manager of k8s.io/kubernetes, etcd of go.etcd.io/etcd/server/v3,
+# static and trimmed like their own release builds, into build/components.
+# The first build takes minutes (docs/e2e.md); Go's build cache makes the next
+# ones take about a second, and a stamp of the pins skips even that.
+K8S_MAIN=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager)
+build_components() {
+    local components="$ROOT/build/components" stamp want version major minor flags="" pkg
+    if ! command -v go >/dev/null; then
+        log "no Go toolchain on PATH: the lab's control plane (lab/components) needs Go 1.26"
+        exit 1
+    fi
+    stamp="$components/.built"
+    want="$( (go version; cat "$ROOT"/lab/components/*/go.mod "$ROOT"/lab/components/*/go.sum) \
+        | sha256sum | cut -d' ' -f1)"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$components/etcd" \
+        && -x "$components/kube-apiserver" && -x "$components/kube-controller-manager" ]]; then
+        return
+    fi
+    log "building the lab's control plane with Go (lab/components; the first build takes minutes)"
+    mkdir -p "$components"
+    version="$(cd "$ROOT/lab/components/kubernetes" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+    major="${version#v}"; major="${major%%.*}"
+    minor="${version#v*.}"; minor="${minor%%.*}"
+    for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+        flags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+        flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+    done
+    (cd "$ROOT/lab/components/kubernetes" && CGO_ENABLED=0 go build -trimpath \
+        -tags=selinux,notest,grpcnotrace -ldflags="all=$flags -s -w" -o "$components/" "${K8S_MAIN[@]}")
+    (cd "$ROOT/lab/components/etcd" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" \
+        -o "$components/etcd" go.etcd.io/etcd/server/v3)
+    echo "$want" >"$stamp"
+}
+
 case "$MODE" in
 dev)
     install_debian_packages
@@ -141,6 +178,7 @@ dev)
     make_venv
     link_debian_modules
     generate_proto
+    build_components
     ;;
 runtime) # headers are linked when the container starts, on the real node
     install_debian_packages

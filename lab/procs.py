@@ -30,7 +30,12 @@ def in_namespace(netns: str, argv: Sequence[str], cgroup: Path | None = None) ->
     command = ["nsenter", f"--net=/run/netns/{netns}", "--", *argv]
     if cgroup is None:
         return command
-    return ["sh", "-c", _JOIN_CGROUP, str(cgroup), *command]
+    return in_cgroup(cgroup, command)
+
+
+def in_cgroup(cgroup: Path, argv: Sequence[str]) -> list[str]:
+    """`argv`, run from its start in `cgroup` (the same pid throughout)."""
+    return ["sh", "-c", _JOIN_CGROUP, str(cgroup), *argv]
 
 
 def sysctl(netns: str, *settings: str) -> None:

@@ -1,0 +1,142 @@
+"""The lab's real Kubernetes control plane (lab/kube_control_plane.py):
+etcd, kube-apiserver and kube-controller-manager as hack/setup.sh builds
+them, on loopback. Pods registered as a kubelet would get EndpointSlices
+from the real controller; a run killed outright leaves nothing the sweep
+does not remove."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Iterator
+
+import pytest
+
+from lab import teardown
+from lab.kube_control_plane import (BINARIES, ControlPlaneError, KubeApi, KubeControlPlane,
+                                    missing_binaries, slice_endpoints, version_of)
+from lab.names import RunNames, process_exists
+from lab.procs import wait_until
+from tests.support.kernel import require_root_bpf
+
+pytestmark = pytest.mark.kernel
+
+SERVICE_CIDRS = ("10.96.0.0/16", "fd00:10:96::/112")
+POD_IPS = {"web-0": ("10.244.0.5", "fd00:10:244::5"), "web-1": ("10.244.0.6", "fd00:10:244::6")}
+
+
+def require_components() -> None:
+    require_root_bpf()
+    missing = missing_binaries()
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not built: run hack/setup.sh")
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[KubeApi]:
+    require_components()
+    names = RunNames.for_this_process()
+    workdir = names.make_workdir()
+    control = KubeControlPlane(names, workdir, SERVICE_CIDRS)
+    try:
+        yield control.start()
+    finally:
+        control.stop()
+        shutil.rmtree(workdir)
+
+
+def _pod(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": "web"}},
+            "spec": {"nodeName": "node-a", "containers": [{
+                "name": "web", "image": "lab.invalid/web:1",
+                "ports": [{"name": "http", "containerPort": 8080}]}]}}
+
+
+def _ready(api: KubeApi) -> dict[str, bool]:
+    return {address: bool(conditions.get("ready"))
+            for address, conditions in slice_endpoints(api.endpoint_slices("default", "web"))}
+
+
+def _until(api: KubeApi, wanted: dict[str, bool], what: str) -> None:
+    wait_until(what, lambda: _ready(api) == wanted, 30.0)
+
+
+def test_the_versions_are_the_pinned_ones() -> None:
+    require_components()
+    assert version_of("kube-apiserver") == "Kubernetes v1.37.2"
+    assert version_of("kube-controller-manager") == "Kubernetes v1.37.2"
+    assert version_of("etcd").startswith("etcd Version: 3.6.")
+
+
+def test_pods_written_as_a_kubelet_would_get_endpoint_slices(api: KubeApi) -> None:
+    api.register_node("node-a", ["10.0.0.1", "fd00::1"], zone="zone-a")
+    api.create("/api/v1/namespaces/default/services", {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ipFamilyPolicy": "RequireDualStack",
+                 "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}})
+    for name, ips in POD_IPS.items():
+        api.create("/api/v1/namespaces/default/pods", _pod(name))
+        api.pod_status("default", name, ips, ready=True)
+    every = {ip: True for ips in POD_IPS.values() for ip in ips}
+    _until(api, every, "both pods ready in both families")
+    (v4,) = [s for s in api.endpoint_slices("default", "web") if s["addressType"] == "IPv4"]
+    assert v4["ports"] == [{"name": "http", "port": 8080, "protocol": "TCP"}]
+    assert {e["zone"] for e in v4["endpoints"]} == {"zone-a"}
+
+    api.pod_status("default", "web-1", POD_IPS["web-1"], ready=False)
+    _until(api, {**every, **{ip: False for ip in POD_IPS["web-1"]}}, "web-1 not ready")
+    # A graceful delete marks web-0 terminating (no kubelet ends it here)...
+    api.delete("/api/v1/namespaces/default/pods/web-0")
+    wait_until("web-0 terminating", lambda: {
+        address: bool(conditions.get("terminating"))
+        for address, conditions in slice_endpoints(api.endpoint_slices("default", "web"))
+    } == {**{ip: True for ip in POD_IPS["web-0"]}, **{ip: False for ip in POD_IPS["web-1"]}},
+        30.0)
+    # ... and the lab ends it as a kubelet would: then it is gone.
+    api.delete("/api/v1/namespaces/default/pods/web-0", grace_seconds=0)
+    _until(api, {ip: False for ip in POD_IPS["web-1"]}, "web-0 gone")
+
+
+def test_a_missing_component_is_named_with_the_fix(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path) -> None:
+    monkeypatch.setattr("lab.kube_control_plane.COMPONENTS", tmp_path)
+    with pytest.raises(ControlPlaneError, match=rf"{', '.join(BINARIES)} not built under "
+                                                rf"{tmp_path}: run hack/setup.sh"):
+        KubeControlPlane(RunNames(1), tmp_path, SERVICE_CIDRS).start()
+
+
+_KILLED_RUN = """
+import sys, time
+from lab.kube_control_plane import KubeControlPlane
+from lab.names import RunNames
+names = RunNames.for_this_process()
+control = KubeControlPlane(names, names.make_workdir(), ["10.96.0.0/16"])
+control.start()
+print(" ".join(map(str, control.pids())), flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_sweep_removes_a_control_plane_whose_run_was_killed() -> None:
+    require_components()
+    run = subprocess.Popen([sys.executable, "-c", _KILLED_RUN], stdout=subprocess.PIPE,
+                           text=True, cwd=os.getcwd())
+    assert run.stdout is not None
+    pids = [int(pid) for pid in run.stdout.readline().split()]
+    assert len(pids) == 3 and all(process_exists(pid) for pid in pids)
+    names = RunNames(run.pid)
+    run.send_signal(signal.SIGKILL)  # no clean-up of any kind runs
+    run.wait()
+    assert any(path for path in teardown.leftovers(names))
+    report = teardown.remove_stale_runs()
+    assert any(names.tag in line for line in report), report
+    deadline = time.monotonic() + 10
+    while any(process_exists(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(process_exists(pid) for pid in pids)
+    assert teardown.leftovers(names) == []
