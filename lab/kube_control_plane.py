@@ -198,7 +198,10 @@ class KubeControlPlane:
             f"--token-auth-file={self._work / 'tokens.csv'}", "--authorization-mode=RBAC",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={self._work / 'sa.pub'}",
-            f"--service-account-signing-key-file={self._work / 'sa.key'}"])
+            f"--service-account-signing-key-file={self._work / 'sa.key'}",
+            # Its own address (the machine's, not loopback) stays out of the
+            # `default/kubernetes` Service: no brain may program a way to it.
+            "--endpoint-reconciler-type=none"])
         api = KubeApi(access)
         self._wait_ready(api)
         kubeconfig = self._work / "admin.kubeconfig"

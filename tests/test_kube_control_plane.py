@@ -73,6 +73,15 @@ def test_the_versions_are_the_pinned_ones() -> None:
     assert version_of("etcd").startswith("etcd Version: 3.6.")
 
 
+def test_the_api_servers_own_service_has_no_endpoint(api: KubeApi) -> None:
+    """The API server would publish the machine's address as the endpoint of
+    default/kubernetes: a brain would program traffic out of the lab."""
+    deadline = time.monotonic() + 2.0  # with one, it is there within half a second
+    while time.monotonic() < deadline:
+        assert list(slice_endpoints(api.endpoint_slices("default", "kubernetes"))) == []
+        time.sleep(0.2)
+
+
 def test_pods_written_as_a_kubelet_would_get_endpoint_slices(api: KubeApi) -> None:
     api.register_node("node-a", ["10.0.0.1", "fd00::1"], zone="zone-a")
     api.create("/api/v1/namespaces/default/services", {
