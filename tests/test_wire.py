@@ -1,7 +1,7 @@
 """proto/localv1.proto is KPNG's localv1 on the wire.
 
 The bytes here are built by hand from the field numbers and wire types of
-../shared/spec/localv1-wire.md, not by the generated code, so a renumbered or
+docs/spec/localv1-wire.md, not by the generated code, so a renumbered or
 retyped field fails these tests.
 """
 

@@ -92,7 +92,8 @@ class EbpfBackend:
         self._terminator: StaleUdpTerminator | None = None
         self._node_addresses: NodeAddressMap | None = None
         self._follower: AddressFollower | None = None
-        # The healthCheckNodePort servers (spec N11), on the allowed node addresses.
+        # The healthCheckNodePort servers (docs/spec/node-port-behaviours.md, N11),
+        # on the allowed node addresses.
         self._health_checks = HealthCheckNodePorts(metrics, nodeport_addresses)
         self._health: DataplaneHealth | None = None
         # apply(), the follower's callbacks and the datapath check, one at a time.

@@ -1,5 +1,6 @@
 """Delete the conntrack entries of UDP flows from outside whose endpoint left
-the service (nodeport-semantics N17, what kube-proxy does after each sync).
+the service (docs/spec/node-port-behaviours.md, N17: what kube-proxy does after
+each sync).
 
 A UDP "connection" DNATed by the netfilter table stays bound to its endpoint
 for as long as the client keeps sending (conntrack refreshes the entry with

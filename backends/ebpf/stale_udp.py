@@ -1,5 +1,6 @@
-"""Terminate connected UDP sockets whose backend was removed (service-semantics
-S9, the socket-level counterpart of kube-proxy's UDP conntrack flush).
+"""Terminate connected UDP sockets whose backend was removed
+(docs/spec/service-behaviours.md, S9: the socket-level counterpart of
+kube-proxy's UDP conntrack flush).
 
 A connected UDP socket went through connect4/6 once and keeps sending to the
 backend chosen then, even after that backend left the service. We find such

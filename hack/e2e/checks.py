@@ -1,5 +1,6 @@
-"""The checks: service-semantics.md S1-S15, as the Kubernetes e2e tests for
-Services run them (upstream test names in each check's `upstream`).
+"""The checks: docs/spec/service-behaviours.md, S1-S15, as the Kubernetes
+e2e tests for Services run them (upstream test names in each check's
+`upstream`).
 
 Three services exist from the start (web, dns, echo: the first full sync);
 checks that change them get them back afterwards. Every other service is

@@ -1,6 +1,7 @@
-"""The NodePort topology's checks: nodeport-semantics.md N1-N19 (and N0, the
-topology's own sanity), named with the N number and, in `upstream`, the
-Kubernetes e2e test that checks the same (test/e2e/network/service.go).
+"""The NodePort topology's checks: docs/spec/node-port-behaviours.md,
+N1-N19 (and N0, the topology's own sanity), named with the N number and, in
+`upstream`, the Kubernetes e2e test that checks the same
+(test/e2e/network/service.go).
 
 Three services exist from the first sync (np: NodePort, web: NodePort for
 HTTP and echo, local: LoadBalancer with externalTrafficPolicy Local and a

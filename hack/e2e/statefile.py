@@ -1,5 +1,5 @@
 """The cluster state the checks change, written as a KPNG state file
-(../shared/spec/kpng-file-format.md) for the built-in brain.
+(docs/spec/state-file.md) for the built-in brain.
 
 Values are frozen; a check changes the cluster by building a new state
 (`with_service`, `without_service`, `ServiceSpec.with_endpoints`...) the way a

@@ -1,6 +1,6 @@
 """KPNG's state file (`kpng file -i FILE`), parsed strictly into frozen values.
 
-The format (../shared/spec/kpng-file-format.md, docs/brain.md): `nodes` (KPNG's
+The format (docs/spec/state-file.md, docs/brain.md): `nodes` (KPNG's
 globalv1 Node) and `services`, each a localv1 `service` with its `endpoints`
 (globalv1 EndpointInfo). Keys are the upstream field names lower-cased and enums
 are integers. Defaults are upstream's: namespace `default`; an endpoint's

@@ -12,7 +12,7 @@ import pytest
 from kpng_py.api import localv1
 from kpng_py.brain.statefile import ClusterState, StateFileError, endpoint_hash, parse_state
 
-# The example of ../shared/spec/kpng-file-format.md.
+# The example of docs/spec/state-file.md.
 SPEC_EXAMPLE = """\
 nodes:
 - name: node-a

@@ -1,6 +1,6 @@
 """The netfilter table in the real kernel: a client outside the node reaches
-pods through node ports, ExternalIPs and LB IPs (nodeport-semantics N1-N18,
-the ones that concern packets from outside). Real servers in a pod
+pods through node ports, ExternalIPs and LB IPs (docs/spec/node-port-behaviours.md,
+N1-N18, the ones that concern packets from outside). Real servers in a pod
 namespace, real sockets in an "outside" namespace (lab/nodeport_lab.py);
 the table is programmed in the node namespace and removed after each test.
 """

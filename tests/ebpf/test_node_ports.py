@@ -1,5 +1,5 @@
 """Node ports, ExternalIPs and load-balancer IPs at the socket, in the kernel
-(spec: /work/shared/spec/nodeport-semantics.md, N1-N6, N14): a client in the
+(docs/spec/node-port-behaviours.md, N1-N6, N14): a client in the
 test cgroup dials the node's own addresses at node ports. The client netns
 is the node: its addresses (10.244.0.1, fd00:244::1, loopback) are the local
 addresses, followed by the backend's real LocalAddressFollower entered into

@@ -2,7 +2,7 @@
 backend with real sockets (lab/proxy_node.py): the client namespace is
 "outside the node" (10.244.0.2 on the node's c0 link, 10.244.0.1), the node
 namespace runs the backend, the server namespace holds the endpoints.
-Behaviour numbers are those of the spec (nodeport-semantics.md)."""
+Behaviour numbers are those of docs/spec/node-port-behaviours.md."""
 
 from __future__ import annotations
 
