@@ -50,6 +50,7 @@ from google.protobuf.message import DecodeError
 
 from kpng_py.aio import ThreadsafeEvent, new_event_loop
 from kpng_py.api import localv1
+from kpng_py.backoff import Backoff
 from kpng_py.grpclib_watch import CallFailed, WatchCall, open_channel
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
@@ -59,9 +60,6 @@ from kpng_py.transport import AddressError, TLSFiles
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-# Retry delays are stretched by a random factor in [1, 1 + JITTER): upward
-# only, so --error-delay stays the shortest delay.
-JITTER = 0.25
 
 
 class SinkFailed(Exception):
@@ -136,24 +134,6 @@ class ClientConfig:
     # Ops handed to the sink at a time before their Sync: a batch of them
     # (about 3 MiB) is what the client holds of a full state.
     staged_batch: int = 4096
-
-
-class Backoff:
-    """Retry delays: `first`, then doubling up to `cap`, each times a random
-    factor in [1, 1 + JITTER); `reset` starts again from `first`."""
-
-    def __init__(self, first: float, cap: float,
-                 random_unit: Callable[[], float] = random.random) -> None:
-        self._first, self._cap = first, max(cap, first)
-        self._next = first
-        self._random_unit = random_unit
-
-    def next(self) -> float:
-        delay, self._next = self._next, min(self._next * 2, self._cap)
-        return delay * (1 + JITTER * self._random_unit())
-
-    def reset(self) -> None:
-        self._next = self._first
 
 
 class _StreamCut(Exception):
