@@ -69,7 +69,7 @@ class SinkFailed(Exception):
 
 
 class ChangeSetSink(Protocol):
-    """What takes change sets whole (an in-process source hands them over so)."""
+    """What takes a change set with its Sync, or is told it failed."""
 
     def on_changeset_started(self) -> None:
         """The first message of a change set arrived (its Sync has not)."""
@@ -91,29 +91,6 @@ class OpsSink(ChangeSetSink, Protocol):
         sink may take them into its state, never into its dataplane. Called
         on the client's event loop, between two messages: it must not wait
         (for a dataplane, the network, a lock held long)."""
-
-
-class WholeChangeSets:
-    """An OpsSink for a ChangeSetSink: holds the ops handed over early and
-    gives them with the rest of their change set."""
-
-    def __init__(self, sink: ChangeSetSink) -> None:
-        self.sink = sink
-        self._held: list[localv1.OpItem] = []
-
-    def on_changeset_started(self) -> None:
-        self.sink.on_changeset_started()
-
-    def on_ops(self, ops: list[localv1.OpItem]) -> None:
-        self._held += ops
-
-    def on_changeset(self, ops: list[localv1.OpItem]) -> None:
-        held, self._held = self._held, []
-        self.sink.on_changeset(held + ops)
-
-    def on_stream_error(self, reason: str, partial: list[localv1.OpItem]) -> None:
-        held, self._held = self._held, []
-        self.sink.on_stream_error(reason, held + partial)
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,20 @@ from pathlib import Path
 import pytest
 
 from kpng_py.api import localv1 as L
-from kpng_py.client import ClientConfig, WatchClient, WholeChangeSets
+from kpng_py.client import ClientConfig, WatchClient
 from kpng_py.metrics import Metrics
 from kpng_py.server import Reply
 from kpng_py.transport import AddressError, DialTarget, ListenAddress, TLSFiles, dial_target
 from lab.localv1_servers import H2Brain, framed
 from tests.streams.build import reset, service, set_service, sync
-from tests.support.watch import RecordingSink, ScriptedSource, changeset, run_client, start
+from tests.support.watch import (
+    RecordingSink,
+    ScriptedSource,
+    WholeChangeSets,
+    changeset,
+    run_client,
+    start,
+)
 
 
 def test_next_request_only_after_the_change_set_is_applied(tmp_path: Path) -> None:
