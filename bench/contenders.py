@@ -1,6 +1,7 @@
 """The contenders: our backends (every backend of kpng_py.registry with a
-dataplane) and what a user would run instead, kube-proxy's iptables mode (with
-either iptables backend) and nftables mode. Each is started as a `bench.worker`."""
+dataplane, driven as lab.backends says) and what a user would run instead,
+kube-proxy's iptables mode (with either iptables backend) and nftables mode.
+Each is started as a `bench.worker`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from bench.scenario import Scenario
 from bench.worker import open_files_ceiling
-from kpng_py.registry import LabPlaces, LabSupport, lab_backends
+from lab.backends import LabPlaces, LabSupport, lab_backends
 
 # Descriptors a worker needs besides its backend's sockets.
 _SPARE_FILES = 1000
@@ -72,8 +73,8 @@ class Contender:
 
 
 CONTENDERS = {c.name: c for c in (
-    *(Contender(name, "ours", sink=spec.sink, lab=spec.lab)
-      for name, spec in lab_backends().items()),
+    *(Contender(name, "ours", sink=backend.sink, lab=backend.support)
+      for name, backend in lab_backends().items()),
     Contender("iptables-legacy", "iptables", iptables_variant="legacy"),
     Contender("iptables-nft", "iptables", iptables_variant="nft"),
     Contender("nftables", "nftables"),

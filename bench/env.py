@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from kpng_py.registry import LabPlaces, lab_backends
+from lab.backends import LabPlaces, lab_backends
 from lab.names import RunNames
 from lab.procs import JsonLog, kill_pids, run
 
@@ -49,7 +49,7 @@ class Sandbox:
 
     @property
     def places(self) -> LabPlaces:
-        """Where a backend run in it keeps its dataplane (kpng_py.registry)."""
+        """Where a backend run in it keeps its dataplane (lab.backends)."""
         return LabPlaces(self.netns, self.cgroup, self.bpffs_dir, self.service_interface)
 
     def create(self) -> Sandbox:
@@ -81,8 +81,8 @@ class Sandbox:
 def dataplane_cleanup(places: LabPlaces) -> None:
     """Remove what any of our backends left in `places` beyond its processes
     and namespace (e.g. the eBPF backend's pins), if anything."""
-    for spec in lab_backends().values():
-        command = spec.lab.cleanup(places) if spec.lab else None
+    for backend in lab_backends().values():
+        command = backend.support.cleanup(places)
         if command is not None:
             run(command, check=False, timeout=60)
 

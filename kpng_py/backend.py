@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Protocol
 
 from kpng_py.api import localv1
+from kpng_py.backoff import Backoff
+from kpng_py.collector import CollectorPause, collector_paused, freeze_survivors
 from kpng_py.dataplane_census import EXTERNAL, INTERNAL, DataplaneCensus
 from kpng_py.healthcheck_nodeport import ProxyHealth
-from kpng_py.client import Backoff
-from kpng_py.collector import CollectorPause, collector_paused, freeze_survivors
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePortChanges

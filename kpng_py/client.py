@@ -50,6 +50,7 @@ from google.protobuf.message import DecodeError
 
 from kpng_py.aio import ThreadsafeEvent, new_event_loop
 from kpng_py.api import localv1
+from kpng_py.backoff import Backoff
 from kpng_py.grpclib_watch import CallFailed, WatchCall, open_channel
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
@@ -59,9 +60,6 @@ from kpng_py.transport import AddressError, TLSFiles
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-# Retry delays are stretched by a random factor in [1, 1 + JITTER): upward
-# only, so --error-delay stays the shortest delay.
-JITTER = 0.25
 
 
 class SinkFailed(Exception):
@@ -71,7 +69,7 @@ class SinkFailed(Exception):
 
 
 class ChangeSetSink(Protocol):
-    """What takes change sets whole (an in-process source hands them over so)."""
+    """What takes a change set with its Sync, or is told it failed."""
 
     def on_changeset_started(self) -> None:
         """The first message of a change set arrived (its Sync has not)."""
@@ -95,29 +93,6 @@ class OpsSink(ChangeSetSink, Protocol):
         (for a dataplane, the network, a lock held long)."""
 
 
-class WholeChangeSets:
-    """An OpsSink for a ChangeSetSink: holds the ops handed over early and
-    gives them with the rest of their change set."""
-
-    def __init__(self, sink: ChangeSetSink) -> None:
-        self.sink = sink
-        self._held: list[localv1.OpItem] = []
-
-    def on_changeset_started(self) -> None:
-        self.sink.on_changeset_started()
-
-    def on_ops(self, ops: list[localv1.OpItem]) -> None:
-        self._held += ops
-
-    def on_changeset(self, ops: list[localv1.OpItem]) -> None:
-        held, self._held = self._held, []
-        self.sink.on_changeset(held + ops)
-
-    def on_stream_error(self, reason: str, partial: list[localv1.OpItem]) -> None:
-        held, self._held = self._held, []
-        self.sink.on_stream_error(reason, held + partial)
-
-
 @dataclass(frozen=True)
 class ClientConfig:
     target: str
@@ -136,24 +111,6 @@ class ClientConfig:
     # Ops handed to the sink at a time before their Sync: a batch of them
     # (about 3 MiB) is what the client holds of a full state.
     staged_batch: int = 4096
-
-
-class Backoff:
-    """Retry delays: `first`, then doubling up to `cap`, each times a random
-    factor in [1, 1 + JITTER); `reset` starts again from `first`."""
-
-    def __init__(self, first: float, cap: float,
-                 random_unit: Callable[[], float] = random.random) -> None:
-        self._first, self._cap = first, max(cap, first)
-        self._next = first
-        self._random_unit = random_unit
-
-    def next(self) -> float:
-        delay, self._next = self._next, min(self._next * 2, self._cap)
-        return delay * (1 + JITTER * self._random_unit())
-
-    def reset(self) -> None:
-        self._next = self._first
 
 
 class _StreamCut(Exception):

@@ -130,8 +130,7 @@ def create(args: argparse.Namespace, metrics: Metrics) -> PrintBackend:
     return PrintBackend(sys.stdout)
 
 
-# No dataplane: a lab run has nothing to test through it.
 BACKEND = BackendSpec(
     name="print",
     help="print the programmed state as one JSON line per sync (debugging, tests)",
-    add_arguments=add_arguments, create=create, lab=None, tool=None)
+    add_arguments=add_arguments, create=create, tool=None)

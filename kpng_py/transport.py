@@ -89,9 +89,6 @@ class ListenAddress:
         host, _, port = self.host_port.rpartition(":")
         return host.strip("[]"), int(port)
 
-    def grpc_address(self) -> str:
-        return f"unix:{self.unix_path}" if self.unix_path else str(self.host_port)
-
     def __str__(self) -> str:
         return f"unix://{self.unix_path}" if self.unix_path else f"tcp://{self.host_port}"
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from kpng_py.registry import LabPlaces
+from lab.backends import LabPlaces
 from lab.cluster import (
     ADDRESSING, Addressing, Family, IPAddress, Pod, add_pod_netns, build_node_netns,
     escape_count, escape_counter, ip_batch, nodad, NO_DAD,

@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kpng_py.registry import LabPlaces
+from lab.backends import LabPlaces
 
 PREFIX = "kpe2e"
 
@@ -92,7 +92,7 @@ class RunNames:
 
     @property
     def places(self) -> LabPlaces:
-        """Where the run's backend keeps its dataplane (kpng_py.registry)."""
+        """Where the run's backend keeps its dataplane (lab.backends)."""
         return LabPlaces(self.netns("node"), self.cgroup, self.bpffs_dir, self.service_interface)
 
     def make_workdir(self) -> Path:

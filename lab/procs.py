@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,11 @@ from typing import Callable, Sequence
 # `sh` moves itself into the cgroup, then execs `nsenter`, which execs the
 # command: one pid from start to end, inside the cgroup from the start.
 _JOIN_CGROUP = 'echo 0 >"$0/cgroup.procs" && exec "$@"'
+
+
+def kpng_py_command(*args: str) -> list[str]:
+    """`kpng-py ARGS` as installed next to this Python (the venv's)."""
+    return [str(Path(sys.executable).with_name("kpng-py")), *args]
 
 
 def in_namespace(netns: str, argv: Sequence[str], cgroup: Path | None = None) -> list[str]:

@@ -18,7 +18,7 @@ import pytest
 
 from kpng_py.api import localv1 as L
 from kpng_py.backend import ChangeSetApplier
-from kpng_py.client import Backoff
+from kpng_py.backoff import Backoff
 from kpng_py.health import BindAddress, HealthSink, SyncHealth, serve_healthz
 from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePortChanges, ServicePort

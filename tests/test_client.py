@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import re
 import struct
 import subprocess
@@ -17,13 +16,20 @@ from pathlib import Path
 import pytest
 
 from kpng_py.api import localv1 as L
-from kpng_py.client import Backoff, ClientConfig, WatchClient, WholeChangeSets
+from kpng_py.client import ClientConfig, WatchClient
 from kpng_py.metrics import Metrics
 from kpng_py.server import Reply
 from kpng_py.transport import AddressError, DialTarget, ListenAddress, TLSFiles, dial_target
 from lab.localv1_servers import H2Brain, framed
 from tests.streams.build import reset, service, set_service, sync
-from tests.support.watch import RecordingSink, ScriptedSource, changeset, run_client, start
+from tests.support.watch import (
+    RecordingSink,
+    ScriptedSource,
+    WholeChangeSets,
+    changeset,
+    run_client,
+    start,
+)
 
 
 def test_next_request_only_after_the_change_set_is_applied(tmp_path: Path) -> None:
@@ -53,23 +59,6 @@ def test_reconnects_with_doubling_backoff(tmp_path: Path) -> None:
     gaps = [b - a for a, b in zip(source.streams, source.streams[1:])]
     # at least 0.1 s, then the doubled 0.2 s, then the cap of 0.3 s
     assert all(gap >= delay * 0.95 for gap, delay in zip(gaps, (0.1, 0.2, 0.3))), gaps
-
-
-def test_backoff_doubles_up_to_its_cap_and_resets() -> None:
-    backoff = Backoff(1.0, 5.0, random_unit=lambda: 0.0)
-    assert [backoff.next() for _ in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
-    backoff.reset()
-    assert backoff.next() == 1.0
-
-
-def test_backoff_jitter_only_lengthens_a_delay_by_less_than_a_quarter() -> None:
-    """--error-delay stays the shortest delay; clients of one brain spread out."""
-    longest = Backoff(1.0, 4.0, random_unit=lambda: 1 - 1e-12)
-    assert [round(longest.next(), 6) for _ in range(4)] == [1.25, 2.5, 5.0, 5.0]
-    units = random.Random(12)
-    delays = [Backoff(1.0, 1.0, random_unit=units.random).next() for _ in range(1000)]
-    assert all(1.0 <= d < 1.25 for d in delays)
-    assert len({round(d, 3) for d in delays}) > 100  # spread, not one value
 
 
 def applied_then_failed(streams: int) -> list[Reply]:

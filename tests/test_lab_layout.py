@@ -1,7 +1,8 @@
 """The lab's place in the tree: the e2e harness (hack/e2e), the bench and
-the tests share lab/, none of them borrows another's helpers, and nothing
-needs PYTHONPATH or a sys.path edit to import them (docs/architecture.md,
-"Where each concern lives")."""
+the tests share lab/, none of them borrows another's helpers, the product
+(kpng_py/, backends/) imports none of them, and nothing needs PYTHONPATH or
+a sys.path edit to import them (docs/architecture.md, "Where each concern
+lives")."""
 
 from __future__ import annotations
 
@@ -11,13 +12,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Top-level packages each part must not import.
-FORBIDDEN = {
+# Top-level packages each part of the lab must not import.
+LAB_PARTS = {
     "lab": {"e2e", "bench", "tests"},
     "hack/e2e": {"bench", "tests"},
     "bench": {"e2e", "tests"},
     "tests": {"e2e"},
 }
+# The product imports none of the lab's parts (lab.backends keeps what a lab
+# run knows of the product's backends).
+_LAB = {"lab", "e2e", "bench", "tests"}
+FORBIDDEN = {**LAB_PARTS, "kpng_py": _LAB, "backends": _LAB}
 # What starts a Python process or test run of the project.
 LAUNCHERS = ["Makefile", "pyproject.toml", *(p.relative_to(ROOT).as_posix()
                                              for p in (ROOT / "hack").glob("*.sh"))]
@@ -45,7 +50,7 @@ def test_no_part_imports_another(part):
 
 
 def test_nothing_edits_the_import_path():
-    edits = [str(path.relative_to(ROOT)) for part in FORBIDDEN for path in _sources(part)
+    edits = [str(path.relative_to(ROOT)) for part in LAB_PARTS for path in _sources(part)
              if path != Path(__file__).resolve() and _edits_sys_path(path)]
     assert edits == []
 

@@ -1,6 +1,8 @@
 """The one registry of backends: it lists every backend folder, each
 declaration is complete, and the command line, the e2e harness and the bench
-all take their backends from it (a new backend module shows up in each)."""
+all take their backends from it (a new backend module shows up in the
+command line, and in the harness and the bench once lab.backends has its
+lab facts)."""
 
 from __future__ import annotations
 
@@ -16,15 +18,13 @@ import pytest
 from kpng_py import registry
 from kpng_py.cli import build_parser, main
 from kpng_py.metrics import Metrics
-from kpng_py.registry import BackendSpec, LabPlaces, RegistryError
+from kpng_py.registry import BackendSpec, RegistryError
 
 ROOT = Path(__file__).resolve().parents[1]
-PLACES = LabPlaces(node_netns="kpe2e-1-node", cgroup=Path("/sys/fs/cgroup/unified/kpe2e-1"),
-                   bpffs_dir=Path("/sys/fs/bpf/kpe2e-1"), service_interface="kpe1svc")
 
 FAKE_MODULE = "kpng_py_test_fake_backend"
 FAKE_SOURCE = '''
-from kpng_py.registry import BackendSpec, LabSupport, ToolCommand
+from kpng_py.registry import BackendSpec, ToolCommand
 
 
 class FakeBackend:
@@ -53,26 +53,28 @@ BACKEND = BackendSpec(
     name="fake", help="a backend that only the registry tests know",
     add_arguments=_add_arguments,
     create=lambda args, metrics: FakeBackend(args.fake_flag),
-    lab=LabSupport(
-        flags=lambda places: ["--fake-flag", places.service_interface],
-        capacity_flags=lambda service_ports, endpoints: [],
-        inspect=lambda places: ["true"],
-        cleanup=lambda places: None,
-        translates_in_pod=False, survives_restart=False, sockets_per_service_port=0),
     tool=ToolCommand(name="fake", help="the fake backend's tool",
                      description="The fake backend's tool.",
                      add_arguments=_add_tool_arguments,
                      run=lambda args: print(f"fake tool says {args.say}")),
 )
 '''
-# Registers the fake module in a fresh interpreter, as `fake_backend` does here.
+# Registers the fake module in a fresh interpreter, as `fake_backend` does here,
+# and gives the lab its facts (the entry a new backend adds to lab.backends).
 _REGISTER_FAKE = f'''
 import sys, types
 from kpng_py import registry
+from lab import backends
 module = types.ModuleType({FAKE_MODULE!r})
 exec({FAKE_SOURCE!r}, module.__dict__)
 sys.modules[{FAKE_MODULE!r}] = module
 registry.BACKEND_MODULES = (*registry.BACKEND_MODULES, {FAKE_MODULE!r})
+backends.LAB_SUPPORT = {{**backends.LAB_SUPPORT, "fake": backends.LabSupport(
+    flags=lambda places: ["--fake-flag", places.service_interface],
+    capacity_flags=lambda service_ports, endpoints: [],
+    inspect=lambda places: ["true"],
+    cleanup=lambda places: None,
+    translates_in_pod=False, survives_restart=False, sockets_per_service_port=0)}}
 '''
 
 
@@ -84,12 +86,6 @@ def fake_backend(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     monkeypatch.setitem(sys.modules, FAKE_MODULE, module)
     monkeypatch.setattr(registry, "BACKEND_MODULES", (*registry.BACKEND_MODULES, FAKE_MODULE))
     return module
-
-
-def _parser_of(spec: BackendSpec) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=spec.sink, exit_on_error=False)
-    spec.add_arguments(parser)
-    return parser
 
 
 def _choices(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -109,47 +105,14 @@ def test_every_backend_is_a_sink_of_local_and_of_file_to_local() -> None:
     local_sinks = _choices(commands["local"])
     to_local_sinks = _choices(_choices(commands["file"])["to-local"])
     assert list(local_sinks) == list(to_local_sinks) == list(registry.by_sink())
-    assert set(registry.lab_backends()) == {"ebpf", "userspace"}
 
 
 @pytest.mark.parametrize("spec", registry.registered(), ids=lambda spec: spec.name)
 def test_each_declaration_is_complete(spec: BackendSpec) -> None:
-    parser = _parser_of(spec)
     commands = _choices(build_parser())
     assert _choices(commands["local"])[spec.sink].description == spec.help
     if spec.tool is not None:
         assert commands[spec.tool.name].description == spec.tool.description
-    if spec.lab is None:
-        return
-    lab = spec.lab
-    # The lab's flags and the capacity flags are flags the backend really has.
-    flags = [*lab.flags(PLACES), *lab.capacity_flags(1000, 10_000)]
-    assert all(isinstance(flag, str) for flag in flags)
-    parser.parse_args(flags)
-    assert lab.inspect(PLACES) and all(isinstance(arg, str) for arg in lab.inspect(PLACES))
-    cleanup = lab.cleanup(PLACES)
-    assert cleanup is None or (cleanup and all(isinstance(arg, str) for arg in cleanup))
-    assert lab.sockets_per_service_port >= 0
-
-
-def test_the_lab_runs_each_dataplane_inside_its_places() -> None:
-    ebpf, userspace = (registry.lab_backends()[name].lab for name in ("ebpf", "userspace"))
-    assert ebpf and userspace
-    assert ebpf.flags(PLACES) == ["--cgroup", str(PLACES.cgroup),
-                                  "--bpffs-dir", str(PLACES.bpffs_dir)]
-    assert userspace.flags(PLACES) == ["--interface", PLACES.service_interface]
-    assert userspace.inspect(PLACES)[:3] == ["ip", "-n", PLACES.node_netns]
-    # Nothing pinned there (the directory does not exist): nothing to clean up.
-    assert ebpf.cleanup(PLACES) is None and userspace.cleanup(PLACES) is None
-
-
-def test_ebpf_capacity_makes_room_for_every_endpoint() -> None:
-    capacity = registry.lab_backends()["ebpf"].lab
-    assert capacity is not None
-    flags = capacity.capacity_flags(30_000, 300_000)
-    sizes = dict(zip(flags[::2], map(int, flags[1::2])))
-    assert sizes["--map-size-services"] >= 330_000 * 5 // 4
-    assert sizes["--map-size-backends"] >= 300_000 * 5 // 4
 
 
 def test_a_new_backend_module_appears_in_the_cli(fake_backend, capsys) -> None:
@@ -207,7 +170,7 @@ def test_a_backend_registered_twice_is_named(monkeypatch) -> None:
 def test_a_backend_name_must_make_a_sink(name: str) -> None:
     with pytest.raises(RegistryError, match="not lowercase letters and digits"):
         BackendSpec(name=name, help="h", add_arguments=lambda p: None,
-                    create=lambda a, m: None, lab=None, tool=None)
+                    create=lambda a, m: None, tool=None)
 
 
 def test_help_imports_neither_bcc_nor_pyroute2() -> None:

@@ -1,5 +1,4 @@
-"""The eBPF backend's declaration: `to-ebpf`, `kpng-py ebpf cleanup|dump|trace`, and
-how a lab run places, inspects and cleans up its datapath.
+"""The eBPF backend's declaration: `to-ebpf` and `kpng-py ebpf cleanup|dump|trace`.
 
 Nothing here imports BCC or libbpf at import time, so `kpng-py --help` works
 on machines without them.
@@ -22,7 +21,7 @@ from kpng_py.durations import DurationError, parse_seconds
 from kpng_py.limits import positive_count
 from kpng_py.metrics import Metrics
 from kpng_py.nodeport_addresses import NodePortAddresses, add_nodeport_addresses_flag
-from kpng_py.registry import BackendSpec, LabPlaces, LabSupport, ToolCommand, kpng_py_command
+from kpng_py.registry import BackendSpec, ToolCommand
 from kpng_py.service_counters import add_endpoint_counters_flag
 
 
@@ -274,33 +273,6 @@ def _trace(bpffs_dir: Path, args: argparse.Namespace) -> None:
               "trace read more slowly than connections were made)", file=sys.stderr, flush=True)
 
 
-def _lab_flags(places: LabPlaces) -> list[str]:
-    return ["--cgroup", str(places.cgroup), "--bpffs-dir", str(places.bpffs_dir)]
-
-
-def _capacity_flags(service_ports: int, endpoints: int) -> list[str]:
-    # a master entry per frontend plus a slot per backend; a backend per endpoint
-    return ["--map-size-services", str(_capacity(service_ports + endpoints)),
-            "--map-size-backends", str(_capacity(endpoints))]
-
-
-def _capacity(entries: int) -> int:
-    """Room for `entries` and a quarter more, as a power of two."""
-    size = 1024
-    while size < entries * 5 // 4:
-        size *= 2
-    return size
-
-
-def _lab_cleanup(places: LabPlaces) -> list[str] | None:
-    # The pins under --bpffs-dir are what keeps the programs attached and the
-    # maps alive after the process: without them, nothing of it is left.
-    if not places.bpffs_dir.exists():
-        return None
-    return kpng_py_command("ebpf", "cleanup", "--cgroup", str(places.cgroup),
-                           "--bpffs-dir", str(places.bpffs_dir))
-
-
 def _versions() -> dict[str, str]:
     """BCC's version, or why it cannot be loaded (the backend needs it)."""
     try:
@@ -316,15 +288,6 @@ BACKEND = BackendSpec(
          "of a cgroup, translated at the socket (cgroup sock_addr eBPF programs)",
     add_arguments=add_arguments,
     create=create,
-    lab=LabSupport(
-        flags=_lab_flags,
-        capacity_flags=_capacity_flags,
-        inspect=lambda places: kpng_py_command("ebpf", "dump",
-                                               "--bpffs-dir", str(places.bpffs_dir)),
-        cleanup=_lab_cleanup,
-        translates_in_pod=True, survives_restart=True, sockets_per_service_port=0,
-        trace=lambda places: kpng_py_command("ebpf", "trace", "--json",
-                                             "--bpffs-dir", str(places.bpffs_dir))),
     tool=ToolCommand(
         name="ebpf", help="inspect or remove the eBPF datapath",
         description="Inspect or remove the eBPF datapath.",

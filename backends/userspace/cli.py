@@ -1,5 +1,4 @@
-"""The userspace backend's declaration: `kpng-py local ... to-userspace [flags]`,
-and how a lab run places and inspects it."""
+"""The userspace backend's declaration: `kpng-py local ... to-userspace [flags]`."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from kpng_py.cli import _positive_float, _size
 from kpng_py.metrics import Metrics
 from kpng_py.model import IPNetwork
 from kpng_py.nodeport_addresses import add_nodeport_addresses_flag, parse_cidrs
-from kpng_py.registry import BackendSpec, LabPlaces, LabSupport
+from kpng_py.registry import BackendSpec
 from kpng_py.service_counters import add_endpoint_counters_flag
 
 # Linux's IFNAMSIZ less the terminating NUL.
@@ -96,23 +95,11 @@ def create(args: argparse.Namespace, metrics: Metrics):
     return UserspaceBackend(config, metrics)
 
 
-def _inspect(places: LabPlaces) -> list[str]:
-    return ["ip", "-n", places.node_netns, "addr", "show", "dev", places.service_interface]
-
-
 BACKEND = BackendSpec(
     name="userspace",
     help="userspace proxy: each ClusterIP on a local interface, a TCP/UDP listener per "
          "ClusterIP:port, Maglev load balancing (no eBPF, no iptables)",
     add_arguments=add_arguments,
     create=create,
-    lab=LabSupport(
-        flags=lambda places: ["--interface", places.service_interface, *(
-            ["--cluster-cidr", ",".join(places.pod_cidrs)] if places.pod_cidrs else [])],
-        capacity_flags=lambda service_ports, endpoints: [],
-        inspect=_inspect,
-        # Its interface and sockets go with the node's namespace and its process.
-        cleanup=lambda places: None,
-        translates_in_pod=False, survives_restart=False, sockets_per_service_port=1),
     tool=None,
 )

@@ -50,7 +50,7 @@ SERVICE_PROXY_NAME = "service.kubernetes.io/service-proxy-name"
 
 def proxy_in_process(kind: BackendKind) -> bool:
     """A proxy whose dataplane is its own process (kube-proxy's userspace
-    mode; the registry declares it as not surviving a restart): it opens
+    mode; lab.backends says it does not survive a restart): it opens
     the connection to the endpoint itself."""
     return not kind.survives_restart
 

@@ -21,11 +21,11 @@ from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePort
 from kpng_py.skips import Skips
 from kpng_py.state import NodeState
-from kpng_py.registry import LabPlaces, LabSupport, kpng_py_command, lab_backends
+from lab.backends import LabPlaces, LabSupport, lab_backends
 from lab.cluster import Cluster
 from lab.multinode import MultiNodeCluster
 from lab.names import RunNames
-from lab.procs import JsonLog, Proc, run, wait_until
+from lab.procs import JsonLog, Proc, kpng_py_command, run, wait_until
 
 START_TIMEOUT = 120.0  # BCC compiles the programs at start-up: seconds on a busy machine
 SYNC_TIMEOUT = 20.0
@@ -39,9 +39,9 @@ def kpng_py(*args: str) -> list[str]:
 
 @dataclass(frozen=True)
 class BackendKind:
-    """A registered backend (kpng_py.registry), as this harness runs it for a run's
-    names. A backend that does not survive a restart is asked by S13 only to
-    serve again, including changes made while it was down."""
+    """A registered backend with its lab facts (lab.backends), as this harness
+    runs it for a run's names. A backend that does not survive a restart is
+    asked by S13 only to serve again, including changes made while it was down."""
 
     name: str
     sink: str
@@ -74,8 +74,8 @@ class BackendKind:
 
 
 # `-b` takes these names; each is a registered backend that has a dataplane.
-BACKENDS = {name: BackendKind(name, spec.sink, spec.lab)
-            for name, spec in lab_backends().items() if spec.lab is not None}
+BACKENDS = {name: BackendKind(name, backend.sink, backend.support)
+            for name, backend in lab_backends().items()}
 
 
 class SyncError(Exception):

@@ -21,10 +21,10 @@ from e2e.checks import CHECKS, Check, base_state
 from e2e.expect import CheckFailed, CheckRun, Env
 from e2e.proxy import BACKENDS, BackendKind, ControlPlane, SyncError
 from e2e.topology import NodePortEnv
-from kpng_py.registry import LabPlaces
 from e2e.report import Report, Result
 from e2e.statefile import ClusterState
 from lab import clients, procs, teardown
+from lab.backends import LabPlaces
 from lab.cluster import Cluster, Family, families_of_mode
 from lab.multinode import MultiNodeCluster
 from lab.names import CGROUP2_ROOT, RunNames

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from e2e.proxy import BackendKind, ControlPlane, Seat
 from e2e.statefile import ClusterState, ServiceSpec
-from kpng_py.registry import LabPlaces
 from lab import clients
+from lab.backends import LabPlaces
 from lab.cluster import Family, Pod
 from lab.multinode import MultiNodeCluster, Node, node_names
 from lab.names import RunNames

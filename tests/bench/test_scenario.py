@@ -16,7 +16,7 @@ from bench.results import Results
 from bench.scenario import Probe, Scenario
 from bench.worker import REPORT_KEY, read_reports
 from kpng_py.model import Protocol
-from kpng_py.registry import LabPlaces
+from lab.backends import LabPlaces
 
 
 def test_scenario_has_n_distinct_service_ports_of_e_endpoints_with_probes_last():

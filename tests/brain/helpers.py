@@ -18,7 +18,7 @@ from kpng_py.api import localv1
 from kpng_py.backend import ChangeSetApplier
 from kpng_py.brain.source import BrainSource
 from kpng_py.brain.watcher import StateFileWatcher
-from kpng_py.client import ClientConfig, WatchClient, WholeChangeSets
+from kpng_py.client import ClientConfig, WatchClient
 from kpng_py.metrics import Metrics
 from kpng_py.model import ServicePortChanges
 from kpng_py.print_backend import PrintBackend
@@ -27,6 +27,7 @@ from kpng_py.skips import Skips
 from kpng_py.state import NodeState
 from kpng_py.transport import ListenAddress
 from tests.support.process import WAIT_SECONDS, wait_until
+from tests.support.watch import WholeChangeSets
 
 TCP, UDP, SCTP = localv1.TCP, localv1.UDP, localv1.SCTP
 

@@ -28,7 +28,7 @@ from backends.ebpf import libbpf, maps, service_id_maps
 from backends.ebpf.dump import dump_json, format_text, read_dump
 from backends.ebpf.mapaccess import MapAccess
 from kpng_py.model import Protocol, ServicePortName
-from kpng_py.registry import kpng_py_command
+from lab.procs import kpng_py_command
 from tests.ebpf.helpers import loaded
 
 pytestmark = pytest.mark.kernel

@@ -16,7 +16,7 @@ import pytest
 
 from backends.ebpf import maps
 from backends.ebpf.loader import pinned_links
-from kpng_py.client import JITTER
+from kpng_py.backoff import JITTER
 from lab.socket_lab import Agent, Lab, backend_ip, target
 from tests.brain.helpers import TCP
 from tests.ebpf.node import TARGETS, WEB_VIPS, lab_service, node, web_and_dns

@@ -17,8 +17,7 @@ from backends.ebpf import maps
 from backends.ebpf.backend import EbpfBackend
 from backends.ebpf.loader import mount_point, open_pinned_map
 from backends.ebpf.trace import TraceSession, Translation
-from kpng_py.registry import kpng_py_command
-from lab.procs import wait_until
+from lab.procs import kpng_py_command, wait_until
 from lab.socket_lab import Agent, Lab, backend_ip
 from tests.ebpf.helpers import added, service_port
 

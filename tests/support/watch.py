@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kpng_py.api import localv1 as L
-from kpng_py.client import ClientConfig, WatchClient, WholeChangeSets
+from kpng_py.client import ChangeSetSink, ClientConfig, WatchClient
 from kpng_py.metrics import Metrics
 from kpng_py.server import Reply, wait_until_cancelled
 from kpng_py.transport import TLSFiles
@@ -45,6 +45,30 @@ class ScriptedSource:
 
     def close(self):
         pass
+
+
+class WholeChangeSets:
+    """An OpsSink for a sink that records change sets whole (the tests'
+    recording sinks): holds the ops handed over early and gives them with
+    the rest of their change set."""
+
+    def __init__(self, sink: ChangeSetSink) -> None:
+        self.sink = sink
+        self._held: list[L.OpItem] = []
+
+    def on_changeset_started(self) -> None:
+        self.sink.on_changeset_started()
+
+    def on_ops(self, ops: list[L.OpItem]) -> None:
+        self._held += ops
+
+    def on_changeset(self, ops: list[L.OpItem]) -> None:
+        held, self._held = self._held, []
+        self.sink.on_changeset(held + ops)
+
+    def on_stream_error(self, reason: str, partial: list[L.OpItem]) -> None:
+        held, self._held = self._held, []
+        self.sink.on_stream_error(reason, held + partial)
 
 
 class RecordingSink:
