@@ -5,7 +5,7 @@ VENV := .venv
 PYTEST := $(VENV)/bin/pytest
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo test unit e2e bench image clean
+.PHONY: setup demo test lint unit e2e bench image clean
 
 setup:
 	@hack/setup.sh
@@ -16,9 +16,13 @@ demo: setup
 # Everything CI runs: unit and stream tests, kernel tests, the e2e suite.
 # pytest runs on two workers (the suite is CPU-bound; every kernel object a
 # test makes is named after its process, lab/names.py, so workers never meet).
-test: setup
+test: setup lint
 	$(PYTEST) -q -ra -n $(TEST_WORKERS)
 	hack/test_e2e.sh -a
+
+# ruff over the whole tree (its rules: pyproject.toml).
+lint: setup
+	$(VENV)/bin/ruff check .
 
 # The end-to-end suite: every IP mode with every built-in backend (docs/e2e.md).
 e2e: setup

@@ -363,8 +363,8 @@ def external_local_keeps_source(t: CheckRun) -> None:
         local = [p for p in _local_endpoints(env.cluster) if env.cluster.node_of[p.name] == node]
         for udp in (False, True):
             t.each_family(f"{'UDP' if udp else 'TCP'} to {node.name}'s NodePort",
-                          lambda f, n=node, l=local, u=udp: expect_answers(
-                              t, env.client, n.ip(f), LOCAL_PORT, l, u, seen_as={source(f)}))
+                          lambda f, n=node, pods=local, u=udp: expect_answers(
+                              t, env.client, n.ip(f), LOCAL_PORT, pods, u, seen_as={source(f)}))
     node1_local = [p for p in _local_endpoints(env.cluster) if p.name.startswith("n1-")]
     t.each_family("TCP to the LB IP (routed to node1)", lambda f: expect_answers(
         t, env.client, vip(f, LOCAL_LB), WHOAMI_PORT, node1_local, seen_as={source(f)}))
