@@ -143,6 +143,11 @@ generate_proto() {
 K8S_MAIN=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager)
 build_components() {
     local components="$ROOT/build/components" stamp want version major minor flags="" pkg
+    # The polyglot machines install Go at /usr/local/go; a non-login shell may
+    # not have it on PATH.
+    if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
+        PATH="/usr/local/go/bin:$PATH"
+    fi
     if ! command -v go >/dev/null; then
         log "no Go toolchain on PATH: the lab's control plane (lab/components) needs Go 1.26"
         exit 1
