@@ -231,10 +231,6 @@ class KubeControlPlane:
         except TimeoutError as err:
             raise ControlPlaneError(f"{err}; its log: {self._work / 'logs'}") from None
 
-    @property
-    def logs(self) -> Path:
-        return self._work / "logs"
-
     def pids(self) -> list[int]:
         return [proc.pid for proc in self._procs if proc.running()]
 
