@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Sequence
 
 from kpng_py.api import localv1
-from kpng_py.client import ClientConfig, WatchClient
-from kpng_py.metrics import Metrics
+from kpng_py.watch.client import ClientConfig, WatchClient
+from kpng_py.metrics.metrics import Metrics
 
 # A socket that exists may not accept yet: retry soon, not after the client's 1 s.
 RETRY_SECONDS = 0.02

@@ -1,4 +1,4 @@
-"""The contenders: our backends (every backend of kpng_py.registry with a
+"""The contenders: our backends (every backend of kpng_py.dataplane.registry with a
 dataplane, driven as lab.backends says) and what a user would run instead,
 kube-proxy's iptables mode (with either iptables backend) and nftables mode.
 Each is started as a `bench.worker`."""

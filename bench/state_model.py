@@ -34,10 +34,10 @@ from kpng_py.api import localv1
 from kpng_py.brain.source import changeset
 from kpng_py.brain.statefile import parse_state
 from kpng_py.brain.view import NodeView, node_view
-from kpng_py.collector import collector_paused, freeze_survivors
-from kpng_py.metrics import Metrics
-from kpng_py.skips import Skips
-from kpng_py.state import NodeState
+from kpng_py.runtime.collector import collector_paused, freeze_survivors
+from kpng_py.metrics.metrics import Metrics
+from kpng_py.state.skips import Skips
+from kpng_py.state.tracker import NodeState
 
 _MOVED_TO = "10.244.255.253"  # not a filler pod's address
 

@@ -10,10 +10,10 @@ message: 1 + N + N*E + 1 messages), from a server in a process of its own:
 
     .venv/bin/python -m bench.transport [--services 10000] [--endpoints 10]
         [--runs 3] [--server grpcio --server h2]
-        [--client kpng_py/client.py] [--client OTHER/client.py ...]
+        [--client kpng_py/watch/client.py] [--client OTHER/client.py ...]
 
 Each `--client` is a file defining `WatchClient` and `ClientConfig` (e.g. an
-older kpng_py/client.py, from `git show`); the clients take turns, run by
+older kpng_py/watch/client.py, from `git show`); the clients take turns, run by
 run, in one invocation, so they are compared side by side on one machine.
 """
 
@@ -31,8 +31,8 @@ from types import ModuleType
 from typing import Iterator
 
 from kpng_py.api import localv1
-from kpng_py.metrics import Metrics
-from kpng_py.server import Reply, wait_until_cancelled
+from kpng_py.metrics.metrics import Metrics
+from kpng_py.serve.server import Reply, wait_until_cancelled
 from lab.localv1_servers import GrpcioBrain, H2Brain, framed
 
 
@@ -150,7 +150,7 @@ def main() -> None:
     if args.receive:
         return _receive(Path(args.receive[0]), args.receive[1])
     for kind in args.server or ["grpcio", "h2"]:
-        _compare(kind, args.client or [Path("kpng_py/client.py")], args)
+        _compare(kind, args.client or [Path("kpng_py/watch/client.py")], args)
 
 
 def _compare(kind: str, clients: list[Path], args: argparse.Namespace) -> None:

@@ -34,8 +34,8 @@ from typing import Callable, Sequence
 from lab.kube_proxy.iptables import IptablesProxier, restore_command
 from lab.kube_proxy.nftables import LOAD_COMMAND, NftablesProxier
 from bench.scenario import CLUSTER_POD_CIDR, SERVICE_CIDR, Scenario
-from kpng_py.backend import Backend
-from kpng_py.metrics import Metrics
+from kpng_py.dataplane.contract import Backend
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges
 
 REPORT_KEY = "bench-worker"
@@ -89,7 +89,7 @@ def read_reports(stdout: str) -> dict:
 
 
 def run_ours(scenario: Scenario, changes: int, sink: str, sink_args: Sequence[str]) -> Backend:
-    from kpng_py.registry import by_sink
+    from kpng_py.dataplane.registry import by_sink
 
     specs = by_sink()
     if sink not in specs:

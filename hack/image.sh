@@ -5,7 +5,7 @@
 #
 #   hack/image.sh [--tag-only] [REPOSITORY]     (default REPOSITORY: kpng-py)
 #
-# The version comes from git here (kpng_py/version.py: the base version, the
+# The version comes from git here (kpng_py/cmd/version.py: the base version, the
 # commits in HEAD's history, the commit, ".dirty" with changes not committed)
 # and goes to `docker build` as KPNG_PY_VERSION: the build context has no .git.
 # --tag-only prints the image without building it. Docker's output goes to stderr.
@@ -27,9 +27,9 @@ if (($# > 1)) || [[ ${1:-} == -* ]]; then
 fi
 repository="${1:-kpng-py}"
 
-# kpng_py.version needs only the standard library: no venv required.
-version="$(cd "$ROOT" && "$PYTHON" -m kpng_py.version)"
-tag="$(cd "$ROOT" && "$PYTHON" -m kpng_py.version --image-tag)"
+# kpng_py.cmd.version needs only the standard library: no venv required.
+version="$(cd "$ROOT" && "$PYTHON" -m kpng_py.cmd.version)"
+tag="$(cd "$ROOT" && "$PYTHON" -m kpng_py.cmd.version --image-tag)"
 image="$repository:$tag"
 if [[ $version == *.dirty ]]; then
     log "the tree has changes not committed: $image names no commit of its own; commit first"

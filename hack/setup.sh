@@ -24,7 +24,7 @@ debian_packages() {
     # and inspection tools.
     echo python3-bpfcc libbpfcc "linux-headers-$arch" bpftool iproute2 procps kmod
     # libnftables' Python binding: the eBPF backend's table for packets from
-    # outside the node (backends/ebpf/netfilter.py).
+    # outside the node (backends/ebpf/netfilter/table.py).
     echo python3-nftables
     if [[ $MODE == dev ]]; then
         # The real servers and clients of the tests, e2e suite and benchmarks;

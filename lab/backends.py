@@ -1,5 +1,5 @@
 """How a lab run (the e2e harness, the bench) drives the backends of
-kpng_py.registry that have a dataplane.
+kpng_py.dataplane.registry that have a dataplane.
 
 The registry is the one list of backends and holds what the product needs of
 each (its sink, flags, tool command). What only a lab run needs is here, one
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from kpng_py import registry
+from kpng_py.dataplane import registry
 from lab.procs import kpng_py_command
 
 
 class LabBackendError(Exception):
-    """Lab facts for a backend that kpng_py.registry does not list."""
+    """Lab facts for a backend that kpng_py.dataplane.registry does not list."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def lab_backends() -> dict[str, LabBackend]:
     unknown = sorted(set(LAB_SUPPORT) - {spec.name for spec in specs})
     if unknown:
         raise LabBackendError(f"lab.backends.LAB_SUPPORT has facts for {', '.join(unknown)}, "
-                              "which kpng_py.registry.BACKEND_MODULES does not list; register "
+                              "which kpng_py.dataplane.registry.BACKEND_MODULES does not list; register "
                               "the backend or remove its entry")
     return {spec.name: LabBackend(spec.name, spec.sink, LAB_SUPPORT[spec.name])
             for spec in specs if spec.name in LAB_SUPPORT}
@@ -117,7 +117,7 @@ def _userspace_flags(places: LabPlaces) -> list[str]:
     return ["--interface", places.service_interface, *cluster_cidrs]
 
 
-# Each dataplane backend of kpng_py.registry, under its name.
+# Each dataplane backend of kpng_py.dataplane.registry, under its name.
 LAB_SUPPORT = {
     "ebpf": LabSupport(
         flags=lambda places: ["--cgroup", str(places.cgroup),

@@ -31,7 +31,7 @@ import h2.events
 import h2.exceptions
 
 from kpng_py.api import WATCH_METHOD, localv1
-from kpng_py.server import ChangeSetSource
+from kpng_py.serve.server import ChangeSetSource
 from kpng_py.transport import TLSFiles
 
 

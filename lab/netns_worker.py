@@ -10,7 +10,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
-from kpng_py.netns import enter_netns
+from kpng_py.node.netns import enter_netns
 
 T = TypeVar("T")
 

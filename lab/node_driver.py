@@ -22,10 +22,10 @@ import struct
 import sys
 
 from backends.userspace import cli
-from kpng_py.backend import BackendSetupError
-from kpng_py.health import SyncHealth
-from kpng_py.logs import setup_logging
-from kpng_py.metrics import Metrics
+from kpng_py.dataplane.contract import BackendSetupError
+from kpng_py.healthcheck.proxier_health import SyncHealth
+from kpng_py.runtime.logs import setup_logging
+from kpng_py.metrics.metrics import Metrics
 
 
 def _counts(metrics: Metrics) -> dict[str, float]:

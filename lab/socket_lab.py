@@ -31,7 +31,7 @@ from lab.procs import start_ready
 
 HERE = Path(__file__).parent
 # Removes what the balancer under test pinned in a bpffs directory and attached
-# to a cgroup (backends.ebpf.loader.cleanup).
+# to a cgroup (backends.ebpf.datapath.loader.cleanup).
 DataplaneCleanup = Callable[[Path, Path], object]
 V4_NET, V6_NET = "10.244.0.", "fd00:244::"
 BACKEND_COUNT = 4

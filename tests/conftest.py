@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from kpng_py.logs import HANDLER_NAME
+from kpng_py.runtime.logs import HANDLER_NAME
 from lab.names import BPFFS_ROOT, RunNames
 
 
@@ -30,7 +30,7 @@ def _sweep_leftovers_of_killed_runs() -> None:
 
 @pytest.fixture(autouse=True)
 def _unfreeze_collected_objects() -> Iterator[None]:
-    """A full sync freezes what is alive (kpng_py/collector.py); in the test
+    """A full sync freezes what is alive (kpng_py/runtime/collector.py); in the test
     process that would be pytest's own objects too, kept from the collector
     for the rest of the session."""
     yield
@@ -51,7 +51,7 @@ def _no_logging_into_a_finished_test() -> Iterator[None]:
 
 @pytest.fixture
 def forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The pids of the children the code under test forks (kpng_py/forked.py)."""
+    """The pids of the children the code under test forks (kpng_py/runtime/forked.py)."""
     pids: list[int] = []
     fork = os.fork
 
@@ -67,7 +67,7 @@ def forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def _detach_programs(names: RunNames) -> None:
     """Detach and unpin the BPF programs and maps a dead process left pinned."""
-    from backends.ebpf.loader import cleanup  # BCC: only when there is something to sweep
+    from backends.ebpf.datapath.loader import cleanup  # BCC: only when there is something to sweep
 
     for pins in sorted(BPFFS_ROOT.iterdir()):
         if names.of_process(pins.name):

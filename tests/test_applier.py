@@ -17,14 +17,14 @@ from typing import Callable, Iterator
 import pytest
 
 from kpng_py.api import localv1 as L
-from kpng_py.backend import ChangeSetApplier
-from kpng_py.backoff import Backoff
-from kpng_py.health import BindAddress, HealthSink, SyncHealth, serve_healthz
-from kpng_py.metrics import Metrics
+from kpng_py.dataplane.applier import ChangeSetApplier
+from kpng_py.runtime.backoff import Backoff
+from kpng_py.healthcheck.proxier_health import BindAddress, HealthSink, SyncHealth, serve_healthz
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges, ServicePort
-from kpng_py.runner import ApplierSink
-from kpng_py.skips import Skips
-from kpng_py.state import NodeState
+from kpng_py.cmd.runner import ApplierSink
+from kpng_py.state.skips import Skips
+from kpng_py.state.tracker import NodeState
 from lab.procs import wait_until
 from tests.streams.build import endpoint, port, reset, service, set_endpoint, set_service, sync
 
@@ -148,7 +148,7 @@ def test_retry_delays_double_up_to_the_cap_and_start_over_after_a_success(
         new_applier, caplog: pytest.LogCaptureFixture) -> None:
     backend = FlakyBackend(failures=5)
     applier = new_applier(backend)
-    with caplog.at_level(logging.ERROR, logger="kpng_py.backend"):
+    with caplog.at_level(logging.ERROR, logger="kpng_py.dataplane.applier"):
         applier.apply_ops(web_and_dns())
         backend.wait_for(lambda: bool(backend.successes()))
         backend.failures = 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from kpng_py.backoff import Backoff
+from kpng_py.runtime.backoff import Backoff
 
 
 def test_backoff_doubles_up_to_its_cap_and_resets() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import shtab
 
-from kpng_py.cli import COMPLETION_SHELLS, build_parser, main
+from kpng_py.cmd.cli import COMPLETION_SHELLS, build_parser, main
 
 
 @pytest.fixture(autouse=True)
@@ -248,7 +248,7 @@ def complete(script: Path, words: list[str]) -> list[str]:
 def test_a_backend_run_loads_neither_the_brain_nor_shtab() -> None:
     """The parser of every command, and what `local ... to-ebpf` imports:
     the brain's YAML reader and server and the completion writer stay out."""
-    program = ("import sys, kpng_py.cli, backends.ebpf.backend; kpng_py.cli.build_parser(); "
+    program = ("import sys, kpng_py.cmd.cli, backends.ebpf.backend; kpng_py.cmd.cli.build_parser(); "
                "print(sorted(m for m in sys.modules if m in ('yaml', 'shtab') "
                "or m.startswith('kpng_py.brain.') and m != 'kpng_py.brain.settings'))")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,

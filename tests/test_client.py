@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from kpng_py.api import localv1 as L
-from kpng_py.client import ClientConfig, WatchClient
-from kpng_py.metrics import Metrics
-from kpng_py.server import Reply
+from kpng_py.watch.client import ClientConfig, WatchClient
+from kpng_py.metrics.metrics import Metrics
+from kpng_py.serve.server import Reply
 from kpng_py.transport import AddressError, DialTarget, ListenAddress, TLSFiles, dial_target
 from lab.localv1_servers import H2Brain, framed
 from tests.streams.build import reset, service, set_service, sync
@@ -75,7 +75,7 @@ def watch_retries(replies: list[Reply], sink: RecordingSink, changesets: int, tm
     sink.stop_after = changesets
     config = ClientConfig(target, "n", error_delay=0.05, max_error_delay=0.2)
     try:
-        with caplog.at_level(logging.INFO, logger="kpng_py.client"):
+        with caplog.at_level(logging.INFO, logger="kpng_py.watch.client"):
             run_client(config, sink, 30, random_unit=lambda: 0.0, **client_args)
     finally:
         server.stop(0)
@@ -513,13 +513,13 @@ def test_one_warning_per_brain_outage_and_one_line_when_it_ends(
     sink = RecordingSink(source)
     sink.stop_after = 2
     try:
-        with caplog.at_level(logging.INFO, logger="kpng_py.client"):
+        with caplog.at_level(logging.INFO, logger="kpng_py.watch.client"):
             run_client(ClientConfig(target, "n", error_delay=0.05, max_error_delay=0.05),
                        sink, 20)
     finally:
         server.stop(0)
     told = [(r.levelname, r.getMessage(), r.kpng_fields.get("failures_in_outage"))
-            for r in caplog.records if r.name == "kpng_py.client"
+            for r in caplog.records if r.name == "kpng_py.watch.client"
             and r.getMessage() != "reconnecting to the brain"]
     assert told == [
         ("WARNING", "watch stream to the brain failed", None),

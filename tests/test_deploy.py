@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from kpng_py.cli import build_parser
-from kpng_py.version import record, tree_build
+from kpng_py.cmd.cli import build_parser
+from kpng_py.cmd.version import record, tree_build
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -115,7 +115,7 @@ def test_the_image_records_the_version_it_is_built_with_and_needs_one(tmp_path: 
     """The build context has no .git: the Dockerfile's RUN records
     KPNG_PY_VERSION, and stops a build that was given none."""
     instructions = dockerfile_instructions()
-    (run,) = [i for i in instructions if i.startswith("RUN ") and "kpng_py.version" in i]
+    (run,) = [i for i in instructions if i.startswith("RUN ") and "kpng_py.cmd.version" in i]
     assert instructions.index("ARG KPNG_PY_VERSION") < instructions.index(run)
     python = tmp_path / ".venv" / "bin" / "python"  # a stand-in that says how it was called
     python.parent.mkdir(parents=True)
@@ -129,7 +129,7 @@ def test_the_image_records_the_version_it_is_built_with_and_needs_one(tmp_path: 
     version = "0.1.0+332.g87621f711c83"
     subprocess.run(script, cwd=tmp_path, env={**env, "KPNG_PY_VERSION": version}, check=True)
     assert (tmp_path / "called").read_text().split() == [
-        "-m", "kpng_py.version", "--record", version]
+        "-m", "kpng_py.cmd.version", "--record", version]
 
 
 def fake_docker(tmp_path: Path) -> dict[str, str]:

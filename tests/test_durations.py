@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kpng_py.durations import DurationError, parse_seconds
+from kpng_py.cmd.durations import DurationError, parse_seconds
 
 
 @pytest.mark.parametrize("text, seconds", [

@@ -1,4 +1,4 @@
-"""healthCheckNodePort servers (kpng_py/healthcheck_nodeport.py) on loopback:
+"""healthCheckNodePort servers (kpng_py/healthcheck/service_health.py) on loopback:
 what they answer, when they open, move and close (N11)."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from typing import Iterator
 
 import pytest
 
-from kpng_py.health import SyncHealth
-from kpng_py.healthcheck_nodeport import (
+from kpng_py.healthcheck.proxier_health import SyncHealth
+from kpng_py.healthcheck.service_health import (
     HealthCheckNodePorts,
     HealthCheckService,
     ServiceName,
     health_check_services,
 )
-from kpng_py.metrics import Metrics
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Endpoint, Protocol, ServicePort, ServicePortChanges, ServicePortName
-from kpng_py.nodeport_addresses import LocalAddressSet, NodePortAddresses
+from kpng_py.node.nodeport_addresses import LocalAddressSet, NodePortAddresses
 
 LOOPBACK = ipaddress.ip_address("127.0.0.1")
 LOCAL = LocalAddressSet(frozenset({LOOPBACK}))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kpng_py import registry
+from kpng_py.dataplane import registry
 from lab import backends
 from lab.backends import LabBackend, LabBackendError, LabPlaces, lab_backends
 
@@ -70,5 +70,5 @@ def test_ebpf_capacity_makes_room_for_every_endpoint() -> None:
 def test_lab_facts_for_a_backend_the_registry_does_not_list_are_named(monkeypatch) -> None:
     monkeypatch.setattr(backends, "LAB_SUPPORT",
                         {**backends.LAB_SUPPORT, "gone": backends.LAB_SUPPORT["userspace"]})
-    with pytest.raises(LabBackendError, match="facts for gone, which kpng_py.registry"):
+    with pytest.raises(LabBackendError, match="facts for gone, which kpng_py.dataplane.registry"):
         lab_backends()

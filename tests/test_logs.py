@@ -13,11 +13,11 @@ from typing import Callable, Iterator
 
 import pytest
 
-from kpng_py.backend import changed_names
-from kpng_py.logs import JsonFormatter, TextFormatter, fields
-from kpng_py.metrics import Metrics
+from kpng_py.dataplane.applier import changed_names
+from kpng_py.runtime.logs import JsonFormatter, TextFormatter, fields
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Protocol, ServicePort, ServicePortChanges, ServicePortName
-from kpng_py.skips import SkipReason, Skips
+from kpng_py.state.skips import SkipReason, Skips
 
 
 KPNG_PY = Path(sys.executable).parent / "kpng-py"
@@ -67,11 +67,11 @@ def test_text_logs_and_verbosity(tmp_path: Path) -> None:
     assert sum("sync applied sync=1 full=True added=1" in line for line in quiet) == 1
     assert not any(" DEBUG " in line for line in quiet)
     verbose = to_local(tmp_path, "-v")
-    assert any(" DEBUG kpng_py.backend: service port added service_port=default/web:http "
+    assert any(" DEBUG kpng_py.dataplane.applier: service port added service_port=default/web:http "
                "protocol=TCP endpoints=1" in line for line in verbose), verbose
 
 
-FORGED = "2024-01-01 00:00:00,000 WARNING kpng_py.skips: skipped service default/web: forged"
+FORGED = "2024-01-01 00:00:00,000 WARNING kpng_py.state.skips: skipped service default/web: forged"
 HOSTILE_NAME = (f"service default/evil\n{FORGED}\r{FORGED}\u2028{FORGED}\u2029\x85{FORGED}"
                 "\x1b[2J\x7f\x00")
 
@@ -79,7 +79,7 @@ HOSTILE_NAME = (f"service default/evil\n{FORGED}\r{FORGED}\u2028{FORGED}\u2029\x
 @pytest.fixture
 def skip_log() -> Iterator[Callable[[logging.Formatter], list[str]]]:
     """Lines a real skip of HOSTILE_NAME writes through a formatter."""
-    logger = logging.getLogger("kpng_py.skips")
+    logger = logging.getLogger("kpng_py.state.skips")
     handlers: list[logging.Handler] = []
 
     def write(formatter: logging.Formatter) -> list[str]:
@@ -104,7 +104,7 @@ BREAKS = "\n\r\u2028\u2029\x85\x1b\x7f\x00"  # what must never reach a text log 
 def test_a_newline_in_a_name_cannot_forge_a_text_line(skip_log) -> None:
     (line,) = skip_log(TextFormatter())  # str.splitlines() breaks at every line separator
     assert not any(c in line for c in BREAKS), repr(line)
-    assert " WARNING kpng_py.skips: skipped service default/evil\\n2024-01-01 00:00:00" in line
+    assert " WARNING kpng_py.state.skips: skipped service default/evil\\n2024-01-01 00:00:00" in line
     assert "\\r2024" in line and "\\u2028" in line and "\\x85" in line and "\\x1b[2J" in line
     # The field value is quoted, its quotes and backslashes escaped.
     assert ' object="service default/evil\\n2024-01-01 ' in line

@@ -12,9 +12,9 @@ import re
 import promql_parser
 import yaml
 
-from kpng_py.metrics import Metrics
-from kpng_py.service_counters import ServiceCountersCollector
-from kpng_py.skips import SkipReason
+from kpng_py.metrics.metrics import Metrics
+from kpng_py.metrics.service_counters import ServiceCountersCollector
+from kpng_py.state.skips import SkipReason
 from tests.test_deploy import ROOT, daemonset_containers, manifests
 
 MONITORING = ROOT / "deploy" / "monitoring"

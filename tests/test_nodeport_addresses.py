@@ -1,5 +1,5 @@
 """`--nodeport-addresses` and the node's addresses followed through netlink
-(kpng_py/nodeport_addresses.py); the follower runs in a namespace of the
+(kpng_py/node/nodeport_addresses.py); the follower runs in a namespace of the
 test's own."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from kpng_py.nodeport_addresses import (
+from kpng_py.node.nodeport_addresses import (
     LocalAddressSet, NodePortAddresses, add_nodeport_addresses_flag,
 )
 from lab.netns import NetNS, netns
@@ -55,7 +55,7 @@ def test_a_bad_flag_is_refused_at_start_naming_the_value(
 
 _FOLLOW = """
 import json, sys
-from kpng_py.nodeport_addresses import LocalAddressFollower
+from kpng_py.node.nodeport_addresses import LocalAddressFollower
 
 def show(found):
     print(json.dumps({"addresses": sorted(map(str, found.addresses)),

@@ -20,7 +20,7 @@ from kpng_py.model import (
     ServicePortName,
     sorted_endpoints,
 )
-from kpng_py.print_backend import PrintBackend, service_port_json
+from kpng_py.dataplane.print_backend import PrintBackend, service_port_json
 
 ip = ipaddress.ip_address
 NAME = ServicePortName("shop", "web", "https", Protocol.TCP)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.ebpf.privileges import (
+from backends.ebpf.datapath.privileges import (
     CAP_NET_ADMIN,
     CAP_SYS_ADMIN,
     CAP_SYS_PTRACE,
@@ -15,7 +15,7 @@ from backends.ebpf.privileges import (
     missing,
     required,
 )
-from kpng_py.backend import BackendSetupError
+from kpng_py.dataplane.contract import BackendSetupError
 from tests.test_deploy import daemonset_containers
 
 ROOT_CAPS = 0x000001FFFFFFFFFF

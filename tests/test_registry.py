@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from kpng_py import registry
-from kpng_py.cli import build_parser, main
-from kpng_py.metrics import Metrics
-from kpng_py.registry import BackendSpec, RegistryError
+from kpng_py.dataplane import registry
+from kpng_py.cmd.cli import build_parser, main
+from kpng_py.metrics.metrics import Metrics
+from kpng_py.dataplane.registry import BackendSpec, RegistryError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 FAKE_MODULE = "kpng_py_test_fake_backend"
 FAKE_SOURCE = '''
-from kpng_py.registry import BackendSpec, ToolCommand
+from kpng_py.dataplane.registry import BackendSpec, ToolCommand
 
 
 class FakeBackend:
@@ -63,7 +63,7 @@ BACKEND = BackendSpec(
 # and gives the lab its facts (the entry a new backend adds to lab.backends).
 _REGISTER_FAKE = f'''
 import sys, types
-from kpng_py import registry
+from kpng_py.dataplane import registry
 from lab import backends
 module = types.ModuleType({FAKE_MODULE!r})
 exec({FAKE_SOURCE!r}, module.__dict__)
@@ -176,12 +176,12 @@ def test_a_backend_name_must_make_a_sink(name: str) -> None:
 def test_help_imports_neither_bcc_nor_pyroute2() -> None:
     """`kpng-py --help`, and the registry as the lab reads it, load every
     backend's declaration but none of the dataplanes' heavy modules."""
-    heavy = ("bcc", "pyroute2", "backends.ebpf.loader", "backends.ebpf.backend",
+    heavy = ("bcc", "pyroute2", "backends.ebpf.datapath.loader", "backends.ebpf.backend",
              "backends.userspace.backend")
-    code = ("import sys, contextlib, io\nfrom kpng_py.cli import main\n"
+    code = ("import sys, contextlib, io\nfrom kpng_py.cmd.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
             "    main(['--help'])\n"
-            "from kpng_py import registry\nregistry.registered()\n"
+            "from kpng_py.dataplane import registry\nregistry.registered()\n"
             f"print(' '.join(m for m in sys.modules if m.startswith({heavy!r})))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)

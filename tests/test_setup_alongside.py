@@ -1,6 +1,6 @@
 """kpng-py local sets its backend up alongside the watch client: the first
 apply waits for the setup, and a failed setup stops the client and is raised
-where the process reports it (kpng_py/setup_alongside.py)."""
+where the process reports it (kpng_py/cmd/setup_alongside.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from kpng_py.backend import BackendSetupError
+from kpng_py.dataplane.contract import BackendSetupError
 from kpng_py.model import ServicePortChanges
-from kpng_py.setup_alongside import BackendNotSetUpError, SetUpAlongside
+from kpng_py.cmd.setup_alongside import BackendNotSetUpError, SetUpAlongside
 
 
 class SlowBackend:

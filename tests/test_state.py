@@ -9,12 +9,12 @@ import logging
 import pytest
 
 from kpng_py.api import localv1 as L
-from kpng_py.decode import EndpointRecord, EndpointTail
-from kpng_py.limits import Limits, add_limit_flags, limits_from_args
-from kpng_py.metrics import Metrics
+from kpng_py.state.decode import EndpointRecord, EndpointTail
+from kpng_py.state.limits import Limits, add_limit_flags, limits_from_args
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges, Protocol, ServicePort, ServicePortName
-from kpng_py.skips import SkipReason, Skips
-from kpng_py.state import NodeState, resolve_endpoint_port
+from kpng_py.state.skips import SkipReason, Skips
+from kpng_py.state.tracker import NodeState, resolve_endpoint_port
 from tests.streams.build import (
     SCENARIOS, delete, endpoint, port, reset, service, set_endpoint, set_raw, set_service, sync,
 )
@@ -198,9 +198,9 @@ def test_an_unresolved_port_names_each_override_looked_for_once(
     state, _ = new_state()
     svc = service("app", v4=["10.96.0.30"], ports=[port(name, 80, target_name=target_name)])
     other = endpoint(["10.244.0.14"], overrides=[("other", 8083)])
-    with caplog.at_level(logging.INFO, logger="kpng_py.skips"):
+    with caplog.at_level(logging.INFO, logger="kpng_py.state.skips"):
         state.apply([reset(), set_service(svc), set_endpoint("default", "app", "d", other), sync()])
-    (message,) = [r.getMessage() for r in caplog.records if r.name == "kpng_py.skips"]
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "kpng_py.state.skips"]
     assert message.endswith(f": {looked_for} and no numeric targetPort"), message
 
 

@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from kpng_py.api import localv1 as L
-from kpng_py.metrics import Metrics
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges, Frontend, ServicePort, ServicePortName
-from kpng_py.skips import Skips
-from kpng_py.state import NodeState
+from kpng_py.state.skips import Skips
+from kpng_py.state.tracker import NodeState
 from tests.streams.build import delete, endpoint, port, reset, service, set_raw, sync
 
 settings.register_profile("ci", max_examples=150, stateful_step_count=30, deadline=None,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kpng_py.metrics import Metrics
+from kpng_py.metrics.metrics import Metrics
 from tests.streams.build import SCENARIOS, render
 from tests.support.replay import replay_to_print
 
@@ -101,7 +101,7 @@ def test_reconnect_is_counted(tmp_path: Path) -> None:
 
 
 # `python -O` strips asserts: the commands must not depend on them.
-KPNG_PY_OPTIMIZED = [sys.executable, "-O", "-m", "kpng_py.cli"]
+KPNG_PY_OPTIMIZED = [sys.executable, "-O", "-m", "kpng_py.cmd.cli"]
 
 
 def test_cli_replay_to_print(tmp_path: Path) -> None:
@@ -134,7 +134,7 @@ def test_cli_replay_to_print(tmp_path: Path) -> None:
 def test_record_of_a_replay_replays_the_same(tmp_path: Path) -> None:
     """`record` keeps everything, the broken stream included: replaying what it
     wrote prints the same as replaying the original."""
-    from kpng_py.recording import read_segments
+    from kpng_py.serve.recording import read_segments
 
     original = STREAMS / "reconnect.jsonl"
     sock = tmp_path / "brain.sock"

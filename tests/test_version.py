@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from kpng_py import __version__
-from kpng_py.cli import main
-from kpng_py.version import (SOURCE_DIR, Build, current_build, record, recorded_build, running,
+from kpng_py.cmd.cli import main
+from kpng_py.cmd.version import (SOURCE_DIR, Build, current_build, record, recorded_build, running,
                              tree_build)
 
 ROOT = SOURCE_DIR
@@ -147,6 +147,6 @@ def test_the_module_prints_a_checkouts_build_with_the_standard_library_alone() -
     """hack/image.sh runs it with the host's python3, no venv."""
     build = tree_build(ROOT)
     for args, expected in (([], build.version), (["--image-tag"], build.image_tag)):
-        done = subprocess.run(["python3", "-E", "-s", "-m", "kpng_py.version", *args], cwd=ROOT,
+        done = subprocess.run(["python3", "-E", "-s", "-m", "kpng_py.cmd.version", *args], cwd=ROOT,
                               capture_output=True, text=True, check=True)
         assert done.stdout == expected + "\n"

@@ -9,25 +9,27 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
 
-from backends.ebpf import counters, maps, service_id_maps
-from backends.ebpf.loader import Datapath, DatapathConfig, mount_holding
-from backends.ebpf.node_addresses import AddressFollower, FollowerFactory, NodeAddressMap
+from backends.ebpf.maps import counters
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.maps import service_id_maps
+from backends.ebpf.datapath.loader import Datapath, DatapathConfig, mount_holding
+from backends.ebpf.maps.node_addresses import AddressFollower, FollowerFactory, NodeAddressMap
 from backends.ebpf.programmer import Capacity, MapWrites, ServiceProgrammer
 from backends.ebpf.recovery import RecoveryAhead
 from backends.ebpf.stale_udp import StaleUdpTerminator
-from backends.ebpf.usage import CachedCount
-from kpng_py.backend import BackendSetupError, DataplaneHealth
-from kpng_py.healthcheck_nodeport import HealthCheckNodePorts
-from kpng_py.logs import fields
-from kpng_py.metrics import Metrics
+from backends.ebpf.maps.usage import CachedCount
+from kpng_py.dataplane.contract import BackendSetupError, DataplaneHealth
+from kpng_py.healthcheck.service_health import HealthCheckNodePorts
+from kpng_py.runtime.logs import fields
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import IPAddress, ServicePortChanges, ServicePortName
-from kpng_py.nodeport_addresses import LocalAddressFollower, LocalAddressSet, NodePortAddresses
-from kpng_py.retrytimer import RetryTimer
-from kpng_py.service_counters import ServiceCounts, ServiceCountersCollector
-from kpng_py.skips import Skips
+from kpng_py.node.nodeport_addresses import LocalAddressFollower, LocalAddressSet, NodePortAddresses
+from kpng_py.runtime.retrytimer import RetryTimer
+from kpng_py.metrics.service_counters import ServiceCounts, ServiceCountersCollector
+from kpng_py.state.skips import Skips
 
 if TYPE_CHECKING:  # the table's module loads libnftables: only when one is made
-    from backends.ebpf.netfilter import NetfilterTable
+    from backends.ebpf.netfilter.table import NetfilterTable
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +197,7 @@ class EbpfBackend:
 
     def _write_netfilter_addresses(self, netfilter: NetfilterTable,
                                    allowed: frozenset[IPAddress]) -> None:
-        from backends.ebpf.netfilter import NetfilterError
+        from backends.ebpf.netfilter.table import NetfilterError
 
         try:
             netfilter.set_node_addresses(allowed)
@@ -248,7 +250,7 @@ class EbpfBackend:
         /healthz and /livez (503 until it is back: traffic fails meanwhile)."""
         failures: tuple[type[Exception], ...] = (OSError, BackendSetupError)
         if self._netfilter is not None:
-            from backends.ebpf.netfilter import NetfilterError
+            from backends.ebpf.netfilter.table import NetfilterError
 
             failures += (NetfilterError,)
         summary = "; ".join(f"{part}: {', '.join(names)}" for part, names in missing.items())

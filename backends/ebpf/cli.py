@@ -14,15 +14,15 @@ import sys
 import threading
 from pathlib import Path
 
-from backends.ebpf.maps import DEFAULT_PIN_DIR, SIZED_SPECS
-from backends.ebpf.privileges import privilege_hint
-from kpng_py.backend import Backend, BackendSetupError
-from kpng_py.durations import DurationError, parse_seconds
-from kpng_py.limits import positive_count
-from kpng_py.metrics import Metrics
-from kpng_py.nodeport_addresses import NodePortAddresses, add_nodeport_addresses_flag
-from kpng_py.registry import BackendSpec, ToolCommand
-from kpng_py.service_counters import add_endpoint_counters_flag
+from backends.ebpf.maps.layout import DEFAULT_PIN_DIR, SIZED_SPECS
+from backends.ebpf.datapath.privileges import privilege_hint
+from kpng_py.dataplane.contract import Backend, BackendSetupError
+from kpng_py.cmd.durations import DurationError, parse_seconds
+from kpng_py.state.limits import positive_count
+from kpng_py.metrics.metrics import Metrics
+from kpng_py.node.nodeport_addresses import NodePortAddresses, add_nodeport_addresses_flag
+from kpng_py.dataplane.registry import BackendSpec, ToolCommand
+from kpng_py.metrics.service_counters import add_endpoint_counters_flag
 
 
 def _entries(text: str) -> int:
@@ -87,8 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def create(args: argparse.Namespace, metrics: Metrics) -> Backend:
     from backends.ebpf.backend import EbpfBackend
-    from backends.ebpf.loader import DatapathConfig, default_cgroup
-    from kpng_py.skips import Skips
+    from backends.ebpf.datapath.loader import DatapathConfig, default_cgroup
+    from kpng_py.state.skips import Skips
 
     config = DatapathConfig(
         bpffs_dir=args.bpffs_dir,
@@ -98,8 +98,8 @@ def create(args: argparse.Namespace, metrics: Metrics) -> Backend:
     skips = Skips(metrics)
     netfilter = None
     if args.nodeport_netfilter:
-        from backends.ebpf.netfilter import NetfilterTable
-        from backends.ebpf.netfilter_plan import NodePortMatch
+        from backends.ebpf.netfilter.table import NetfilterTable
+        from backends.ebpf.netfilter.plan import NodePortMatch
 
         every = args.nodeport_addresses == NodePortAddresses()
         netfilter = NetfilterTable(NodePortMatch.every_local() if every else NodePortMatch.only(()),
@@ -164,7 +164,7 @@ def _run_tool(args: argparse.Namespace) -> None:
 def _run_action(args: argparse.Namespace) -> None:
     # The same checks as to-ebpf's: a cleanup of a path that escapes bpffs
     # through ".." or of a bpffs root would unlink what is not ours.
-    from backends.ebpf.loader import checked_bpffs_dir, checked_cgroup
+    from backends.ebpf.datapath.loader import checked_bpffs_dir, checked_cgroup
 
     bpffs_dir = checked_bpffs_dir(args.bpffs_dir)
     if args.ebpf_action == "cleanup":
@@ -172,9 +172,9 @@ def _run_action(args: argparse.Namespace) -> None:
     elif args.ebpf_action == "trace":
         _trace(bpffs_dir, args)
     else:
-        from backends.ebpf.dump import dump_json, format_text, matching, read_dump
+        from backends.ebpf.tools.dump import dump_json, format_text, matching, read_dump
 
-        from backends.ebpf.netfilter import describe_lines, describe_table
+        from backends.ebpf.netfilter.table import describe_lines, describe_table
 
         dump = matching(read_dump(bpffs_dir), args.service, args.vip)
         if args.json:
@@ -187,9 +187,9 @@ def _run_action(args: argparse.Namespace) -> None:
 def _cleanup(bpffs_dir: Path, cgroup: Path | None, args: argparse.Namespace) -> None:
     """`ebpf cleanup`, holding the datapath's lock (ownership.py) while it
     removes it: refused while a running kpng-py owns it, unless forced."""
-    from backends.ebpf.loader import cleanup
-    from backends.ebpf.netfilter import cleanup_table
-    from backends.ebpf.ownership import DatapathInUse, DatapathLock, holder
+    from backends.ebpf.datapath.loader import cleanup
+    from backends.ebpf.netfilter.table import cleanup_table
+    from backends.ebpf.datapath.ownership import DatapathInUse, DatapathLock, holder
 
     lock = DatapathLock.wait_for(bpffs_dir, args.wait) if bpffs_dir.is_dir() else None
     try:
@@ -221,9 +221,9 @@ def _cleanup(bpffs_dir: Path, cgroup: Path | None, args: argparse.Namespace) -> 
 def _other_owners_on(bpffs_dir: Path, cgroup: Path | None) -> dict[Path, str]:
     """Datapaths pinned elsewhere on the same bpf filesystem, owned by a live
     process and attached to `cgroup`: `cleanup --cgroup` would detach them."""
-    from backends.ebpf.loader import (LINKS_DIR, PROGRAMS_DIR, cgroup_id, mount_holding,
+    from backends.ebpf.datapath.loader import (LINKS_DIR, PROGRAMS_DIR, cgroup_id, mount_holding,
                                       pinned_links)
-    from backends.ebpf.ownership import owned_datapaths
+    from backends.ebpf.datapath.ownership import owned_datapaths
 
     mount = mount_holding(bpffs_dir)
     if cgroup is None or mount is None:
@@ -247,7 +247,7 @@ def _wait_seconds(text: str) -> float:
 
 
 def _trace(bpffs_dir: Path, args: argparse.Namespace) -> None:
-    from backends.ebpf.trace import TraceFilter, TraceSession
+    from backends.ebpf.tools.trace import TraceFilter, TraceSession
 
     vip, vip_port = args.vip or (None, None)
     wanted = TraceFilter(args.service, vip, vip_port, args.pid)

@@ -36,8 +36,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Collection, Iterable, Mapping, NamedTuple, Sequence
 
-from backends.ebpf import maps
-from backends.ebpf.contents import (
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.maps.contents import (
     SLOT_IDS,
     FrontendKeys,
     HostPort,
@@ -45,17 +45,17 @@ from backends.ebpf.contents import (
     backend_owner,
     backend_target,
 )
-from backends.ebpf.mapaccess import MapAccess
+from backends.ebpf.maps.access import MapAccess
 from backends.ebpf.recovery import Recovery, recovered_here
-from backends.ebpf.maps import L4ADDR_PAD, BackendValue, ServiceKey, ServiceValue
-from kpng_py.logs import fields
+from backends.ebpf.maps.layout import L4ADDR_PAD, BackendValue, ServiceKey, ServiceValue
+from kpng_py.runtime.logs import fields
 from kpng_py.model import (
     ServicePortChanges,
     Protocol,
     ServicePort,
     ServicePortName,
 )
-from kpng_py.skips import SkipReason, Skips
+from kpng_py.state.skips import SkipReason, Skips
 
 log = logging.getLogger(__name__)
 

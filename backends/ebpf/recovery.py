@@ -4,7 +4,7 @@ At a restart over a pinned datapath of 10 000 services, reading both maps
 and deciding what each entry is (`Contents.recovered`) is about half a
 second of Python, which the setup thread would spend while the main thread
 receives the first Sync: both on one interpreter lock, so the restart waited
-for the sum. `recovered_beside` has a forked child (`kpng_py/forked.py`) do
+for the sum. `recovered_beside` has a forked child (`kpng_py/runtime/forked.py`) do
 it on the other CPU and send the result as plain values; this process only
 reads them back. `RecoveryAhead` forks that child as soon as the maps are
 open, so that the rest of the setup goes on while it works. The child reads
@@ -18,11 +18,11 @@ import logging
 import marshal
 from typing import Callable
 
-from backends.ebpf.contents import Recovered, read_contents
-from backends.ebpf.mapaccess import MapAccess
-from backends.ebpf.maps import BackendValue, ServiceKey, ServiceValue
-from kpng_py.forked import ForkedWork, fork_work, spare_cpu
-from kpng_py.logs import fields
+from backends.ebpf.maps.contents import Recovered, read_contents
+from backends.ebpf.maps.access import MapAccess
+from backends.ebpf.maps.layout import BackendValue, ServiceKey, ServiceValue
+from kpng_py.runtime.forked import ForkedWork, fork_work, spare_cpu
+from kpng_py.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 

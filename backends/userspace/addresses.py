@@ -37,8 +37,8 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
 
 from backends.userspace.context import DEFAULT_INTERFACE, MARKER, ProxyStats
-from kpng_py.backend import BackendSetupError
-from kpng_py.logs import fields
+from kpng_py.dataplane.contract import BackendSetupError
+from kpng_py.runtime.logs import fields
 from kpng_py.model import IPAddress
 
 log = logging.getLogger(__name__)

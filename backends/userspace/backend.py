@@ -8,10 +8,10 @@ listeners, then addresses no longer used, so a client never finds an address
 it may use missing. Node ports listen on each allowed node address
 (`--nodeport-addresses`), followed live (`LocalAddressFollower`, whose
 callbacks run on the loop too); healthCheckNodePorts are served by
-kpng_py.healthcheck_nodeport.
+kpng_py.healthcheck.service_health.
 
 Bad input and bad neighbours cost only what they touch: a ClusterIP that
-`kpng_py.decode.address_problem` refuses is dropped (guard.py); one the
+`kpng_py.state.decode.address_problem` refuses is dropped (guard.py); one the
 kernel refuses, or a ClusterIP:port another process holds, leaves only that
 frontend unserved, logged and counted once, and is tried again with every
 later change set. Only a failure of the interface itself fails the change
@@ -43,10 +43,10 @@ from backends.userspace.listener import Listener
 from backends.userspace.picker import FrontendPickers, PortAffinity
 from backends.userspace.tcp import TcpListener
 from backends.userspace.udp import UdpListener
-from kpng_py.aio import new_event_loop
-from kpng_py.healthcheck_nodeport import HealthCheckNodePorts, ProxyHealth
-from kpng_py.logs import fields
-from kpng_py.metrics import Metrics
+from kpng_py.runtime.aio import new_event_loop
+from kpng_py.healthcheck.service_health import HealthCheckNodePorts, ProxyHealth
+from kpng_py.runtime.logs import fields
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import (
     Endpoint,
     Frontend,
@@ -60,9 +60,9 @@ from kpng_py.model import (
     family_of,
     format_host_port,
 )
-from kpng_py.nodeport_addresses import LocalAddressFollower, LocalAddressSet
-from kpng_py.service_counters import ServiceCounts, ServiceCountersCollector
-from kpng_py.skips import Skips
+from kpng_py.node.nodeport_addresses import LocalAddressFollower, LocalAddressSet
+from kpng_py.metrics.service_counters import ServiceCounts, ServiceCountersCollector
+from kpng_py.state.skips import Skips
 
 log = logging.getLogger(__name__)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 
 from backends.userspace.context import MARKER, ProxyConfig
-from kpng_py.cli import _positive_float, _size
-from kpng_py.metrics import Metrics
+from kpng_py.cmd.flag_types import byte_size, positive_duration
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import IPNetwork
-from kpng_py.nodeport_addresses import add_nodeport_addresses_flag, parse_cidrs
-from kpng_py.registry import BackendSpec
-from kpng_py.service_counters import add_endpoint_counters_flag
+from kpng_py.node.nodeport_addresses import add_nodeport_addresses_flag, parse_cidrs
+from kpng_py.dataplane.registry import BackendSpec
+from kpng_py.metrics.service_counters import add_endpoint_counters_flag
 
 # Linux's IFNAMSIZ less the terminating NUL.
 _MAX_INTERFACE_NAME = 15
@@ -31,7 +31,7 @@ def _attempts(text: str) -> int:
 
 
 def _pipe_size(text: str) -> int:
-    size = _size(text)
+    size = byte_size(text)
     if not 4096 <= size <= 64 << 20:
         raise argparse.ArgumentTypeError(f"{text!r} is not a pipe size from 4K to 64M (e.g. 1M)")
     return size
@@ -53,11 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "one is used only if it carries that mark (docs/userspace.md); "
                              "/32 and /128 addresses on it that no service uses are removed "
                              f"(default: {defaults.interface})")
-    parser.add_argument("--udp-idle-timeout", type=_positive_float,
+    parser.add_argument("--udp-idle-timeout", type=positive_duration,
                         default=defaults.udp_idle_timeout,
                         help="seconds without traffic after which a UDP session ends "
                              f"(default: {defaults.udp_idle_timeout:g})")
-    parser.add_argument("--tcp-connect-timeout", type=_positive_float,
+    parser.add_argument("--tcp-connect-timeout", type=positive_duration,
                         default=defaults.tcp_connect_timeout,
                         help="seconds to wait for an endpoint to accept a connection before "
                              f"trying the next (default: {defaults.tcp_connect_timeout:g})")

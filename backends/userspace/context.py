@@ -8,10 +8,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
-from kpng_py.metrics import Metrics
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Endpoint, IPAddress, IPFamily, IPNetwork, format_host_port
-from kpng_py.nodeport_addresses import LocalAddressSet, NodePortAddresses
-from kpng_py.service_counters import ServiceCounts
+from kpng_py.node.nodeport_addresses import LocalAddressSet, NodePortAddresses
+from kpng_py.metrics.service_counters import ServiceCounts
 
 # The interface the backend creates (and marks as its own) by default.
 DEFAULT_INTERFACE = "kpng-py0"
@@ -58,7 +58,7 @@ class ProxyStats:
 
 class Tally:
     """What one service port's listeners did with their clients, counted on
-    the event loop (kpng_py.service_counters exports it); per endpoint too
+    the event loop (kpng_py.metrics.service_counters exports it); per endpoint too
     when asked, for the endpoints the port has."""
 
     def __init__(self, per_endpoint: bool = False) -> None:

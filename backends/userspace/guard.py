@@ -1,7 +1,7 @@
 """The last line behind decode: service addresses (ClusterIPs, ExternalIPs,
 load-balancer IPs) the backend must never serve.
 
-Decode refuses them already (`kpng_py.decode.address_problem`); the backend
+Decode refuses them already (`kpng_py.state.decode.address_problem`); the backend
 asks the same function again because what it would do with one is worse than
 a skipped service: `0.0.0.0` or `::` would listen on every address of the
 node, a loopback or link-local ClusterIP would capture the node's own
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kpng_py.decode import AddressProblem, address_problem
+from kpng_py.state.decode import AddressProblem, address_problem
 from kpng_py.model import ServicePortChanges, IPAddress, ServicePort, ServicePortName
-from kpng_py.skips import Skips
+from kpng_py.state.skips import Skips
 
 
 class ClusterIPGuard:

@@ -12,7 +12,7 @@ from backends.userspace.context import ProxyContext, Tally
 from backends.userspace.picker import EndpointPicker, FrontendPickers
 from backends.userspace.sockets import (
     LOOPBACK, attach_source_filter, detach_filter, listening_socket)
-from kpng_py.logs import fields
+from kpng_py.runtime.logs import fields
 from kpng_py.model import Endpoint, IPAddress, IPNetwork
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from backends.userspace.context import ProxyContext, Tally
 from backends.userspace.listener import Listener
 from backends.userspace.picker import FrontendPickers
 from backends.userspace.sockets import sockaddr, socket_family
-from kpng_py.logs import fields
+from kpng_py.runtime.logs import fields
 from kpng_py.model import Endpoint, IPAddress, IPNetwork
 
 log = logging.getLogger(__name__)

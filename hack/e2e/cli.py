@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="e2e: %(message)s", stream=sys.stderr)
     # The harness computes a node's view with kpng-py's own state model (M1's
     # kube-proxy rules): its skips of expected objects are the backend's to log.
-    logging.getLogger("kpng_py.skips").setLevel(logging.WARNING)
+    logging.getLogger("kpng_py.state.skips").setLevel(logging.WARNING)
     if args.list:
         for check in TOPOLOGIES[args.topology].checks:
             print(f"{check.name}: {check.upstream}")

@@ -17,10 +17,10 @@ from e2e.statefile import LOCAL_NODE, ClusterState, write_atomically
 from kpng_py.brain.source import changeset
 from kpng_py.brain.statefile import parse_state
 from kpng_py.brain.view import node_view
-from kpng_py.metrics import Metrics
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePort
-from kpng_py.skips import Skips
-from kpng_py.state import NodeState
+from kpng_py.state.skips import Skips
+from kpng_py.state.tracker import NodeState
 from lab.backends import LabPlaces, LabSupport, lab_backends
 from lab.cluster import Cluster
 from lab.multinode import MultiNodeCluster

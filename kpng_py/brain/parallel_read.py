@@ -2,7 +2,7 @@
 
 A 10 000-service file takes the brain about a second of CPU to read, most
 of it in the items' own text, each item read alone. With a second CPU, a
-forked child (`kpng_py/forked.py`) reads the second half of the items while
+forked child (`kpng_py/runtime/forked.py`) reads the second half of the items while
 the brain reads the first, and sends its entries back as plain values
 (`marshal`, a few MiB at 10 000 services, read back in a fraction of what
 reading the text costs).
@@ -20,8 +20,8 @@ import logging
 import marshal
 from typing import Callable, TypeVar
 
-from kpng_py.forked import ForkedWork, fork_work, spare_cpu
-from kpng_py.logs import fields
+from kpng_py.runtime.forked import ForkedWork, fork_work, spare_cpu
+from kpng_py.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 

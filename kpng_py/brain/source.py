@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Iterator
 
-from kpng_py.aio import ThreadsafeEvent
+from kpng_py.runtime.aio import ThreadsafeEvent
 from kpng_py.api import localv1
 from kpng_py.brain.statefile import ClusterState
 from kpng_py.brain.view import NodeView, Ref, node_view
 from kpng_py.brain.protowire import VARINT, delimited, key, varint
-from kpng_py.logs import fields
-from kpng_py.server import MESSAGE_PREFIX
+from kpng_py.runtime.logs import fields
+from kpng_py.serve.server import MESSAGE_PREFIX
 
 log = logging.getLogger(__name__)
 

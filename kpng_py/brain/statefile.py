@@ -37,7 +37,7 @@ from kpng_py.brain.fastservices import fast_service
 from kpng_py.brain.parallel_read import read_items
 from kpng_py.brain.plainvalue import PlainValue, Unchecked
 from kpng_py.brain.reader import Blame, FieldChecks, StateFileError, Value, read_document
-from kpng_py.collector import collector_paused, freeze_survivors
+from kpng_py.runtime.collector import collector_paused, freeze_survivors
 from kpng_py.model import MAX_AFFINITY_TIMEOUT_SECONDS, MAX_PORT
 
 T = TypeVar("T")

@@ -44,7 +44,7 @@ from typing import Callable, NamedTuple
 from kpng_py.brain.settings import DEFAULT_MAX_FILE_SIZE, STDIN, Settle
 from kpng_py.brain.source import StateSnapshots
 from kpng_py.brain.statefile import ClusterState, StateFileError, StateReader
-from kpng_py.logs import fields
+from kpng_py.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 

@@ -18,14 +18,15 @@ from typing import Iterator
 import pytest
 
 from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.loader import DatapathConfig, cleanup
+from backends.ebpf.datapath.loader import DatapathConfig, cleanup
 from kpng_py.api import localv1 as L
-from kpng_py.backend import Backend, ChangeSetApplier
-from kpng_py.metrics import Metrics
-from kpng_py.print_backend import PrintBackend
-from kpng_py.runner import ApplierSink
-from kpng_py.skips import Skips
-from kpng_py.state import NodeState
+from kpng_py.dataplane.applier import ChangeSetApplier
+from kpng_py.dataplane.contract import Backend
+from kpng_py.metrics.metrics import Metrics
+from kpng_py.dataplane.print_backend import PrintBackend
+from kpng_py.cmd.runner import ApplierSink
+from kpng_py.state.skips import Skips
+from kpng_py.state.tracker import NodeState
 from lab.cgroups import cgroup
 from lab.socket_lab import unique_bpffs_dir
 from tests.streams.build import endpoint, port, reset, service, set_endpoint, set_service, sync
@@ -73,7 +74,7 @@ def new_sink() -> Iterator:
 
 def test_the_sync_line_times_receiving_the_state_model_and_the_backend(
         new_sink, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="kpng_py.backend")
+    caplog.set_level(logging.INFO, logger="kpng_py.dataplane.applier")
     sink = new_sink(PrintBackend(io.StringIO()))
     sink.on_changeset_started()
     pause = 0.05
@@ -101,7 +102,7 @@ def test_the_sync_line_carries_the_processs_own_peak_memory(
         new_sink, caplog: pytest.LogCaptureFixture) -> None:
     """Its own: a child that was bigger (as the eBPF backend's BCC build
     is) and has been waited for does not count."""
-    caplog.set_level(logging.INFO, logger="kpng_py.backend")
+    caplog.set_level(logging.INFO, logger="kpng_py.dataplane.applier")
     subprocess.run([sys.executable, "-c", "bytearray(400 * 1024 * 1024)"], check=True)
     sink = new_sink(PrintBackend(io.StringIO()))
     resident = _resident_mib()
@@ -114,7 +115,7 @@ def test_the_sync_line_carries_the_processs_own_peak_memory(
 
 def test_a_stream_error_ends_the_change_set_being_received(
         new_sink, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="kpng_py.backend")
+    caplog.set_level(logging.INFO, logger="kpng_py.dataplane.applier")
     sink = new_sink(PrintBackend(io.StringIO()))
     sink.on_changeset_started()
     sink.on_stream_error("cut", [reset()])
@@ -141,7 +142,7 @@ def ebpf_backend() -> Iterator[EbpfBackend]:
 
 def test_the_ebpf_backend_adds_its_planning_and_map_writes_within_its_apply(
         new_sink, ebpf_backend: EbpfBackend, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="kpng_py.backend")
+    caplog.set_level(logging.INFO, logger="kpng_py.dataplane.applier")
     assert not any(ebpf_backend.apply_stages().values())  # nothing applied yet
     sink = new_sink(ebpf_backend)
     sink.on_changeset_started()

@@ -149,7 +149,7 @@ def test_the_readme_example_runs_without_root() -> None:
     """The README's first screen: the example state file through to-print."""
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
-        [sys.executable, "-m", "kpng_py.cli", "file", "-i", str(root / "docs/examples/state.yaml"),
+        [sys.executable, "-m", "kpng_py.cmd.cli", "file", "-i", str(root / "docs/examples/state.yaml"),
          "to-local", "--node-name", "node-a", "--exit-after", "1",
          "--healthz-bind-address", "127.0.0.1:0", "--metrics-bind-address", "127.0.0.1:0",
          "to-print"], capture_output=True, text=True, timeout=60, check=True)
@@ -164,7 +164,7 @@ def test_state_from_standard_input_is_read_once_and_served(tmp_path: Path) -> No
     file named "-")."""
     state = (Path(__file__).resolve().parents[2] / "docs/examples/state.yaml").read_text()
     done = subprocess.run(
-        [sys.executable, "-m", "kpng_py.cli", "file", "-i", "-", "to-local", "--node-name",
+        [sys.executable, "-m", "kpng_py.cmd.cli", "file", "-i", "-", "to-local", "--node-name",
          "node-a", "--exit-after", "1", *NO_PROBES, "to-print"],
         input=state, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True)
     assert sorted(_endpoints(done.stdout)) == ["kube-system/dns:dns", "shop/web:http"]
@@ -173,7 +173,7 @@ def test_state_from_standard_input_is_read_once_and_served(tmp_path: Path) -> No
 
 def test_standard_input_bigger_than_the_limit_is_a_clear_error(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "kpng_py.cli", "file", "-i", "-", "--max-file-size", "1k",
+        [sys.executable, "-m", "kpng_py.cmd.cli", "file", "-i", "-", "--max-file-size", "1k",
          "to-api", "--listen", f"unix://{tmp_path}/brain.sock"],
         input="services: []\n" + "#\n" * 1024, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2

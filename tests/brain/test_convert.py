@@ -12,7 +12,7 @@ import pytest
 from kpng_py.api import localv1
 from kpng_py.brain.convert import ConvertError, convert, dump
 from kpng_py.brain.statefile import ClusterState, ServiceEntry, parse_state
-from kpng_py.cli import main
+from kpng_py.cmd.cli import main
 
 KUBECTL_OUTPUT = Path(__file__).parent / "data" / "kubectl-get.yaml"
 

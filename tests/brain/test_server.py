@@ -20,7 +20,7 @@ from grpclib.utils import Wrapper
 
 from kpng_py.api import WATCH_METHOD, localv1
 from kpng_py.brain.source import BrainSource
-from kpng_py.server import LocalApiServer, Reply, _WatchStreams
+from kpng_py.serve.server import LocalApiServer, Reply, _WatchStreams
 from kpng_py.transport import AddressError, ListenAddress
 from tests.brain.helpers import (
     DNS,

@@ -19,9 +19,9 @@ import yaml
 from kpng_py.api import LEGACY_WATCH_METHOD, localv1
 from kpng_py.brain.source import BrainSource, StateSnapshots
 from kpng_py.brain.statefile import ClusterState, parse_state
-from kpng_py.recording import read_segments
-from kpng_py.replay import ReplaySource
-from kpng_py.server import ChangeSetSource, LocalApiServer, Reply
+from kpng_py.serve.recording import read_segments
+from kpng_py.serve.replay import ReplaySource
+from kpng_py.serve.server import ChangeSetSource, LocalApiServer, Reply
 from kpng_py.transport import ListenAddress, TLSFiles
 from lab.localv1_servers import GrpcioBrain, grpcio_channel_credentials
 from tests.brain.helpers import NODES, endpoint, op_kinds, port, service, state

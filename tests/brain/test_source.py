@@ -13,7 +13,7 @@ from kpng_py.brain.source import (PART_OPS, BrainSource, ChangeSetReply, StateSn
                                    changeset, changeset_specs)
 from kpng_py.brain.statefile import ClusterState, StateReader, parse_state
 from kpng_py.brain.view import node_view
-from kpng_py.server import Reply
+from kpng_py.serve.server import Reply
 from tests.brain.helpers import endpoint, op_kinds, port, service, state
 
 

@@ -9,10 +9,10 @@ from typing import Iterator
 import pytest
 
 from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.loader import DatapathConfig, cleanup
-from kpng_py.metrics import Metrics
+from backends.ebpf.datapath.loader import DatapathConfig, cleanup
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges
-from kpng_py.skips import Skips
+from kpng_py.state.skips import Skips
 from lab.socket_lab import Agent, Lab, lab
 from tests.ebpf.helpers import follower_in
 from tests.support.kernel import require_root_bpf

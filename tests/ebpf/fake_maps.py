@@ -1,6 +1,6 @@
 """A BPF hash map as a dict, for running the programmer without root or BPF.
 
-It keeps what backends/ebpf/mapaccess.py promises, as the kernel does it
+It keeps what backends/ebpf/maps/access.py promises, as the kernel does it
 (tests/ebpf/test_fake_maps.py runs the same operations on real maps and on
 this and compares): keys and values are copied as bytes, a batch update
 writes in order and stops with MapFullError (E2BIG) at the first new key
@@ -17,7 +17,7 @@ import errno
 import os
 from typing import Generic, Iterator, Sequence, TypeVar
 
-from backends.ebpf.mapaccess import MapFullError, Packed
+from backends.ebpf.maps.access import MapFullError, Packed
 
 K = TypeVar("K")
 V = TypeVar("V", bound=ct.Structure)

@@ -12,13 +12,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from backends.ebpf import maps
-from backends.ebpf.loader import Datapath, DatapathConfig, cleanup
-from backends.ebpf.node_addresses import FollowerFactory
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.datapath.loader import Datapath, DatapathConfig, cleanup
+from backends.ebpf.maps.node_addresses import FollowerFactory
 from backends.ebpf.programmer import Capacity, ServiceProgrammer
-from kpng_py.netns import in_netns
+from kpng_py.node.netns import in_netns
 from kpng_py.api import localv1
-from kpng_py.metrics import Metrics
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import (
     ServicePortChanges,
     Endpoint,
@@ -27,8 +27,8 @@ from kpng_py.model import (
     ServicePort,
     ServicePortName,
 )
-from kpng_py.nodeport_addresses import LocalAddressFollower, LocalAddressSet
-from kpng_py.skips import Skips
+from kpng_py.node.nodeport_addresses import LocalAddressFollower, LocalAddressSet
+from kpng_py.state.skips import Skips
 from lab.cgroups import cgroup
 from lab.socket_lab import Lab, backend_ip, unique_bpffs_dir
 from tests.support.kernel import require_root_bpf

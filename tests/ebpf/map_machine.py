@@ -11,7 +11,7 @@ ClusterIPs from one small pool, with other spellings of the same map keys
 (IPv4-mapped, scope ids), so that they collide: which service port owns a
 frontend is part of what the maps and `to-print` must agree on. After every
 change set the maps are read back with the datapath reader
-(backends/ebpf/contents.py) and compared with the last line `to-print`
+(backends/ebpf/maps/contents.py) and compared with the last line `to-print`
 wrote for the same ops.
 
 Maps too small for everything (`roomy=False`): each frontend holds what
@@ -34,17 +34,17 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, rule
 
-from backends.ebpf import maps
-from backends.ebpf.contents import read_contents
-from backends.ebpf.dump import services_of
-from backends.ebpf.mapaccess import MapAccess
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.maps.contents import read_contents
+from backends.ebpf.tools.dump import services_of
+from backends.ebpf.maps.access import MapAccess
 from backends.ebpf.programmer import ROUND_PORTS, Capacity, ServiceProgrammer
 from kpng_py.api import localv1 as L
-from kpng_py.metrics import Metrics
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges, ServicePort
-from kpng_py.print_backend import PrintBackend
-from kpng_py.skips import Skips
-from kpng_py.state import NodeState
+from kpng_py.dataplane.print_backend import PrintBackend
+from kpng_py.state.skips import Skips
+from kpng_py.state.tracker import NodeState
 from tests.ebpf.helpers import programmed_frontends
 from tests.streams.build import endpoint, port, service, sync
 from tests.test_state_properties import KEYS, SERVICES, StreamMachine

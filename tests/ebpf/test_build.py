@@ -1,4 +1,4 @@
-"""The BCC build in a child process (backends/ebpf/build.py) and the pinned
+"""The BCC build in a child process (backends/ebpf/datapath/build.py) and the pinned
 builds under programs/: the backend process never maps LLVM, the child is
 reaped, a build is adopted only over the maps its programs use, and BCC's
 own message reaches the error. Real BCC, real kernel, a bpffs directory and
@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from backends.ebpf import loader, maps
-from backends.ebpf.loader import PROGRAMS_DIR, Datapath, DatapathConfig, cleanup
-from kpng_py.backend import BackendSetupError
+from backends.ebpf.datapath import loader
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.datapath.loader import PROGRAMS_DIR, Datapath, DatapathConfig, cleanup
+from kpng_py.dataplane.contract import BackendSetupError
 from lab.cgroups import cgroup
 from lab.socket_lab import unique_bpffs_dir
 from tests.ebpf.conftest import TEST_MAP_SIZES
@@ -35,9 +36,9 @@ SETUP_AND_LOOK = """
 import json, logging, sys
 from pathlib import Path
 from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.loader import DatapathConfig
-from kpng_py.metrics import Metrics
-from kpng_py.skips import Skips
+from backends.ebpf.datapath.loader import DatapathConfig
+from kpng_py.metrics.metrics import Metrics
+from kpng_py.state.skips import Skips
 
 logging.basicConfig(level=logging.INFO)
 metrics = Metrics()
@@ -119,7 +120,7 @@ def test_a_variant_that_does_not_load_falls_back_to_the_next(
 def load_messages(config: DatapathConfig, caplog: pytest.LogCaptureFixture) -> list[str]:
     """Loads and closes a datapath; the loader's messages."""
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="backends.ebpf.loader"):
+    with caplog.at_level(logging.INFO, logger="backends.ebpf.datapath.loader"):
         Datapath.load(config).close()
     return [r.message for r in caplog.records]
 

@@ -1,4 +1,4 @@
-"""The datapath reader (backends/ebpf/contents.py) on the state of
+"""The datapath reader (backends/ebpf/maps/contents.py) on the state of
 test_dump.py, in fake maps: what the programmer adopts from it and what
 it deletes as strays (no root)."""
 
@@ -8,8 +8,8 @@ import ipaddress
 
 from hypothesis import given, settings, strategies as st
 
-from backends.ebpf import maps
-from backends.ebpf.contents import (
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.maps.contents import (
     TARGET_SIZE,
     FrontendKeys,
     HostPort,
@@ -17,9 +17,9 @@ from backends.ebpf.contents import (
     read_contents,
 )
 from backends.ebpf.programmer import Capacity, ServiceProgrammer
-from kpng_py.metrics import Metrics
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Endpoint, Endpoints, Protocol, ServicePortChanges
-from kpng_py.skips import Skips
+from kpng_py.state.skips import Skips
 from tests.ebpf.fake_maps import FakeMap
 from tests.ebpf.test_dump import BACKENDS, SERVICES, SIZES, write_state
 

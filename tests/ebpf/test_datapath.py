@@ -14,9 +14,9 @@ import pytest
 
 from backends.ebpf.backend import EbpfBackend
 from kpng_py.api import localv1
-from kpng_py.metrics import Metrics
-from kpng_py.skips import Skips
-from kpng_py.state import NodeState
+from kpng_py.metrics.metrics import Metrics
+from kpng_py.state.skips import Skips
+from kpng_py.state.tracker import NodeState
 from lab.socket_lab import BACKEND_COUNT, Agent, backend_ip, target
 from tests.ebpf.helpers import added, brain_ops, removed, service_port, updated
 

@@ -1,6 +1,6 @@
 """`kpng-py ebpf dump` prints what the pinned maps hold, text and JSON, byte
 for byte as reviewed in tests/ebpf/dump/ (recorded before the reading of the
-maps moved to backends/ebpf/contents.py). The state is written entry by
+maps moved to backends/ebpf/maps/contents.py). The state is written entry by
 entry, bypassing the programmer, so that it holds what a crash or a
 neighbour can leave: a missing slot, a slot naming a missing backend or
 another service's, slots above a master's count or without a master, an
@@ -24,9 +24,11 @@ from typing import Iterator
 
 import pytest
 
-from backends.ebpf import libbpf, maps, service_id_maps
-from backends.ebpf.dump import dump_json, format_text, read_dump
-from backends.ebpf.mapaccess import MapAccess
+from backends.ebpf.maps import libbpf
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.maps import service_id_maps
+from backends.ebpf.tools.dump import dump_json, format_text, read_dump
+from backends.ebpf.maps.access import MapAccess
 from kpng_py.model import Protocol, ServicePortName
 from lab.procs import kpng_py_command
 from tests.ebpf.helpers import loaded

@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from backends.ebpf.contents import read_contents
-from backends.ebpf.dump import ByIds, dump_json, format_text, matching, services_of
-from kpng_py.backend import NothingMatched
+from backends.ebpf.maps.contents import read_contents
+from backends.ebpf.tools.dump import ByIds, dump_json, format_text, matching, services_of
+from kpng_py.dataplane.contract import NothingMatched
 from tests.ebpf.test_contents import fake_maps
 
 BPFFS_DIR = "/sys/fs/bpf/kpng-py-test"

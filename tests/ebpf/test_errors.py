@@ -12,15 +12,16 @@ import sys
 from pathlib import Path
 import pytest
 
-from backends.ebpf import libbpf, loader
+from backends.ebpf.maps import libbpf
+from backends.ebpf.datapath import loader
 from backends.ebpf.backend import BackendNotReadyError, EbpfBackend
-from backends.ebpf.build import BuildError
-from backends.ebpf.loader import HOOKS, LINKS_DIR, Datapath, DatapathConfig
-from backends.ebpf.ownership import DatapathLock
-from kpng_py.backend import BackendSetupError
-from kpng_py.metrics import Metrics
+from backends.ebpf.datapath.build import BuildError
+from backends.ebpf.datapath.loader import HOOKS, LINKS_DIR, Datapath, DatapathConfig
+from backends.ebpf.datapath.ownership import DatapathLock
+from kpng_py.dataplane.contract import BackendSetupError
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges
-from kpng_py.skips import Skips
+from kpng_py.state.skips import Skips
 
 NOT_A_PROGRAM = -1
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -93,7 +94,7 @@ def without_capabilities(*command: str) -> subprocess.CompletedProcess:
 
 def test_listing_links_without_the_capability_is_an_error_not_an_empty_list() -> None:
     """`ebpf cleanup --cgroup` would otherwise find no link and say so."""
-    ran = without_capabilities(sys.executable, "-c", "from backends.ebpf import libbpf\n"
+    ran = without_capabilities(sys.executable, "-c", "from backends.ebpf.maps import libbpf\n"
                                "try:\n    list(libbpf.link_ids())\n"
                                "except PermissionError as refused:\n    print(refused)\n")
     assert ran.stdout.strip() == ("[Errno 1] list the BPF links of the machine: Operation not "

@@ -14,17 +14,17 @@ from typing import Iterator, Sequence
 
 import pytest
 
-from backends.ebpf import maps
+from backends.ebpf.maps import layout as maps
 from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.contents import FrontendKeys, HostPort
-from backends.ebpf.dump import read_dump
-from backends.ebpf.libbpf import MapFullError
-from backends.ebpf.loader import DatapathConfig, cleanup
+from backends.ebpf.maps.contents import FrontendKeys, HostPort
+from backends.ebpf.tools.dump import read_dump
+from backends.ebpf.maps.libbpf import MapFullError
+from backends.ebpf.datapath.loader import DatapathConfig, cleanup
 from kpng_py.api import localv1 as L
-from kpng_py.metrics import Metrics
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges, Protocol
-from kpng_py.skips import Skips
-from kpng_py.state import NodeState
+from kpng_py.state.skips import Skips
+from kpng_py.state.tracker import NodeState
 from lab.cgroups import cgroup
 from lab.socket_lab import Agent, Lab, backend_ip, target, unique_bpffs_dir
 from tests.ebpf.conftest import TEST_MAP_SIZES

@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from backends.ebpf import libbpf, maps, privileges, stale_udp
-from backends.ebpf.loader import HOOKS, AttachType
-from kpng_py import netns
+from backends.ebpf import stale_udp
+from backends.ebpf.maps import libbpf
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.datapath import privileges
+from backends.ebpf.datapath.loader import HOOKS, AttachType
+from kpng_py.node import netns
 from tests.ebpf.c_layout import (Check, assert_matches_c, constants, ctypes_members,
                                  packed_members)
 

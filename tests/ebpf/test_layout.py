@@ -1,4 +1,4 @@
-"""The ctypes mirrors in backends/ebpf/maps.py have the layout of the C
+"""The ctypes mirrors in backends/ebpf/maps/layout.py have the layout of the C
 structs in bpf/lb_maps.h, as the host's C compiler lays them out, and every
 MapSpec is the map sock_lb.c declares."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.ebpf import maps
-from backends.ebpf.loader import BPF_SOURCE_DIR
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.datapath.loader import BPF_SOURCE_DIR
 from tests.ebpf.c_layout import assert_matches_c, constants, ctypes_members
 
 # BCC's names of the map types, and the C types of the scalar keys.

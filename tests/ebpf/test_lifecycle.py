@@ -15,7 +15,7 @@ from typing import Iterator
 import pytest
 
 from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.loader import (
+from backends.ebpf.datapath.loader import (
     PROGRAMS_DIR,
     DatapathConfig,
     build_identity,
@@ -23,9 +23,9 @@ from backends.ebpf.loader import (
     pinned_links,
 )
 from kpng_py.api import localv1
-from kpng_py.metrics import Metrics
-from kpng_py.recording import RecordingWriter
-from kpng_py.skips import Skips
+from kpng_py.metrics.metrics import Metrics
+from kpng_py.serve.recording import RecordingWriter
+from kpng_py.state.skips import Skips
 from lab.cgroups import cgroup
 from lab.socket_lab import Agent, Lab, backend_ip, target
 from tests.ebpf.conftest import TEST_MAP_SIZES

@@ -11,13 +11,13 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.ebpf.netfilter_conntrack import StaleFlows, stale_udp_flows
-from backends.ebpf.netfilter_plan import (NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, Chain,
+from backends.ebpf.netfilter.conntrack import StaleFlows, stale_udp_flows
+from backends.ebpf.netfilter.plan import (NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, Chain,
                                           NodePortMatch, PortObjects, port_objects, skeleton)
-from backends.ebpf.netfilter_txn import Transaction, full_table
+from backends.ebpf.netfilter.txn import Transaction, full_table
 from kpng_py.model import (Endpoint, IPFamily, Protocol, ServicePort, ServicePortName,
                            sorted_endpoints)
-from kpng_py.print_backend import service_port_json
+from kpng_py.dataplane.print_backend import service_port_json
 
 ip = ipaddress.ip_address
 

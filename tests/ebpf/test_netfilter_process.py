@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 import yaml
 
-from backends.ebpf.loader import cleanup
+from backends.ebpf.datapath.loader import cleanup
 from lab.cgroups import cgroup
 from lab.nodeport_lab import (NODE_OUTSIDE, PODS, Connection, NodePortLab, nodeport_lab,
                               tcp_probe)

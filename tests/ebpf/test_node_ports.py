@@ -22,12 +22,12 @@ from typing import Iterator
 import pytest
 
 from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.dump import read_dump
-from backends.ebpf.loader import cleanup
-from kpng_py.metrics import Metrics
+from backends.ebpf.tools.dump import read_dump
+from backends.ebpf.datapath.loader import cleanup
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges
-from kpng_py.nodeport_addresses import NodePortAddresses
-from kpng_py.skips import Skips
+from kpng_py.node.nodeport_addresses import NodePortAddresses
+from kpng_py.state.skips import Skips
 from lab.socket_lab import Agent, Lab, unique_bpffs_dir
 from tests.ebpf.conftest import datapath_config
 from tests.ebpf.helpers import added, follower_in, removed, service_port, updated

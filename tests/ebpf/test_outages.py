@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from backends.ebpf import maps
-from backends.ebpf.loader import pinned_links
-from kpng_py.backoff import JITTER
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.datapath.loader import pinned_links
+from kpng_py.runtime.backoff import JITTER
 from lab.socket_lab import Agent, Lab, backend_ip, target
 from tests.brain.helpers import TCP
 from tests.ebpf.node import TARGETS, WEB_VIPS, lab_service, node, web_and_dns

@@ -1,4 +1,4 @@
-"""One process owns a datapath (backends/ebpf/ownership.py), and the owner
+"""One process owns a datapath (backends/ebpf/datapath/ownership.py), and the owner
 keeps it whole: a second backend on the same bpffs directory is refused, a
 cleanup waits for the owner or is refused, and while the owner cannot put
 back what another process removed, /healthz, /livez and the metrics say so."""
@@ -15,13 +15,13 @@ from typing import Iterator
 
 import pytest
 
-from backends.ebpf import loader
+from backends.ebpf.datapath import loader
 from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.loader import Datapath, cleanup
-from backends.ebpf.ownership import DatapathInUse, DatapathLock, holder
-from kpng_py.health import SyncHealth
-from kpng_py.metrics import Metrics
-from kpng_py.skips import Skips
+from backends.ebpf.datapath.loader import Datapath, cleanup
+from backends.ebpf.datapath.ownership import DatapathInUse, DatapathLock, holder
+from kpng_py.healthcheck.proxier_health import SyncHealth
+from kpng_py.metrics.metrics import Metrics
+from kpng_py.state.skips import Skips
 from lab.socket_lab import Lab, unique_bpffs_dir
 from tests.ebpf.conftest import datapath_config
 from tests.ebpf.helpers import added, follower_in, service_port

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.ebpf import maps
-from backends.ebpf.loader import (
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.datapath.loader import (
     LINKS_DIR,
     PROGRAMS_DIR,
     Datapath,
@@ -24,8 +24,8 @@ from backends.ebpf.loader import (
     checked_cgroup,
     cleanup,
 )
-from backends.ebpf.privileges import privilege_hint
-from kpng_py.backend import BackendSetupError
+from backends.ebpf.datapath.privileges import privilege_hint
+from kpng_py.dataplane.contract import BackendSetupError
 from lab.cgroups import cgroup
 from lab.names import BPFFS_ROOT as BPFFS, CGROUP2_ROOT, unique_name
 from lab.socket_lab import unique_bpffs_dir
@@ -178,7 +178,7 @@ def test_the_root_of_a_hybrid_cgroup_layout_stands_for_its_cgroup_v2_hierarchy(
     script = ('mount -t tmpfs tmpfs "$ROOT" && mkdir "$ROOT/unified" && '
               'mount -t cgroup2 none "$ROOT/unified" && "$PYTHON" -c "$CHECK" "$ROOT"')
     check = ("import sys; from pathlib import Path; "
-             "from backends.ebpf.loader import checked_cgroup; "
+             "from backends.ebpf.datapath.loader import checked_cgroup; "
              "print(checked_cgroup(Path(sys.argv[1])))")
     result = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script],

@@ -10,12 +10,12 @@ from typing import Iterator
 
 import pytest
 
-from backends.ebpf import maps
-from backends.ebpf.contents import FrontendKeys, HostPort
-from backends.ebpf.libbpf import BpfMap
-from backends.ebpf.loader import Datapath
-from backends.ebpf.maps import ServiceValue
-from kpng_py.metrics import Metrics
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.maps.contents import FrontendKeys, HostPort
+from backends.ebpf.maps.libbpf import BpfMap
+from backends.ebpf.datapath.loader import Datapath
+from backends.ebpf.maps.layout import ServiceValue
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges, Protocol
 from tests.ebpf.helpers import added, loaded, programmer, removed, service_port, updated
 

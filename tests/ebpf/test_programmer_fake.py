@@ -18,12 +18,12 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import rule, run_state_machine_as_test
 
-from backends.ebpf import maps
-from backends.ebpf.contents import FrontendKeys, HostPort
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.maps.contents import FrontendKeys, HostPort
 from backends.ebpf.programmer import ROUND_PORTS, Capacity, ServiceProgrammer
-from kpng_py.metrics import Metrics
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges, Protocol
-from kpng_py.skips import Skips
+from kpng_py.state.skips import Skips
 from tests.ebpf.fake_maps import FakeMap
 from tests.ebpf.helpers import added, removed, service_port, updated
 from lab.socket_lab import backend_ip

@@ -12,8 +12,9 @@ from dataclasses import replace
 
 import pytest
 
-from backends.ebpf import maps, recovery
-from backends.ebpf.contents import Recovered
+from backends.ebpf import recovery
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.maps.contents import Recovered
 from backends.ebpf.recovery import recovered_beside, recovered_here
 from tests.ebpf.test_contents import fake_maps
 

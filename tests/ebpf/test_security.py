@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from backends.ebpf.loader import LINKS_DIR, PROGRAMS_DIR, Datapath, DatapathConfig, cleanup
-from backends.ebpf.maps import MAP_SPECS
-from kpng_py.backend import BackendSetupError
+from backends.ebpf.datapath.loader import LINKS_DIR, PROGRAMS_DIR, Datapath, DatapathConfig, cleanup
+from backends.ebpf.maps.layout import MAP_SPECS
+from kpng_py.dataplane.contract import BackendSetupError
 from lab.cgroups import cgroup
 from lab.socket_lab import Lab, unique_bpffs_dir
 from tests.ebpf.conftest import TEST_MAP_SIZES

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.ebpf import maps
+from backends.ebpf.maps import layout as maps
 from kpng_py.brain.watcher import Settle
 from lab.socket_lab import Agent, Lab
 from tests.brain.helpers import TCP

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.ebpf.contents import HostPort
-from backends.ebpf.maps import RevNatKey, RevNatValue
+from backends.ebpf.maps.contents import HostPort
+from backends.ebpf.maps.layout import RevNatKey, RevNatValue
 from backends.ebpf.stale_udp import NETLINK_SOCK_DIAG, StaleUdpTerminator
 from tests.ebpf.fake_maps import FakeMap
 

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from backends.ebpf import maps
+from backends.ebpf.maps import layout as maps
 from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.loader import mount_point, open_pinned_map
-from backends.ebpf.trace import TraceSession, Translation
+from backends.ebpf.datapath.loader import mount_point, open_pinned_map
+from backends.ebpf.tools.trace import TraceSession, Translation
 from lab.procs import kpng_py_command, wait_until
 from lab.socket_lab import Agent, Lab, backend_ip
 from tests.ebpf.helpers import added, service_port

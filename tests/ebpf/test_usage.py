@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from backends.ebpf import maps
+from backends.ebpf.maps import layout as maps
 from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.usage import CachedCount
-from kpng_py.metrics import Metrics
+from backends.ebpf.maps.usage import CachedCount
+from kpng_py.metrics.metrics import Metrics
 from tests.ebpf.helpers import loaded
 
 

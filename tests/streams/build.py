@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from kpng_py.api import localv1 as L
-from kpng_py.recording import RecordingWriter
+from kpng_py.serve.recording import RecordingWriter
 
 HERE = Path(__file__).resolve().parent
 

@@ -7,7 +7,7 @@ import ipaddress
 import pytest
 
 from backends.userspace.context import ProxyConfig
-from kpng_py.cli import build_parser
+from kpng_py.cmd.cli import build_parser
 
 
 def _parse(*flags: str):
@@ -23,7 +23,7 @@ def test_defaults():
 
 def test_flags_reach_the_config():
     from backends.userspace import cli
-    from kpng_py.metrics import Metrics
+    from kpng_py.metrics.metrics import Metrics
 
     args = _parse("--interface", "kp-test0", "--udp-idle-timeout", "5", "--tcp-connect-timeout",
                   "0.5", "--tcp-connect-attempts", "2", "--tcp-pipe-size", "256K",

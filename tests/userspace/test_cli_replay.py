@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from kpng_py.api import localv1
-from kpng_py.recording import RecordingWriter
+from kpng_py.serve.recording import RecordingWriter
 from lab.proxy_node import ENDPOINT_PORT, REPO, SERVER_V4
 
 pytestmark = pytest.mark.kernel
 
 VIP = "10.96.0.30"
-KPNG_PY = [sys.executable, "-m", "kpng_py.cli"]
+KPNG_PY = [sys.executable, "-m", "kpng_py.cmd.cli"]
 
 
 def _set(kind: int, path: str, message) -> localv1.OpItem:

@@ -20,7 +20,7 @@ import pytest
 
 from backends.userspace.context import DEFAULT_INTERFACE
 from kpng_py.model import ServicePortChanges, Protocol
-from kpng_py.print_backend import PrintBackend
+from kpng_py.dataplane.print_backend import PrintBackend
 from lab.netns import NetNS, netns
 from lab.proxy_node import addresses, node_starter, service_port
 from tests.support.kernel import require_root

@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 from backends.userspace.guard import ClusterIPGuard
-from kpng_py.metrics import Metrics
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges, Protocol
-from kpng_py.skips import Skips
+from kpng_py.state.skips import Skips
 from lab.proxy_node import service_port
 
 GOOD = "10.96.0.10"

@@ -152,7 +152,7 @@ def test_to_userspace_refuses_lo_with_an_error_that_names_the_fix(ns, tmp_path):
     its addresses. (The brain's socket does not exist: setup comes first.)"""
     before = addresses(ns, "lo")
     done = subprocess.run(ns.exec_args(
-        sys.executable, "-m", "kpng_py.cli", "local", "--api", f"unix://{tmp_path}/brain.sock",
+        sys.executable, "-m", "kpng_py.cmd.cli", "local", "--api", f"unix://{tmp_path}/brain.sock",
         "to-userspace", "--interface", "lo"), cwd=REPO, capture_output=True, text=True,
         timeout=60)
     assert done.returncode == 2, done.stderr

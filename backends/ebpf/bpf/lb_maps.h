@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Keys and values of every map the socket load balancer uses: the one place
- * their layout is defined. backends/ebpf/maps.py mirrors each struct with
+ * their layout is defined. backends/ebpf/maps/layout.py mirrors each struct with
  * ctypes, and tests/ebpf/test_layout.py compiles this header with the host's
  * gcc and compares sizes and offsets with the mirrors.
  *

@@ -14,7 +14,7 @@
  * ::ffff:a.b.c.d; maps store IPv4 v4-mapped, so both families share entries.
  * Design and update order: docs/ebpf.md. Map layouts: lb_maps.h.
  *
- * Compiled by BCC at run time (backends/ebpf/loader.py) with:
+ * Compiled by BCC at run time (backends/ebpf/datapath/loader.py) with:
  *   KPNG_PIN_DIR        bpffs directory holding the pinned maps
  *   KPNG_MAPS_HEADER    the absolute path of lb_maps.h, as a string
  *   KPNG_SERVICES_MAX, KPNG_BACKENDS_MAX, KPNG_REVNAT_MAX, KPNG_AFFINITY_MAX,

@@ -1,0 +1,94 @@
+"""The direction of imports between the product's packages: the flow of
+docs/architecture.md ("Packages"), held by the code. A package imports only
+the packages below it: the state never imports the transport that brought
+its ops, no backend imports a command or a brain, and so on."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_BASE = {"api", "model", "runtime"}
+# Each part of kpng_py (a package, or a module at the top) and the parts it
+# may import.
+MAY_IMPORT: dict[str, set[str]] = {
+    "api": set(),
+    "model": set(),
+    "runtime": set(),
+    "transport": {"model"},
+    "metrics": {"model", "runtime"},
+    "node": {"model", "runtime"},
+    "state": _BASE | {"metrics"},
+    "watch": _BASE | {"transport", "metrics", "state"},
+    "serve": _BASE | {"transport"},
+    "healthcheck": _BASE | {"metrics", "node", "watch"},
+    "dataplane": _BASE | {"metrics", "node", "state", "healthcheck"},
+    "brain": _BASE | {"serve", "state"},
+    "cmd": _BASE | {"transport", "metrics", "node", "state", "watch", "serve", "healthcheck",
+                    "dataplane", "brain"},
+}
+# A backend is a dataplane: it may import what a dataplane needs, and its
+# declaration module (cli.py) the values of the command line's flags.
+BACKEND_MAY_IMPORT = _BASE | {"metrics", "node", "state", "healthcheck", "dataplane"}
+BACKEND_FLAG_MODULES = {"kpng_py.cmd.durations", "kpng_py.cmd.flag_types"}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in names if name.startswith("kpng_py.")}
+
+
+def _part(module: str) -> str:
+    return module.split(".")[1]
+
+
+def _part_of_file(path: Path) -> str:
+    relative = path.relative_to(ROOT / "kpng_py")
+    return relative.parts[0] if len(relative.parts) > 1 else relative.stem
+
+
+def _known(module: str) -> bool:
+    return _part(module) in MAY_IMPORT or _part(module) == "__version__"
+
+
+def test_every_part_of_kpng_py_has_its_rule():
+    parts = {_part_of_file(path) for path in (ROOT / "kpng_py").rglob("*.py")} - {"__init__"}
+    assert parts == set(MAY_IMPORT)
+
+
+@pytest.mark.parametrize("part", sorted(MAY_IMPORT))
+def test_a_part_of_kpng_py_imports_only_the_parts_below_it(part):
+    sources = [path for path in (ROOT / "kpng_py").rglob("*.py") if _part_of_file(path) == part]
+    wrong = {str(path.relative_to(ROOT)): sorted(
+        module for module in _imports(path)
+        if _known(module) and _part(module) not in MAY_IMPORT[part] | {part, "__version__"})
+        for path in sources}
+    assert {path: modules for path, modules in wrong.items() if modules} == {}
+
+
+@pytest.mark.parametrize("backend", ["ebpf", "userspace"])
+def test_a_backend_imports_neither_a_command_nor_a_brain_nor_a_stream(backend):
+    wrong = {}
+    for path in (ROOT / "backends" / backend).rglob("*.py"):
+        allowed = BACKEND_FLAG_MODULES if path.name == "cli.py" else set()
+        modules = sorted(module for module in _imports(path)
+                         if _part(module) not in BACKEND_MAY_IMPORT
+                         and not any(module.startswith(flag) for flag in allowed))
+        if modules:
+            wrong[str(path.relative_to(ROOT))] = modules
+    assert wrong == {}
+
+
+def test_the_rule_catches_a_wrong_import(tmp_path):
+    """The check reads `from kpng_py.X import Y` as importing part X."""
+    source = tmp_path / "m.py"
+    source.write_text("from kpng_py.watch.client import WatchClient\nimport kpng_py.serve.server\n")
+    assert {_part(module) for module in _imports(source)} == {"watch", "serve"}
