@@ -50,7 +50,7 @@ MAX_MSG_SIZE = 2**31 - 1
 # Kubernetes' limit on a node name (a DNS subdomain).
 MAX_NODE_NAME = 253
 # The shells `completion` writes for: shtab's (SUPPORTED_SHELLS, checked by
-# tests/test_cli.py), named here so that a run does not import shtab.
+# tests/cmd/test_cli.py), named here so that a run does not import shtab.
 COMPLETION_SHELLS = ("bash", "zsh", "tcsh", "fish", "powershell")
 
 

@@ -47,7 +47,7 @@ from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from tests.ebpf.helpers import programmed_frontends
 from tests.streams.build import endpoint, port, service, sync
-from tests.test_state_properties import KEYS, SERVICES, StreamMachine
+from tests.state.test_tracker_properties import KEYS, SERVICES, StreamMachine
 
 # No "explain" phase: its tracing makes a failing run take minutes. 30 steps
 # in "ci": enough for owners to come, go and be taken over; 200 examples

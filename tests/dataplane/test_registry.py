@@ -20,7 +20,7 @@ from kpng_py.cmd.cli import build_parser, main
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.dataplane.registry import BackendSpec, RegistryError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 FAKE_MODULE = "kpng_py_test_fake_backend"
 FAKE_SOURCE = '''
