@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -82,3 +83,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if os.environ.get("CI") == "true" and report.skipped:
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, which must run every test: {report.longrepr}"
+
+
+KERNEL_TESTS = Path(__file__).resolve().parent / "kernel"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Kernel tests (root, BPF, namespaces) live in tests/kernel/ and only
+    there, so that a test's folder says what it needs: a test there without
+    the `kernel` mark, or one elsewhere with it, stops the run."""
+    misplaced = [item.nodeid for item in items
+                 if (item.get_closest_marker("kernel") is not None)
+                 != item.path.is_relative_to(KERNEL_TESTS)]
+    if misplaced:
+        raise pytest.UsageError(
+            "kernel tests belong in tests/kernel/ and must be marked `kernel`, others not: "
+            + ", ".join(misplaced[:5]) + (f" and {len(misplaced) - 5} more" if len(misplaced) > 5 else ""))

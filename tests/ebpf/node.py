@@ -16,7 +16,7 @@ from backends.ebpf.datapath.loader import cleanup
 from backends.ebpf.maps.layout import SIZED_SPECS
 from lab.socket_lab import Lab, backend_ip, target
 from tests.brain.helpers import TCP, UDP, StateFile, endpoint, port, service, state
-from tests.ebpf.conftest import TEST_MAP_SIZES
+from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
 from tests.support.process import LOOPBACK_PROBES, START_SECONDS, Process, Processes
 
 NODE_NAME = "node-a"

@@ -21,7 +21,7 @@ from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Endpoint, Endpoints, Protocol, ServicePortChanges
 from kpng_py.state.skips import Skips
 from tests.ebpf.fake_maps import FakeMap
-from tests.ebpf.test_dump import BACKENDS, SERVICES, SIZES, write_state
+from tests.kernel.ebpf.test_dump import BACKENDS, SERVICES, SIZES, write_state
 
 
 def fake_maps() -> tuple[FakeMap, FakeMap]:

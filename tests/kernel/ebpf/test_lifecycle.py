@@ -28,7 +28,7 @@ from kpng_py.serve.recording import RecordingWriter
 from kpng_py.state.skips import Skips
 from lab.cgroups import cgroup
 from lab.socket_lab import Agent, Lab, backend_ip, target
-from tests.ebpf.conftest import TEST_MAP_SIZES
+from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
 from tests.ebpf.helpers import added, brain_ops, follower_in, service_port
 from tests.test_deploy import backend_args, cleanup_args
 

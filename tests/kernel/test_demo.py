@@ -20,7 +20,7 @@ from tests.support.process import START_SECONDS
 
 pytestmark = pytest.mark.kernel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def lines_until(out: IO[str], marker: str, seen: list[str]) -> str:

@@ -27,7 +27,7 @@ from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from lab.cgroups import cgroup
 from lab.socket_lab import Agent, Lab, backend_ip, target, unique_bpffs_dir
-from tests.ebpf.conftest import TEST_MAP_SIZES
+from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
 from tests.ebpf.helpers import follower_in, programmed_frontends
 from tests.streams.build import delete, endpoint, port, reset, service, set_endpoint, set_service
 from tests.streams.build import sync as sync_op

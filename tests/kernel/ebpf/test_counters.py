@@ -19,7 +19,7 @@ from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges
 from kpng_py.state.skips import Skips
 from lab.socket_lab import Agent, Lab
-from tests.ebpf.conftest import datapath_config
+from tests.kernel.ebpf.conftest import datapath_config
 from tests.ebpf.helpers import added, follower_in, removed, service_port
 
 pytestmark = pytest.mark.kernel

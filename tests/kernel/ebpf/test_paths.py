@@ -29,7 +29,7 @@ from kpng_py.dataplane.contract import BackendSetupError
 from lab.cgroups import cgroup
 from lab.names import BPFFS_ROOT as BPFFS, CGROUP2_ROOT, unique_name
 from lab.socket_lab import unique_bpffs_dir
-from tests.ebpf.conftest import TEST_MAP_SIZES
+from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
 from tests.ebpf.helpers import loaded
 from tests.support.kernel import require_root_bpf
 from tests.support.process import KPNG_PY, LOOPBACK_PROBES

@@ -1,5 +1,5 @@
 """`kpng-py ebpf dump` prints what the pinned maps hold, text and JSON, byte
-for byte as reviewed in tests/ebpf/dump/ (recorded before the reading of the
+for byte as reviewed in tests/kernel/ebpf/dump/ (recorded before the reading of the
 maps moved to backends/ebpf/maps/contents.py). The state is written entry by
 entry, bypassing the programmer, so that it holds what a crash or a
 neighbour can leave: a missing slot, a slot naming a missing backend or

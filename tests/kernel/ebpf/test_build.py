@@ -21,14 +21,14 @@ from backends.ebpf.datapath.loader import PROGRAMS_DIR, Datapath, DatapathConfig
 from kpng_py.dataplane.contract import BackendSetupError
 from lab.cgroups import cgroup
 from lab.socket_lab import unique_bpffs_dir
-from tests.ebpf.conftest import TEST_MAP_SIZES
+from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
 from tests.ebpf.helpers import loaded
 from tests.support.kernel import require_root_bpf
 
 pytestmark = pytest.mark.kernel
 
 BUILT = "eBPF programs built in a child process"
-REPOSITORY = Path(__file__).resolve().parents[2]
+REPOSITORY = Path(__file__).resolve().parents[3]
 
 # Sets up the backend (a fresh build), then reports what its process maps
 # and which children it has left.
