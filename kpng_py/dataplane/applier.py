@@ -109,7 +109,9 @@ class _Unobserved:
 
 
 @dataclass(frozen=True)
-class _Programmed:
+class _ApplyDurations:
+    """How long one apply took, in seconds."""
+
     total: float    # seconds since the change set's start
     backend: float  # of them, the backend's apply
 
@@ -238,7 +240,7 @@ class ChangeSetApplier:
                 self._listener.reconciled()
 
     def _program(self, changes: ServicePortChanges, what: str, started: float
-                 ) -> _Programmed | None:
+                 ) -> _ApplyDurations | None:
         """Give the backend `changes`: the seconds since `started` (time.monotonic())
         once it has them, and those of its apply; None when it failed (logged,
         counted, a retry armed)."""
@@ -258,7 +260,7 @@ class ChangeSetApplier:
         self._needs_full = False
         self._backoff.reset()
         self._observe_programmed(changes, done - started)
-        return _Programmed(done - started, done - backend_started)
+        return _ApplyDurations(done - started, done - backend_started)
 
     def _observe_programmed(self, changes: ServicePortChanges, seconds: float) -> None:
         """Called holding the dataplane lock: no Sync changes the state meanwhile."""
