@@ -11,7 +11,8 @@ kube watcher maps the API objects:
   healthCheckNodePort, loadBalancerSourceRanges as an IPFilter on the LB IPs;
 - an EndpointSlice (`kubernetes.io/service-name`) gives its service's
   endpoints: one per pod, its IPv4 and IPv6 slices merged, with the slice's
-  named ports as port overrides, `ready`, node, zone and zone hints;
+  named ports as port overrides, its conditions (ready, serving,
+  terminating), node, zone, and zone and node hints;
 - a Node gives its name and `topology.kubernetes.io/zone`.
 
 Objects of other kinds are skipped with a count; a Service or EndpointSlice
@@ -54,10 +55,52 @@ class _Endpoint:
     v4: list[str] = field(default_factory=list)
     v6: list[str] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)
+    # As kube-proxy reads an EndpointSlice: an unknown readiness or serving
+    # counts as true, an unknown terminating as false. A pod listed in several
+    # slices (one per family, or two while it moves) is ready (serving) only
+    # if every slice says so, and terminating if one does.
     ready: bool = True
+    serving: bool = True
+    terminating: bool = False
     node: str = ""
     zone: str = ""
-    hints: list[str] = field(default_factory=list)
+    hint_zones: list[str] = field(default_factory=list)
+    hint_nodes: list[str] = field(default_factory=list)
+
+    def add(self, item: dict[str, Any], ips: localv1.IPSet, ports: dict[str, int],
+            what: str) -> None:
+        """One more listing of the endpoint (`what`, for errors), in a slice
+        with these ports."""
+        self.v4 += [ip for ip in ips.V4 if ip not in self.v4]
+        self.v6 += [ip for ip in ips.V6 if ip not in self.v6]
+        self.ports.update(ports)
+        conditions = _mapping(item.get("conditions"), f"{what} conditions")
+        self.ready = self.ready and conditions.get("ready") is not False
+        self.serving = self.serving and conditions.get("serving") is not False
+        self.terminating = self.terminating or conditions.get("terminating") is True
+        self.node = item.get("nodeName", self.node)
+        self.zone = item.get("zone", self.zone)
+        hints = _mapping(item.get("hints"), f"{what} hints")
+        self.hint_zones = _names(hints.get("forZones"), f"{what} hints.forZones") \
+            or self.hint_zones
+        self.hint_nodes = _names(hints.get("forNodes"), f"{what} hints.forNodes") \
+            or self.hint_nodes
+
+
+def _mapping(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, (dict, type(None))):
+        raise ConvertError(f"{what}: expected a mapping, found {value!r}")
+    return value or {}
+
+
+def _names(references: Any, what: str) -> list[str]:
+    """The names of a list of `{name: ...}` (forZones, forNodes)."""
+    if not isinstance(references, (list, type(None))):
+        raise ConvertError(f"{what}: expected a list, found {references!r}")
+    names = [_mapping(reference, what).get("name") for reference in references or []]
+    if not all(isinstance(name, str) and name for name in names):
+        raise ConvertError(f"{what}: each entry needs a name, found {references!r}")
+    return names
 
 
 def convert(text: str) -> Conversion:
@@ -193,16 +236,9 @@ def _endpoints_by_service(slices: list[dict[str, Any]], skipped: Counter,
             pod = (item.get("targetRef") or {}).get("name", "")
             addresses = item.get("addresses") or []
             endpoint = by_pod.setdefault(pod or ",".join(addresses), _Endpoint(pod))
-            ips = _by_family(addresses, f"EndpointSlice {namespace}/{_name(obj)[1]}")
-            endpoint.v4 += ips.V4
-            endpoint.v6 += ips.V6
-            endpoint.ports.update(ports)
-            # As the API says: an unknown readiness counts as ready.
-            endpoint.ready = endpoint.ready and (item.get("conditions") or {}).get("ready", True)
-            endpoint.node = item.get("nodeName", endpoint.node)
-            endpoint.zone = item.get("zone", endpoint.zone)
-            zones = (item.get("hints") or {}).get("forZones") or []
-            endpoint.hints = [z["name"] for z in zones] or endpoint.hints
+            what = f"EndpointSlice {namespace}/{_name(obj)[1]}"
+            endpoint.add(item, _by_family(addresses, what), ports,
+                         f"{what} endpoint {pod or ','.join(addresses)}")
     return found
 
 
@@ -214,10 +250,16 @@ def _endpoint_entry(endpoint: _Endpoint) -> dict[str, Any]:
         wire.PortOverrides.add(Name=name, Port=port)
     entry: dict[str, Any] = {"podname": endpoint.pod} if endpoint.pod else {}
     entry["endpoint"] = state_members(wire)
-    entry["conditions"] = {"ready": bool(endpoint.ready)}
+    # `serving` and `terminating` (kpng-py's extension) only where they are
+    # not the defaults: upstream KPNG reads the file of a cluster without
+    # terminating endpoints.
+    entry["conditions"] = {"ready": endpoint.ready,
+                           **({} if endpoint.serving else {"serving": False}),
+                           **({"terminating": True} if endpoint.terminating else {})}
     entry["topology"] = {"node": endpoint.node, "zone": endpoint.zone}
-    if endpoint.hints:
-        entry["hints"] = {"zones": endpoint.hints}
+    hints = {"zones": endpoint.hint_zones, "nodes": endpoint.hint_nodes}
+    if any(hints.values()):
+        entry["hints"] = {key: names for key, names in hints.items() if names}
     return entry
 
 

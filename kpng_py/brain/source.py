@@ -119,8 +119,8 @@ def _warn_if_unlisted(state: ClusterState, node_name: str, version: int) -> None
     if len(names) > _NODES_NAMED:
         shown += f" and {len(names) - _NODES_NAMED} more"
     log.warning("node %r is not one of the state file's nodes (%s); check its --node-name "
-                "(a node the file does not list has no zone: endpoints with zone hints are left "
-                "out of its view)", node_name, shown,
+                "(a node the file does not list has no zone: zone hints do not narrow its view)",
+                node_name, shown,
                 extra=fields(node=node_name, nodes=len(names), version=version))
 
 

@@ -2,10 +2,11 @@
 
 The format (docs/spec/state-file.md, docs/brain.md): `nodes` (KPNG's
 globalv1 Node) and `services`, each a localv1 `service` with its `endpoints`
-(globalv1 EndpointInfo). Keys are the upstream field names lower-cased and enums
-are integers. Defaults are upstream's: namespace `default`; an endpoint's
-namespace and service name come from its service; an endpoint without
-`conditions` is ready.
+(globalv1 EndpointInfo, with kpng-py's extension: `serving` and `terminating`
+in `conditions`, `nodes` in `hints`). Keys are the upstream field names
+lower-cased and enums are integers. Defaults are upstream's: namespace
+`default`; an endpoint's namespace and service name come from its service; an
+endpoint without `conditions` is ready.
 
 Anything that cannot be served is an error naming the file, the line, the place
 and the problem, and the whole file is rejected: unknown keys, wrong types, IPs
@@ -28,6 +29,8 @@ import hashlib
 import ipaddress
 import re
 from dataclasses import dataclass, replace
+from functools import cached_property
+from itertools import chain
 from typing import Callable, NamedTuple, TypeVar
 
 from kpng_py.api import localv1
@@ -71,6 +74,35 @@ class EndpointInfo(NamedTuple):
     ready: bool
     node: str  # topology.node: where the endpoint runs
     hint_zones: tuple[str, ...]  # empty: no zone hints
+    # kpng-py's extension of upstream's format (docs/spec/state-file.md): the
+    # EndpointSlice conditions and node hints the per-node view needs to
+    # decide as kube-proxy does (kpng_py/brain/view.py).
+    serving: bool = True
+    terminating: bool = False
+    hint_nodes: tuple[str, ...] = ()  # empty: no node hints
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyEndpoints:
+    """What a service's ready endpoints say that every node's view decides
+    with (kpng_py/brain/view.py): the same for every node, so summed up once
+    per entry."""
+
+    nodes: frozenset[str]  # where they run (topology.node)
+    # What their node (zone) hints name; None when one of them has none.
+    hinted_nodes: frozenset[str] | None
+    hinted_zones: frozenset[str] | None
+
+    @classmethod
+    def of(cls, endpoints: tuple[EndpointInfo, ...]) -> ReadyEndpoints:
+        ready = [info for info in endpoints if info.ready]
+        return cls(frozenset(info.node for info in ready),
+                   _hinted([info.hint_nodes for info in ready]),
+                   _hinted([info.hint_zones for info in ready]))
+
+
+def _hinted(hints: list[tuple[str, ...]]) -> frozenset[str] | None:
+    return frozenset(chain.from_iterable(hints)) if all(hints) else None
 
 
 SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
@@ -91,6 +123,10 @@ class ServiceEntry:
     @property
     def path(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @cached_property
+    def ready_endpoints(self) -> ReadyEndpoints:
+        return ReadyEndpoints.of(self.endpoints)
 
 
 @dataclass(frozen=True)
@@ -309,19 +345,32 @@ def _endpoint_info(value: Doc) -> EndpointInfo:
     # PortOverrides (4) starts, after the fields before it.
     endpoint.ClearField("PortOverrides")
     local_at = endpoint.ByteSize()
-    # As upstream: no `conditions` means ready; `conditions` without `ready`
-    # means not ready.
-    conditions = members["conditions"]
-    ready = conditions.is_null or conditions.mapping(("ready",))["ready"].boolean()
+    ready, serving, terminating = _conditions(members["conditions"])
+    hints = members["hints"].mapping(("zones", "nodes"))
     return EndpointInfo(
         key=members["podname"].string() or endpoint_hash(wire),
         endpoint=wire,
         local_at=local_at,
         ready=ready,
         node=members["topology"].mapping(("node", "zone"))["node"].string(),
-        hint_zones=tuple(z.string() for z in
-                         members["hints"].mapping(("zones",))["zones"].sequence()),
+        hint_zones=tuple(z.string() for z in hints["zones"].sequence()),
+        serving=serving,
+        terminating=terminating,
+        hint_nodes=tuple(n.string() for n in hints["nodes"].sequence()),
     )
+
+
+def _conditions(value: Doc) -> tuple[bool, bool, bool]:
+    """(ready, serving, terminating). As upstream: no `conditions` means
+    ready; `conditions` without `ready` means not ready. As an EndpointSlice
+    (kube-proxy reads it so): without `serving`, serving; without
+    `terminating`, not terminating."""
+    if value.is_null:
+        return True, True, False
+    members = value.mapping(("ready", "serving", "terminating"))
+    serving = members["serving"]
+    return (members["ready"].boolean(), serving.is_null or serving.boolean(),
+            members["terminating"].boolean())
 
 
 def endpoint_hash(endpoint: bytes) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from kpng_py.api import localv1
 from kpng_py.brain.convert import ConvertError, convert, dump
 from kpng_py.brain.statefile import ClusterState, ServiceEntry, parse_state
+from kpng_py.brain.view import node_view
 from kpng_py.cmd.cli import main
 
 KUBECTL_OUTPUT = Path(__file__).parent / "data" / "kubectl-get.yaml"
@@ -66,12 +68,22 @@ def test_headless_services_nodes_and_other_kinds() -> None:
     assert conversion.skipped == {"ConfigMap": 1}
 
 
+_SLICE = ("kind: EndpointSlice\nmetadata: {name: s, labels: {kubernetes.io/service-name: web}}\n"
+          "addressType: IPv4\nendpoints:\n- addresses: [10.0.0.1]\n")
+
+
 @pytest.mark.parametrize("text, message", [
     ("kind: Service\nmetadata: {name: s}\nspec: {ports: [{port: 1, protocol: QUIC}]}\n",
      "Service default/s port 1: protocol 'QUIC' is not one of TCP, UDP, SCTP"),
     ("kind: Service\nmetadata: {name: s}\nspec: {clusterIPs: [10.96.0.300]}\n",
      "Service default/s clusterIPs: '10.96.0.300' is not an IP address"),
     ("kind: Service\nspec: {}\n", "a Service without metadata.name"),
+    (_SLICE + "  hints: {forNodes: [{}]}\n",
+     "EndpointSlice default/s endpoint 10.0.0.1 hints.forNodes: each entry needs a name"),
+    (_SLICE + "  hints: {forZones: z1}\n",
+     "EndpointSlice default/s endpoint 10.0.0.1 hints.forZones: expected a list, found 'z1'"),
+    (_SLICE + "  conditions: [ready]\n",
+     "EndpointSlice default/s endpoint 10.0.0.1 conditions: expected a mapping"),
     ("[1, 2]\n", "not a Kubernetes object or List"),
     ("services: []\n", "not a Kubernetes object or List (`kubectl get ... -o yaml`): it has "
      "no kind; it is a KPNG state file already: give it to `kpng-py file -i` as it is"),
@@ -138,3 +150,91 @@ def test_convert_keeps_a_file_that_is_not_empty_unless_forced(
     assert out.read_text() == "nodes: []\n"
     assert main(["file", "convert", "-i", str(KUBECTL_OUTPUT), "-o", str(out), "--force"]) == 0
     assert converted_paths(out) == ["shop/db", "shop/web"]
+
+
+def _slice(name: str, endpoints: str, address_type: str = "IPv4") -> str:
+    return textwrap.dedent(f"""\
+        - kind: EndpointSlice
+          metadata: {{name: {name}, namespace: shop, labels: {{kubernetes.io/service-name: web}}}}
+          addressType: {address_type}
+          ports: [{{name: http, port: 8080, protocol: TCP}}]
+          endpoints:
+        """) + textwrap.indent(textwrap.dedent(endpoints), "  ")
+
+
+def _cluster(*slices: str) -> str:
+    return ("kind: List\nitems:\n- kind: Service\n  metadata: {name: web, namespace: shop}\n"
+            "  spec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]}\n"
+            + "".join(slices))
+
+
+def test_conditions_are_kept_as_kube_proxy_reads_them() -> None:
+    """A terminating pod that still serves is kept (KPNG's converter dropped
+    it as not ready); an unknown serving counts as serving, as kube-proxy
+    reads it."""
+    text = _cluster(_slice("web-1", """\
+        - addresses: [10.244.0.5]
+          conditions: {ready: false, serving: true, terminating: true}
+          targetRef: {name: web-0}
+        - addresses: [10.244.0.6]
+          conditions: {ready: false, terminating: true}
+          targetRef: {name: web-1}
+        - addresses: [10.244.0.7]
+          conditions: {ready: false, serving: false, terminating: true}
+          targetRef: {name: web-2}
+        - addresses: [10.244.0.8]
+          targetRef: {name: web-3}
+        """))
+    endpoints = service_named(converted(text), "shop/web").endpoints
+    assert {e.key: (e.ready, e.serving, e.terminating) for e in endpoints} == {
+        "web-0": (False, True, True), "web-1": (False, True, True),
+        "web-2": (False, False, True), "web-3": (True, True, False)}
+
+
+def test_node_hints_are_kept_beside_zone_hints() -> None:
+    text = _cluster(_slice("web-1", """\
+        - addresses: [10.244.0.5]
+          nodeName: node-a
+          zone: z1
+          hints: {forZones: [{name: z1}], forNodes: [{name: node-a}]}
+          targetRef: {name: web-0}
+        """))
+    (web0,) = service_named(converted(text), "shop/web").endpoints
+    assert (web0.node, web0.hint_zones, web0.hint_nodes) == ("node-a", ("z1",), ("node-a",))
+
+
+def test_a_pod_in_two_slices_is_one_endpoint_terminating_if_one_slice_says_so() -> None:
+    """A pod moving between slices is listed twice for a while: its address
+    once, ready only if both listings say so."""
+    text = _cluster(_slice("web-1", """\
+        - addresses: [10.244.0.5]
+          conditions: {ready: true, serving: true, terminating: false}
+          targetRef: {name: web-0}
+        """), _slice("web-2", """\
+        - addresses: [10.244.0.5]
+          conditions: {ready: false, serving: true, terminating: true}
+          targetRef: {name: web-0}
+        """))
+    (web0,) = service_named(converted(text), "shop/web").endpoints
+    assert list(localv1.Endpoint.FromString(web0.endpoint).IPs.V4) == ["10.244.0.5"]
+    assert (web0.ready, web0.serving, web0.terminating) == (False, True, True)
+
+
+def test_a_cluster_without_terminating_endpoints_converts_to_upstreams_format() -> None:
+    """`serving`, `terminating` and node hints are written only where they
+    say something: upstream KPNG reads the rest."""
+    endpoints = [e for entry in convert(KUBECTL_OUTPUT.read_text()).state["services"]
+                 for e in entry["endpoints"]]
+    assert [(list(e["conditions"]), list(e.get("hints", {}))) for e in endpoints] == [
+        (["ready"], ["zones"]), (["ready"], [])]
+
+
+def test_a_services_last_terminating_pods_are_in_every_nodes_view() -> None:
+    text = _cluster(_slice("web-1", """\
+        - addresses: [10.244.0.5]
+          conditions: {ready: false, serving: true, terminating: true}
+          nodeName: node-a
+          targetRef: {name: web-0}
+        """))
+    assert sorted(path for _, path in node_view(converted(text), "node-b")) == [
+        "shop/web", "shop/web/web-0"]

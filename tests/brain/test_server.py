@@ -61,20 +61,22 @@ def test_each_node_gets_its_own_view_and_live_edits(start_brain) -> None:
     assert first2.endpoints()["default/dns:dns/UDP"] == ["10.1.2.2:5353"]
     assert first1.printed["servicePorts"][1]["clusterIPs"] == ["10.96.0.10", "fd00:96::10"]
 
-    # An endpoint hinted for zone z2 only: n2 gets it, n1 gets nothing at all.
+    # Every endpoint with zone hints, one for zone z2 only: n2 gets it, n1
+    # gets nothing at all (hints alone change no endpoint's bytes).
+    w1, w2 = ({**info, "hints": {"zones": ["z1", "z2"]}} for info in (W1, W2))
     w3 = endpoint("10.1.2.3", node="n2", pod="w3", overrides={"http": 8082},
                   hints={"zones": ["z2"]})
-    brain.state_file.write(state(web(W1, W2, w3), DNS, nodes=NODES))
+    brain.state_file.write(state(web(w1, w2, w3), DNS, nodes=NODES))
     step = n2.next()
     assert step.op_kinds() == ["Set endpoints/default/web/w3", "Sync"]
     assert step.endpoints()["default/web:http/TCP"] == [
         "10.1.1.1:8080", "10.1.2.1:8081", "10.1.2.3:8082", "[fd00:1::1]:8080"]
 
     # w1 not ready, a new service with a port resolved by target port name.
-    w1_not_ready = {**W1, "conditions": {"ready": False}}
+    w1_not_ready = {**w1, "conditions": {"ready": False}}
     api = service("api", ("10.96.0.30",), [port("grpc", number=9000, targetportname="grpc-api")],
                   [endpoint("10.1.1.5", node="n1", pod="a1", overrides={"grpc-api": 9443})])
-    brain.state_file.write(state(web(w1_not_ready, W2, w3), DNS, api, nodes=NODES))
+    brain.state_file.write(state(web(w1_not_ready, w2, w3), DNS, api, nodes=NODES))
     step = n1.next()  # the first change set n1 gets since the start
     assert step.op_kinds() == ["Set services/default/api", "Delete endpoints/default/web/w1",
                                "Set endpoints/default/api/a1", "Sync"]
@@ -87,7 +89,7 @@ def test_each_node_gets_its_own_view_and_live_edits(start_brain) -> None:
 
     # A service removed: its endpoints are deleted first. The node that had
     # only one of them in its view is told about that one only.
-    brain.state_file.write(state(web(w1_not_ready, W2, w3), api, nodes=NODES))
+    brain.state_file.write(state(web(w1_not_ready, w2, w3), api, nodes=NODES))
     step = n1.next()
     assert step.op_kinds() == ["Delete endpoints/default/dns/d1", "Delete endpoints/default/dns/d2",
                                "Delete services/default/dns", "Sync"]

@@ -35,10 +35,12 @@ STREAMS = Path(__file__).parent.parent / "streams"
 
 
 def _services(count: int) -> list[dict]:
-    """`count` services of three endpoints on n1 and n2, one hinted for z2."""
+    """`count` services of three endpoints on n1 and n2, one hinted for z2
+    only (the others for z1 and z2: every endpoint has hints)."""
+    both = {"zones": ["z1", "z2"]}
     return [service(f"s{i:03}", (f"10.96.{i // 250}.{i % 250 + 1}",), [port("http")], [
-        endpoint(f"10.1.{i // 250}.{i % 250 + 1}", node="n1", pod=f"a{i}"),
-        endpoint(f"10.2.{i // 250}.{i % 250 + 1}", node="n2", pod=f"b{i}"),
+        endpoint(f"10.1.{i // 250}.{i % 250 + 1}", node="n1", pod=f"a{i}", hints=both),
+        endpoint(f"10.2.{i // 250}.{i % 250 + 1}", node="n2", pod=f"b{i}", hints=both),
         endpoint(f"10.3.{i // 250}.{i % 250 + 1}", node="n2", pod=f"c{i}",
                  hints={"zones": ["z2"]})]) for i in range(count)]
 

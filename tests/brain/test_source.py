@@ -90,8 +90,10 @@ def test_a_version_that_does_not_change_the_nodes_view_is_not_answered() -> None
     snapshots = StateSnapshots(_state(WEB, nodes=nodes))
     stream = _Session(snapshots)
     stream.next("n1")
+    both = {"zones": ["z1", "z2"]}  # hints change no endpoint's bytes
     for_z2 = service("web", ("10.96.0.10",), [port("http")], [
-        endpoint("10.1.0.1", pod="web-0"), endpoint("10.1.0.2", pod="web-1"),
+        endpoint("10.1.0.1", pod="web-0", hints=both),
+        endpoint("10.1.0.2", pod="web-1", hints=both),
         endpoint("10.1.0.3", pod="web-z2", hints={"zones": ["z2"]})])
     assert snapshots.publish(_state(for_z2, nodes=nodes))
     assert not snapshots.publish(_state(for_z2, nodes=nodes))  # the same state: no version
@@ -264,7 +266,7 @@ def test_a_node_the_state_does_not_list_is_warned_about_once_per_version(
     assert _warnings(caplog) == [
         "node 'nope' is not one of the state file's nodes (n0, n1, n2, n3, n4, n5, n6, n7, n8, "
         "n9 and 2 more); check its --node-name (a node the file does not list has no zone: "
-        "endpoints with zone hints are left out of its view)"]
+        "zone hints do not narrow its view)"]
     assert not snapshots.publish(_state(WEB, nodes=nodes))  # the file read again, unchanged
     snapshots.current_view("nope")
     assert len(_warnings(caplog)) == 1

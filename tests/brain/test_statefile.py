@@ -8,9 +8,18 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kpng_py.api import localv1
-from kpng_py.brain.statefile import ClusterState, StateFileError, endpoint_hash, parse_state
+from kpng_py.brain.statefile import (
+    ClusterState,
+    StateFileError,
+    StateReader,
+    endpoint_hash,
+    parse_state,
+    read_strict,
+)
+from tests.brain.helpers import endpoint, port, service, state
 
 # The example of docs/spec/state-file.md.
 SPEC_EXAMPLE = """\
@@ -171,6 +180,48 @@ def test_zone_hints_and_topology_are_read() -> None:
     assert state.services[0].endpoints[0].hint_zones == ("z1", "z2")
 
 
+def test_conditions_say_serving_and_terminating_and_hints_name_nodes() -> None:
+    """kpng-py's extension: the EndpointSlice conditions and node hints.
+    Without `serving`, serving; without `terminating`, not terminating (as
+    kube-proxy reads a slice); `ready` as upstream."""
+    state = parse("""\
+        services:
+        - service: {name: a, ports: [{protocol: 1, port: 80}]}
+          endpoints:
+          - endpoint: {ips: {v4: [10.1.0.1]}}
+          - endpoint: {ips: {v4: [10.1.0.2]}}
+            conditions: {ready: false, serving: true, terminating: true}
+          - endpoint: {ips: {v4: [10.1.0.3]}}
+            conditions: {ready: false, serving: false, terminating: true}
+          - endpoint: {ips: {v4: [10.1.0.4]}}
+            conditions: {ready: false, terminating: true}
+          - endpoint: {ips: {v4: [10.1.0.5]}}
+            conditions: {}
+            hints: {zones: [z1], nodes: [n1, n2]}
+    """)
+    endpoints = state.services[0].endpoints
+    assert [(e.ready, e.serving, e.terminating) for e in endpoints] == [
+        (True, True, False), (False, True, True), (False, False, True), (False, True, True),
+        (False, True, False)]
+    assert [(e.hint_zones, e.hint_nodes) for e in endpoints][-2:] == [
+        ((), ()), (("z1",), ("n1", "n2"))]
+
+
+def test_the_fast_reader_reads_the_extension_as_the_strict_one() -> None:
+    """Read by the block-style reader (the whole-endpoint one declines an
+    endpoint with other keys), or declined: never read otherwise."""
+    text = yaml.safe_dump(state(service("a", ("10.96.0.1",), [port("http")], [
+        endpoint("10.1.0.1", node="n1", pod="a-1", overrides={"http": 8080},
+                 conditions={"ready": False, "serving": True, "terminating": True}),
+        endpoint("10.1.0.2", node="n2", pod="a-2", overrides={"http": 8080},
+                 hints={"zones": ["z2"], "nodes": ["n2"]}),
+        endpoint("10.1.0.3", node="n2", pod="a-3", overrides={"http": 8080})])))
+    read = read_strict(text, "state.yaml")
+    assert StateReader("state.yaml").read_fast(text) in (None, read)
+    assert [(e.terminating, e.hint_nodes) for e in read.services[0].endpoints] == [
+        (True, ()), (False, ("n2",)), (False, ())]
+
+
 _BASE = """\
 services:
 - service:
@@ -270,6 +321,17 @@ def test_protocols_may_be_given_by_name_as_well_as_number(style: str) -> None:
     ("services:", "nodes: [{labels: {}}]\nservices:",
      "state.yaml:1: nodes[0]: a node needs a name"),
     ("services:", "nodes: {}\nservices:", "state.yaml:1: nodes: expected a list, found a mapping"),
+    ("endpoint: {ips: {v4: [10.1.0.1]}}",
+     "endpoint: {ips: {v4: [10.1.0.1]}}\n    conditions: {ready: false, serving: maybe}",
+     "state.yaml:10: services[0].endpoints[0].conditions.serving: expected true or false, "
+     "found 'maybe'"),
+    ("endpoint: {ips: {v4: [10.1.0.1]}}",
+     "endpoint: {ips: {v4: [10.1.0.1]}}\n    conditions: {terminated: true}",
+     "state.yaml:10: services[0].endpoints[0].conditions.terminated: unknown key 'terminated'; "
+     "expected one of: ready, serving, terminating"),
+    ("endpoint: {ips: {v4: [10.1.0.1]}}",
+     "endpoint: {ips: {v4: [10.1.0.1]}}\n    hints: {nodes: n1}",
+     "state.yaml:10: services[0].endpoints[0].hints.nodes: expected a list, found 'n1'"),
     ("services:", "services:\n- endpoints: []",
      "state.yaml:2: services[0]: each entry of services needs a `service`"),
     ("name: web", "name: web\n    sessionaffinity: {clientip: {timeoutseconds: 90000}}",

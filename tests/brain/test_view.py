@@ -1,5 +1,6 @@
-"""The per-node view: ready filter, zone hints, Local, Scopes, and endpoints
-with no scope left out, as KPNG's brain computes them."""
+"""The per-node view as kube-proxy decides it: ready endpoints, else serving
+terminating ones (per scope), zone and node hints with their fallbacks,
+Local, Scopes, and endpoints with no scope left out."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import yaml
 
 from kpng_py.api import localv1
 from kpng_py.brain.statefile import ClusterState, parse_state
-from kpng_py.brain.view import endpoint_for_node, node_view
+from kpng_py.brain.view import NodeChoice, endpoint_for_node, node_view
 from tests.brain.helpers import endpoint, port, service, state
 
 
@@ -54,19 +55,126 @@ def test_endpoints_that_are_not_ready_are_not_sent() -> None:
     assert set(_endpoints(cluster, "n1")) == {"ready"}
 
 
-def test_zone_hints_keep_endpoints_for_the_nodes_of_those_zones() -> None:
-    cluster = _state(state(
-        service("a", ("10.96.0.1",), [port()], [
-            endpoint("10.1.0.1", pod="for-z1", hints={"zones": ["z1"]}),
-            endpoint("10.1.0.2", pod="for-z1-z2", hints={"zones": ["z1", "z2"]}),
-            endpoint("10.1.0.3", pod="no-hints", hints={"zones": []}),
-        ]),
-        nodes=[{"name": "n1", "topology": {"zone": "z1"}},
-               {"name": "n2", "topology": {"zone": "z2"}}]))
-    assert set(_endpoints(cluster, "n1")) == {"for-z1", "for-z1-z2", "no-hints"}
-    assert set(_endpoints(cluster, "n2")) == {"for-z1-z2", "no-hints"}
-    # An unknown node is in zone "": only endpoints without hints are for it.
-    assert set(_endpoints(cluster, "unknown")) == {"no-hints"}
+# Two nodes in two zones, and one in none.
+_ZONED = [{"name": "n1", "topology": {"zone": "z1"}}, {"name": "n2", "topology": {"zone": "z2"}},
+          {"name": "n3"}]
+_TERMINATING = {"ready": False, "serving": True, "terminating": True}
+
+
+def test_zone_hints_narrow_a_nodes_view_to_its_zone_when_every_ready_endpoint_has_some() -> None:
+    cluster = _state(state(service("a", ("10.96.0.1",), [port()], [
+        endpoint("10.1.0.1", pod="for-z1", hints={"zones": ["z1"]}),
+        endpoint("10.1.0.2", pod="for-z1-z2", hints={"zones": ["z1", "z2"]}),
+        endpoint("10.1.0.3", pod="for-z3", hints={"zones": ["z3"]}),
+        endpoint("10.1.0.4", pod="not-ready", conditions={"ready": False}),
+    ]), nodes=_ZONED))
+    assert set(_endpoints(cluster, "n1")) == {"for-z1", "for-z1-z2"}
+    assert set(_endpoints(cluster, "n2")) == {"for-z1-z2"}
+
+
+def test_a_node_whose_zone_no_hint_names_gets_every_ready_endpoint() -> None:
+    """As kube-proxy falls back: a node without a zone, one the state does not
+    list (zone ""), and one in a zone no hint names. KPNG's brain gave them
+    none at all, and their connections were refused."""
+    cluster = _state(state(service("a", ("10.96.0.1",), [port()], [
+        endpoint("10.1.0.1", pod="for-z1", hints={"zones": ["z1"]}),
+        endpoint("10.1.0.2", pod="for-z2", hints={"zones": ["z2"]}),
+    ]), nodes=[*_ZONED, {"name": "n4", "topology": {"zone": "z4"}}]))
+    for node in ("n3", "unknown", "n4"):
+        assert set(_endpoints(cluster, node)) == {"for-z1", "for-z2"}, node
+
+
+def test_zone_hints_are_ignored_unless_every_ready_endpoint_has_some() -> None:
+    cluster = _state(state(service("a", ("10.96.0.1",), [port()], [
+        endpoint("10.1.0.1", pod="for-z1", hints={"zones": ["z1"]}),
+        endpoint("10.1.0.2", pod="for-z2", hints={"zones": ["z2"]}),
+        endpoint("10.1.0.3", pod="no-hints", hints={"zones": []}),
+    ]), nodes=_ZONED))
+    for node in ("n1", "n2"):
+        assert set(_endpoints(cluster, node)) == {"for-z1", "for-z2", "no-hints"}
+
+
+def test_node_hints_narrow_to_the_nodes_endpoints_and_fall_back_to_zone_hints() -> None:
+    """trafficDistribution PreferSameNode: the EndpointSlice controller
+    hints each endpoint for its node and its zone."""
+    def pod(ip: str, node: str, zone: str) -> dict:
+        return endpoint(ip, node=node, pod=f"on-{node}", hints={"nodes": [node], "zones": [zone]})
+    cluster = _state(state(service("a", ("10.96.0.1",), [port()], [
+        pod("10.1.0.1", "n1", "z1"), pod("10.1.0.2", "n1b", "z1"), pod("10.1.0.3", "n2", "z2"),
+    ]), nodes=[*_ZONED, {"name": "n1b", "topology": {"zone": "z1"}},
+               {"name": "n1c", "topology": {"zone": "z1"}}]))
+    assert _endpoints(cluster, "n1") == {"on-n1": (True, True, True)}
+    # No endpoint on n1c: its zone's endpoints; none in its zone: all of them.
+    assert set(_endpoints(cluster, "n1c")) == {"on-n1", "on-n1b"}
+    assert set(_endpoints(cluster, "n3")) == {"on-n1", "on-n1b", "on-n2"}
+
+
+def test_node_hints_are_ignored_unless_every_ready_endpoint_has_some() -> None:
+    cluster = _state(state(service("a", ("10.96.0.1",), [port()], [
+        endpoint("10.1.0.1", node="n1", pod="on-n1", hints={"nodes": ["n1"]}),
+        endpoint("10.1.0.2", node="n2", pod="on-n2"),
+        endpoint("10.1.0.3", node="n2", pod="not-ready", hints={"nodes": ["n2"]},
+                 conditions={"ready": False}),
+    ]), nodes=_ZONED))
+    assert set(_endpoints(cluster, "n1")) == {"on-n1", "on-n2"}
+
+
+def test_serving_terminating_endpoints_are_used_when_no_endpoint_is_ready() -> None:
+    """KEP-1669, as kube-proxy: a rolling update's last pods keep serving."""
+    old = [endpoint("10.1.0.1", node="n1", pod="terminating", conditions=_TERMINATING),
+           endpoint("10.1.0.2", node="n2", pod="not-serving",
+                    conditions={"ready": False, "serving": False, "terminating": True}),
+           endpoint("10.1.0.3", node="n2", pod="starting", conditions={"ready": False})]
+    cluster = _state(state(service("a", ("10.96.0.1",), [port()], old)))
+    assert _endpoints(cluster, "n2") == {"terminating": (False, True, True)}
+    ready = endpoint("10.1.0.4", node="n2", pod="ready")
+    cluster = _state(state(service("a", ("10.96.0.1",), [port()], [*old, ready])))
+    assert set(_endpoints(cluster, "n1")) == {"ready"}
+
+
+def test_a_serving_terminating_endpoint_is_used_however_its_hints_read() -> None:
+    cluster = _state(state(service("a", ("10.96.0.1",), [port()], [
+        endpoint("10.1.0.1", pod="terminating", conditions=_TERMINATING,
+                 hints={"zones": ["z2"], "nodes": ["n2"]}),
+    ]), nodes=_ZONED))
+    assert set(_endpoints(cluster, "n1")) == {"terminating"}
+
+
+def test_the_node_local_scope_falls_back_to_the_nodes_terminating_endpoints() -> None:
+    """internalTrafficPolicy Local: a node whose own endpoints are all
+    terminating keeps using them, though other nodes have ready ones; the
+    cluster scope (external traffic here) uses only ready ones."""
+    cluster = _state(state(service("a", ("10.96.0.1",), [port()], [
+        endpoint("10.1.0.1", node="n1", pod="n1-terminating", conditions=_TERMINATING),
+        endpoint("10.1.0.2", node="n2", pod="n2-ready"),
+        endpoint("10.1.0.3", node="n2", pod="n2-terminating", conditions=_TERMINATING),
+    ], internaltraffictolocal=True)))
+    assert _endpoints(cluster, "n1") == {"n1-terminating": (True, True, False),
+                                         "n2-ready": (False, False, True)}
+    assert _endpoints(cluster, "n2") == {"n2-ready": (True, True, True)}
+
+
+def test_external_traffic_local_uses_only_the_nodes_ready_endpoints() -> None:
+    """kube-proxy would serve it with n1's terminating endpoint while the
+    health-check node port answers 503; localv1 cannot say both, and the
+    health check (N11) is kept right: n1 has nothing for external traffic."""
+    cluster = _state(state(service("a", ("10.96.0.1",), [port()], [
+        endpoint("10.1.0.1", node="n1", pod="n1-terminating", conditions=_TERMINATING),
+        endpoint("10.1.0.2", node="n2", pod="n2-ready"),
+    ], externaltraffictolocal=True)))
+    assert _endpoints(cluster, "n1") == {"n2-ready": (False, True, False)}
+    assert _endpoints(cluster, "n2") == {"n2-ready": (True, True, True)}
+
+
+def test_hints_do_not_narrow_the_node_local_scope() -> None:
+    """externalTrafficPolicy Local: the node's own endpoint serves its
+    external traffic though its hints are for another zone."""
+    cluster = _state(state(service("a", ("10.96.0.1",), [port()], [
+        endpoint("10.1.0.1", node="n1", pod="on-n1", hints={"zones": ["z2"]}),
+        endpoint("10.1.0.2", node="n2", pod="on-n2", hints={"zones": ["z1"]}),
+    ], externaltraffictolocal=True), nodes=_ZONED))
+    assert _endpoints(cluster, "n1") == {"on-n1": (True, False, True),
+                                         "on-n2": (False, True, False)}
 
 
 def test_internal_traffic_local_scopes_remote_endpoints_to_external_traffic() -> None:
@@ -114,30 +222,44 @@ def _named(info: dict, hostname: str) -> dict:
 
 def test_the_spliced_bytes_are_protobufs_serialization() -> None:
     """Local and Scopes are spliced into the endpoint's bytes; the result is
-    what setting them and serializing deterministically writes."""
+    what setting them and serializing deterministically writes, with the
+    scopes the node's choice gives (its shortcut for ready endpoints too)."""
     cluster = _state(state(
         service("a", ("10.96.0.1",), [port("http"), port("dns", number=53)], [
             _named(endpoint("10.1.0.1", "fd00:1::1", node="n1", pod="a-1",
                             overrides={"http": 8080, "dns": 5353}), "a-1.example"),
             endpoint("10.1.0.2", node="n2", pod="a-2"),
+            endpoint("10.1.0.5", node="n1", pod="a-5", conditions=_TERMINATING),
             endpoint("fd00:1::3", pod="a-3", overrides={"http": 8081})],
             internaltraffictolocal=True),
         service("b", ("10.96.0.2",), [port()], [
             _named(endpoint(node="n1", pod="b-1"), "only-a-name"),
-            endpoint("10.1.0.4", node="n2", pod="b-2")], externaltraffictolocal=True)))
+            endpoint("10.1.0.4", node="n2", pod="b-2")], externaltraffictolocal=True),
+        service("c", ("10.96.0.3",), [port()], [
+            endpoint("10.1.0.6", node="n1", pod="c-1", hints={"zones": ["z1"]}),
+            endpoint("10.1.0.7", node="n2", pod="c-2", hints={"zones": ["z2"]})],
+            externaltraffictolocal=True),
+        nodes=_ZONED))
+    scopes = set()
     for node in ("n1", "n2"):
         for service_entry in cluster.services:
+            choice = NodeChoice.of(service_entry.ready_endpoints, node, cluster.zone_of(node))
             for info in service_entry.endpoints:
-                spliced = endpoint_for_node(service_entry, info, node, "")
-                if spliced is None:
-                    continue
+                spliced = endpoint_for_node(service_entry, info, choice)
+                cluster_scope, local_scope = (choice.in_cluster_scope(info),
+                                              choice.in_local_scope(info))
                 expected = localv1.Endpoint.FromString(info.endpoint)
                 expected.Local = info.node == node
-                expected.Scopes.Internal = expected.Local or not \
-                    service_entry.internal_traffic_local
-                expected.Scopes.External = expected.Local or not \
-                    service_entry.external_traffic_local
-                assert spliced == expected.SerializeToString(deterministic=True)
+                expected.Scopes.Internal = (local_scope if service_entry.internal_traffic_local
+                                            else cluster_scope)
+                expected.Scopes.External = (local_scope and info.ready
+                                            if service_entry.external_traffic_local
+                                            else cluster_scope)
+                scope = (expected.Scopes.Internal, expected.Scopes.External)
+                scopes.add(scope)
+                assert spliced == (expected.SerializeToString(deterministic=True)
+                                   if any(scope) else None)
+    assert scopes == {(False, False), (False, True), (True, False), (True, True)}
 
 
 def test_a_service_labelled_for_another_proxy_is_in_no_view() -> None:
