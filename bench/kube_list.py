@@ -7,9 +7,9 @@ and peak RSS (docs/bench.md, "Listing the Kubernetes API").
     flock /work/notes/heavy.lock .venv/bin/python bench/kube_list.py \\
         --python /tmp/kube-bench-venv/bin/python
 
-Each contender ends with every item as plain Python values (what kpng-py's
-brain maps), or as its own typed models where that is all it offers
-(lightkube). The contenders' libraries are not kpng-py's dependencies
+Each contender ends holding every item (as a brain's store does) as plain
+Python values (what kpng-py's brain maps), or as its own typed models where
+that is all it offers (lightkube) or its default (kubernetes-models). The contenders' libraries are not kpng-py's dependencies
 (but the one chosen): `--python` names an interpreter that has them, made
 with
 
@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import http.client
 import json
-import resource
 import shutil
 import ssl
 import subprocess
@@ -128,7 +127,7 @@ def _query(token: str) -> str:
     return f"?limit={PAGE}" + (f"&continue={token}" if token else "")
 
 
-def list_urllib3(url: str, token: str, ca: str) -> list[int]:
+def list_urllib3(url: str, token: str, ca: str) -> list[list]:
     import urllib3
 
     pool = urllib3.PoolManager(ca_certs=ca, headers={"Authorization": f"Bearer {token}"})
@@ -140,10 +139,10 @@ def list_urllib3(url: str, token: str, ca: str) -> list[int]:
         finally:
             answer.release_conn()
 
-    return [sum(1 for _ in _paged(get_page, path)) for path in (SERVICES, SLICES)]
+    return [list(_paged(get_page, path)) for path in (SERVICES, SLICES)]
 
 
-def list_httpx(url: str, token: str, ca: str) -> list[int]:
+def list_httpx(url: str, token: str, ca: str) -> list[list]:
     import httpx
 
     with httpx.Client(verify=ssl.create_default_context(cafile=ca),
@@ -151,7 +150,7 @@ def list_httpx(url: str, token: str, ca: str) -> list[int]:
         def get_page(path: str, cont: str) -> dict:
             return json.loads(client.get(url + path + _query(cont)).content)
 
-        return [sum(1 for _ in _paged(get_page, path)) for path in (SERVICES, SLICES)]
+        return [list(_paged(get_page, path)) for path in (SERVICES, SLICES)]
 
 
 def _kubernetes_client(url: str, token: str, ca: str) -> Any:
@@ -163,7 +162,7 @@ def _kubernetes_client(url: str, token: str, ca: str) -> Any:
     return kubernetes.client.ApiClient(config)
 
 
-def list_kubernetes(url: str, token: str, ca: str) -> list[int]:
+def list_kubernetes(url: str, token: str, ca: str) -> list[list]:
     import kubernetes
 
     client = _kubernetes_client(url, token, ca)
@@ -175,16 +174,16 @@ def list_kubernetes(url: str, token: str, ca: str) -> list[int]:
         answer = calls[path](limit=PAGE, _continue=cont or None, _preload_content=False)
         return json.loads(answer.data)
 
-    return [sum(1 for _ in _paged(get_page, path)) for path in (SERVICES, SLICES)]
+    return [list(_paged(get_page, path)) for path in (SERVICES, SLICES)]
 
 
-def list_kubernetes_models(url: str, token: str, ca: str) -> list[int]:
+def list_kubernetes_models(url: str, token: str, ca: str) -> list[list]:
     """The library's default: every item deserialized into its model."""
     import kubernetes
 
     client = _kubernetes_client(url, token, ca)
     core, discovery = kubernetes.client.CoreV1Api(client), kubernetes.client.DiscoveryV1Api(client)
-    counts = []
+    lists = []
     for call in (core.list_service_for_all_namespaces,
                  discovery.list_endpoint_slice_for_all_namespaces):
         items, cont = [], None
@@ -194,12 +193,12 @@ def list_kubernetes_models(url: str, token: str, ca: str) -> list[int]:
             cont = page.metadata._continue
             if not cont:
                 break
-        counts.append(len(items))
-    return counts
+        lists.append(items)
+    return lists
 
 
-def list_kubernetes_asyncio(url: str, token: str, ca: str) -> list[int]:
-    async def run() -> list[int]:
+def list_kubernetes_asyncio(url: str, token: str, ca: str) -> list[list]:
+    async def run() -> list[list]:
         import kubernetes_asyncio
 
         config = kubernetes_asyncio.client.Configuration()
@@ -209,24 +208,24 @@ def list_kubernetes_asyncio(url: str, token: str, ca: str) -> list[int]:
         async with kubernetes_asyncio.client.ApiClient(config) as client:
             core = kubernetes_asyncio.client.CoreV1Api(client)
             discovery = kubernetes_asyncio.client.DiscoveryV1Api(client)
-            counts = []
+            lists = []
             for call in (core.list_service_for_all_namespaces,
                          discovery.list_endpoint_slice_for_all_namespaces):
-                count, cont = 0, None
+                items, cont = [], None
                 while True:
                     answer = await call(limit=PAGE, _continue=cont, _preload_content=False)
                     page = json.loads(await answer.read())
-                    count += len(page["items"])
+                    items += page["items"]
                     cont = page["metadata"].get("continue")
                     if not cont:
                         break
-                counts.append(count)
-            return counts
+                lists.append(items)
+            return lists
 
     return asyncio.run(run())
 
 
-def list_lightkube(url: str, token: str, ca: str) -> list[int]:
+def list_lightkube(url: str, token: str, ca: str) -> list[list]:
     from lightkube import ALL_NS, Client, KubeConfig
     from lightkube.resources.core_v1 import Service
     from lightkube.resources.discovery_v1 import EndpointSlice
@@ -237,11 +236,11 @@ def list_lightkube(url: str, token: str, ca: str) -> list[int]:
         "users": [{"name": "admin", "user": {"token": token}}],
         "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "admin"}}]})
     client = Client(config)
-    return [len(list(client.list(kind, namespace=ALL_NS, chunk_size=PAGE)))
+    return [list(client.list(kind, namespace=ALL_NS, chunk_size=PAGE))
             for kind in (Service, EndpointSlice)]
 
 
-LISTS: dict[str, Callable[[str, str, str], list[int]]] = {
+LISTS: dict[str, Callable[[str, str, str], list[list]]] = {
     "urllib3": list_urllib3, "httpx": list_httpx, "kubernetes": list_kubernetes,
     "kubernetes-models": list_kubernetes_models, "kubernetes_asyncio": list_kubernetes_asyncio,
     "lightkube": list_lightkube}
@@ -250,11 +249,20 @@ LISTS: dict[str, Callable[[str, str, str], list[int]]] = {
 def child(contender: str, url: str, token: str, ca: str) -> None:
     """Run in a process of its own: import, list, report (one JSON line)."""
     started = time.monotonic()
-    counts = LISTS[contender](url, token, ca)
+    lists = LISTS[contender](url, token, ca)
     seconds = time.monotonic() - started
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"contender": contender, "seconds": round(seconds, 2),
-                      "peak_rss_mib": round(peak, 1), "items": counts}))
+                      "peak_rss_mib": round(_peak_rss_kib() / 1024, 1),
+                      "items": [len(items) for items in lists]}))
+
+
+def _peak_rss_kib() -> int:
+    """This process's peak RSS (VmHWM: of its own memory since its exec;
+    getrusage's ru_maxrss would count the parent's, the forked copy's)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 # -- the run ---------------------------------------------------------------------
