@@ -9,7 +9,9 @@ and peak RSS (docs/bench.md, "Listing the Kubernetes API").
 
 Each contender ends holding every item (as a brain's store does) as plain
 Python values (what kpng-py's brain maps), or as its own typed models where
-that is all it offers (lightkube) or its default (kubernetes-models). The contenders' libraries are not kpng-py's dependencies
+that is all it offers (lightkube) or its default (kubernetes-models). The
+last, kpng-py-kube, is kpng-py's brain itself with the one chosen, from its
+start to its first state (the stores keep only what the mapping reads). The contenders' libraries are not kpng-py's dependencies
 (but the one chosen): `--python` names an interpreter that has them, made
 with
 
@@ -44,7 +46,9 @@ PAGE = 500
 SERVICES = "/api/v1/services"
 SLICES = "/apis/discovery.k8s.io/v1/endpointslices"
 CONTENDERS = ("urllib3", "httpx", "kubernetes", "kubernetes-models", "kubernetes_asyncio",
-              "lightkube")
+              "lightkube", "kpng-py-kube")
+# Run by kpng-py's own interpreter (the others by --python's).
+_OWN = ("kpng-py-kube",)
 _POSTERS = 16
 
 
@@ -240,10 +244,32 @@ def list_lightkube(url: str, token: str, ca: str) -> list[list]:
             for kind in (Service, EndpointSlice)]
 
 
+def list_kpng_py_kube(url: str, token: str, ca: str) -> list[list]:
+    """kpng-py's own brain (urllib3, the stores, the first state made):
+    from its start to its first state. Its items: the services and
+    endpoints of a node's view."""
+    from kpng_py.api import localv1
+    from kpng_py.brain.kube.access import ApiServerAccess
+    from kpng_py.brain.kube.client import ApiServerClient
+    from kpng_py.brain.kube.watcher import ApiServerReport, KubeWatcher
+    from kpng_py.metrics import Metrics
+
+    metrics = Metrics()
+    access = ApiServerAccess(url, ca_pem=Path(ca).read_text(), token=token)
+    watcher = KubeWatcher(ApiServerClient(access), metrics, ApiServerReport(metrics))
+    watcher.start()
+    snapshots = watcher.wait_synced(threading.Event())
+    assert snapshots is not None
+    view = snapshots.current_view("node-0")[1]
+    watcher.stop()
+    return [[ref for ref in view if ref[0] == kind]
+            for kind in (localv1.ServicesSet, localv1.EndpointsSet)]
+
+
 LISTS: dict[str, Callable[[str, str, str], list[list]]] = {
     "urllib3": list_urllib3, "httpx": list_httpx, "kubernetes": list_kubernetes,
     "kubernetes-models": list_kubernetes_models, "kubernetes_asyncio": list_kubernetes_asyncio,
-    "lightkube": list_lightkube}
+    "lightkube": list_lightkube, "kpng-py-kube": list_kpng_py_kube}
 
 
 def child(contender: str, url: str, token: str, ca: str) -> None:
@@ -269,6 +295,7 @@ def _peak_rss_kib() -> int:
 
 
 def measure(python: str, contender: str, url: str, token: str, ca: str) -> dict:
+    python = sys.executable if contender in _OWN else python
     done = subprocess.run([python, str(Path(__file__).resolve()), "child", contender, url,
                            token, ca], capture_output=True, text=True, timeout=600, cwd=ROOT)
     if done.returncode:

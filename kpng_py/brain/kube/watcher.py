@@ -28,6 +28,7 @@ from kpng_py.brain.kube.reflector import ENDPOINT_SLICES, NODES, SERVICES, Refle
 from kpng_py.brain.settings import Coalesce
 from kpng_py.brain.source import StateSnapshots
 from kpng_py.brain.statefile import ClusterState
+from kpng_py.collector import collector_paused, freeze_survivors
 from kpng_py.health import SyncHealth
 from kpng_py.logs import fields
 from kpng_py.metrics import Metrics
@@ -158,7 +159,12 @@ class KubeWatcher:
 
     def _build(self) -> ClusterState:
         services, slices, nodes = (reflector.objects() for reflector in self._reflectors)
-        return self._builder.build(services, slices, nodes)
+        # As the file brain reads a file (statefile.StateReader.read): many
+        # new objects, none of them garbage, and none walked by a collection.
+        with collector_paused():
+            state = self._builder.build(services, slices, nodes)
+            freeze_survivors()
+            return state
 
     def _publish_changes(self) -> None:
         assert self.snapshots is not None
