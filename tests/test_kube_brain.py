@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import json
 import queue
-import shutil
 import time
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 
-from lab.kube_control_plane import KubeApi, KubeControlPlane
-from lab.names import RunNames
+from lab.kube_control_plane import KubeApi
+from tests.support.kube import control_plane, web_pod
 from tests.support.process import WAIT_SECONDS, Process, Processes
-from tests.test_kube_control_plane import SERVICE_CIDRS, require_components
 
 pytestmark = pytest.mark.kernel
 
@@ -26,23 +24,8 @@ PODS = {"web-0": "10.244.0.5", "web-1": "10.244.0.6"}
 
 @pytest.fixture
 def api() -> Iterator[KubeApi]:
-    require_components()
-    names = RunNames.for_this_process()
-    workdir = names.make_workdir()
-    control = KubeControlPlane(names, workdir, SERVICE_CIDRS)
-    try:
-        yield control.start()
-    finally:
-        control.stop()
-        shutil.rmtree(workdir)
-
-
-def _pod(name: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app": "web"}},
-            "spec": {"nodeName": "node-a", "containers": [{
-                "name": "web", "image": "lab.invalid/web:1",
-                "ports": [{"name": "http", "containerPort": 8080}]}]}}
+    with control_plane() as started:
+        yield started
 
 
 def _printed_until(local: Process, wanted: Callable[[dict[str, list[str]]], bool],
@@ -77,7 +60,7 @@ def test_a_service_and_its_ready_pods_reach_a_backend_and_leave_it(
             "spec": {"selector": {"app": "web"},
                      "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}})
         for name, ip in PODS.items():
-            api.create("/api/v1/namespaces/default/pods", _pod(name))
+            api.create("/api/v1/namespaces/default/pods", web_pod(name))
             api.pod_status("default", name, [ip], ready=True)
         both = sorted(f"{ip}:8080" for ip in PODS.values())
         _printed_until(local, lambda ports: ports.get("default/web:http") == both,
