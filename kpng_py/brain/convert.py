@@ -15,7 +15,11 @@ kube watcher maps the API objects:
 - a Node gives its name and `topology.kubernetes.io/zone`.
 
 Objects of other kinds are skipped with a count; a Service or EndpointSlice
-that cannot be mapped names the object and what is wrong with it.
+that cannot be mapped (a slice's address not of its addressType's family, a
+port out of range...) names the object and what is wrong with it. The
+per-object functions (service_of, slice_service, service_entry, node_of)
+are also `kpng-py kube`'s mapping of the API server's objects, which skips
+such an object instead (kpng_py/brain/kube/cluster.py).
 """
 
 from __future__ import annotations

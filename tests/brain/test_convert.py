@@ -66,6 +66,16 @@ def test_headless_services_nodes_and_other_kinds() -> None:
     assert conversion.skipped == {"ConfigMap": 1}
 
 
+_WEB = "kind: Service\nmetadata: {name: web}\nspec: {ports: [{port: 80}]}\n---\n"
+
+
+def _slice(address_type: str, address: str, port: int) -> str:
+    return ("kind: EndpointSlice\nmetadata: {name: web-1, labels: "
+            "{kubernetes.io/service-name: web}}\n"
+            f"addressType: {address_type}\nports: [{{name: http, port: {port}}}]\n"
+            f"endpoints: [{{addresses: ['{address}']}}]\n")
+
+
 @pytest.mark.parametrize("text, message", [
     ("kind: Service\nmetadata: {name: s}\nspec: {ports: [{port: 1, protocol: QUIC}]}\n",
      "Service default/s port 1: protocol 'QUIC' is not one of TCP, UDP, SCTP"),
@@ -76,6 +86,12 @@ def test_headless_services_nodes_and_other_kinds() -> None:
     ("services: []\n", "not a Kubernetes object or List (`kubectl get ... -o yaml`): it has "
      "no kind; it is a KPNG state file already: give it to `kpng-py file -i` as it is"),
     ("a: [\n", "not YAML"),
+    (_WEB + _slice("IPv4", "fd00::5", 8080), "EndpointSlice default/web-1: fd00::5 is not an "
+     "IPv4 address, the slice's addressType"),
+    (_WEB + _slice("IPv6", "10.1.0.5", 8080), "EndpointSlice default/web-1: 10.1.0.5 is not an "
+     "IPv6 address, the slice's addressType"),
+    (_WEB + _slice("IPv4", "10.1.0.5", 70000), "EndpointSlice default/web-1 port 'http': 70000 "
+     "is not a port number (1..65535)"),
 ])
 def test_what_cannot_be_mapped_names_the_object(text: str, message: str) -> None:
     with pytest.raises(ConvertError, match="^" + re.escape(message)):
