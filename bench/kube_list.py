@@ -304,7 +304,6 @@ def measure(python: str, contender: str, url: str, token: str, ca: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(ROOT))
     from lab.kube_control_plane import KubeControlPlane
     from lab.names import RunNames
 

@@ -95,8 +95,8 @@ class ApiServerReport:
 
 
 class KubeWatcher:
-    """The reflectors and the publishing thread. `start`, `wait_synced`
-    (then `snapshots` holds the first state), `stop`."""
+    """The reflectors and the publishing thread: `start`, `wait_synced`
+    (the snapshots of the first state, published to from then on), `stop`."""
 
     def __init__(self, client: ApiServerClient, metrics: Metrics, report: ApiServerReport,
                  coalesce: Coalesce = Coalesce(), timing: Timing = Timing(),
@@ -111,7 +111,6 @@ class KubeWatcher:
         self._reflectors = [Reflector(client, resource, self, self._stop, timing)
                             for resource in (SERVICES, ENDPOINT_SLICES, NODES)]
         self._threads: list[threading.Thread] = []
-        self.snapshots: StateSnapshots | None = None
 
     # -- the reflectors' listener
 
@@ -139,11 +138,11 @@ class KubeWatcher:
                     return None
         self._changed.clear()
         state = self._build()
-        self.snapshots = StateSnapshots(state)
+        snapshots = StateSnapshots(state)
         self._report.published()
-        _log_published(self._client.url, self.snapshots.version, state)
-        self._spawn(self._publish_changes, "kube-publish")
-        return self.snapshots
+        _log_published(self._client.url, snapshots.version, state)
+        self._spawn(lambda: self._publish_changes(snapshots), "kube-publish")
+        return snapshots
 
     def stop(self) -> None:
         self._stop.set()
@@ -166,8 +165,7 @@ class KubeWatcher:
             freeze_survivors()
             return state
 
-    def _publish_changes(self) -> None:
-        assert self.snapshots is not None
+    def _publish_changes(self, snapshots: StateSnapshots) -> None:
         while True:
             self._changed.wait()
             if self._settled_or_stopped():
@@ -178,9 +176,9 @@ class KubeWatcher:
                 log.exception("making the state from the API server's objects failed; the "
                               "last state stays served")
                 continue
-            if self.snapshots.publish(state):
+            if snapshots.publish(state):
                 self._report.published()
-                _log_published(self._client.url, self.snapshots.version, state)
+                _log_published(self._client.url, snapshots.version, state)
 
     def _settled_or_stopped(self) -> bool:
         """Wait for the burst of changes to settle; True if stopped."""
