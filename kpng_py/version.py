@@ -27,7 +27,7 @@ from kpng_py.registry import BackendSpec
 
 SOURCE_DIR = Path(__file__).resolve().parent.parent
 BUILD_FILE = Path(__file__).resolve().parent / "BUILD_VERSION"
-LIBRARIES = ("grpcio", "grpclib", "protobuf", "pyroute2")
+LIBRARIES = ("grpcio", "grpclib", "protobuf", "pyroute2", "urllib3")
 _COMMIT_DIGITS = 12
 _BUILD = re.compile(r"(?P<base>[0-9]+\.[0-9]+\.[0-9]+)\+(?P<commits>[0-9]+)"
                     rf"\.g(?P<commit>[0-9a-f]{{{_COMMIT_DIGITS}}})(?P<dirty>\.dirty)?")
