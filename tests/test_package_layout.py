@@ -26,7 +26,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "serve": _BASE | {"transport"},
     "healthcheck": _BASE | {"metrics", "node", "watch"},
     "dataplane": _BASE | {"metrics", "node", "state", "healthcheck"},
-    "brain": _BASE | {"serve", "state"},
+    "brain": _BASE | {"metrics", "serve", "state", "healthcheck"},
     "cmd": _BASE | {"transport", "metrics", "node", "state", "watch", "serve", "healthcheck",
                     "dataplane", "brain"},
 }

@@ -16,7 +16,11 @@ kube watcher maps the API objects:
 - a Node gives its name and `topology.kubernetes.io/zone`.
 
 Objects of other kinds are skipped with a count; a Service or EndpointSlice
-that cannot be mapped names the object and what is wrong with it.
+that cannot be mapped (a slice's address not of its addressType's family, a
+port out of range...) names the object and what is wrong with it. The
+per-object functions (service_of, slice_service, service_entry, node_of)
+are also `kpng-py kube`'s mapping of the API server's objects, which skips
+such an object instead (kpng_py/brain/kube/cluster.py).
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from kpng_py.api import localv1
+from kpng_py.model import MAX_PORT
 
 PROTOCOLS = {"TCP": localv1.TCP, "UDP": localv1.UDP, "SCTP": localv1.SCTP}
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 ZONE_LABEL = "topology.kubernetes.io/zone"
+_FAMILIES = ("IPv4", "IPv6")
 
 
 class ConvertError(ValueError):
@@ -105,7 +111,7 @@ def _names(references: Any, what: str) -> list[str]:
 
 def convert(text: str) -> Conversion:
     services: dict[tuple[str, str], localv1.Service] = {}
-    slices: list[dict[str, Any]] = []
+    slices: dict[tuple[str, str], list[dict[str, Any]]] = {}
     nodes: list[dict[str, Any]] = []
     skipped: Counter = Counter()
     for obj in _objects(text):
@@ -114,15 +120,20 @@ def convert(text: str) -> Conversion:
             service = service_of(obj)
             services[(service.Namespace, service.Name)] = service
         elif kind == "EndpointSlice":
-            slices.append(obj)
+            owner = slice_service(obj)
+            if owner is None:
+                skipped["EndpointSlice without a service or of addressType FQDN"] += 1
+            else:
+                slices.setdefault(owner, []).append(obj)
         elif kind == "Node":
-            nodes.append(_node(obj))
+            nodes.append(node_of(obj))
         else:
             skipped[str(kind)] += 1
-    endpoints = _endpoints_by_service(slices, skipped)
-    entries = [{"service": state_members(service),
-                "endpoints": [_endpoint_entry(e) for e in endpoints.get(key, {}).values()]}
+    entries = [service_entry(service, slices.get(key, ()))
                for key, service in sorted(services.items())]
+    orphans = sum(len(found) for key, found in slices.items() if key not in services)
+    if orphans:
+        skipped["EndpointSlice of a Service not in the input"] += orphans
     return Conversion({"nodes": nodes, "services": entries}, skipped)
 
 
@@ -220,26 +231,67 @@ def _port_mapping(port: dict[str, Any], what: str) -> localv1.PortMapping:
     return mapping
 
 
-def _endpoints_by_service(slices: list[dict[str, Any]], skipped: Counter,
-                          ) -> dict[tuple[str, str], dict[str, _Endpoint]]:
-    """Per service, its endpoints by pod (or address, without a pod)."""
-    found: dict[tuple[str, str], dict[str, _Endpoint]] = {}
+def slice_service(obj: dict[str, Any]) -> tuple[str, str] | None:
+    """The (namespace, name) of the service an EndpointSlice is of; None for
+    a slice without `kubernetes.io/service-name` or of addressType FQDN
+    (which no proxy programs)."""
+    namespace, _ = _name(obj)
+    service = ((obj.get("metadata") or {}).get("labels") or {}).get(SERVICE_NAME_LABEL)
+    if not service or obj.get("addressType") not in _FAMILIES:
+        return None
+    return namespace, service
+
+
+def service_entry(service: localv1.Service, slices: Iterable[dict[str, Any]]
+                  ) -> dict[str, Any]:
+    """A `services` entry of the state file: the service and the endpoints of
+    its EndpointSlices (each a slice of it: slice_service says so)."""
+    return {"service": state_members(service),
+            "endpoints": [_endpoint_entry(e) for e in _endpoints(slices).values()]}
+
+
+def check_slice(obj: dict[str, Any]) -> None:
+    """ConvertError naming the slice if service_entry cannot map it."""
+    _endpoints([obj])
+
+
+def _endpoints(slices: Iterable[dict[str, Any]]) -> dict[str, _Endpoint]:
+    """One service's endpoints by pod (or address, without a pod)."""
+    by_pod: dict[str, _Endpoint] = {}
     for obj in slices:
-        namespace, _ = _name(obj)
-        service = ((obj.get("metadata") or {}).get("labels") or {}).get(SERVICE_NAME_LABEL)
-        if not service or obj.get("addressType") not in ("IPv4", "IPv6"):
-            skipped["EndpointSlice without a service or of addressType FQDN"] += 1
-            continue
-        by_pod = found.setdefault((namespace, service), {})
-        ports = {p.get("name", ""): int(p["port"]) for p in obj.get("ports") or [] if "port" in p}
+        what = "EndpointSlice {}/{}".format(*_name(obj))
+        ports = _slice_ports(obj, what)
         for item in obj.get("endpoints") or []:
             pod = (item.get("targetRef") or {}).get("name", "")
             addresses = item.get("addresses") or []
             endpoint = by_pod.setdefault(pod or ",".join(addresses), _Endpoint(pod))
-            what = f"EndpointSlice {namespace}/{_name(obj)[1]}"
-            endpoint.add(item, _by_family(addresses, what), ports,
-                         f"{what} endpoint {pod or ','.join(addresses)}")
-    return found
+            ips = _by_family(addresses, what)
+            _check_family(ips, obj["addressType"], what)
+            endpoint.add(item, ips, ports, f"{what} endpoint {pod or ','.join(addresses)}")
+    return by_pod
+
+
+def _slice_ports(obj: dict[str, Any], what: str) -> dict[str, int]:
+    """The slice's port numbers by name; a port without a number (all ports)
+    gives no override."""
+    ports = {}
+    for port in obj.get("ports") or []:
+        number = port.get("port")
+        if number is None:
+            continue
+        if not isinstance(number, int) or not 1 <= number <= MAX_PORT:
+            raise ConvertError(f"{what} port {port.get('name', '')!r}: {number!r} is not a port "
+                               f"number (1..{MAX_PORT})")
+        ports[port.get("name", "")] = number
+    return ports
+
+
+def _check_family(ips: localv1.IPSet, address_type: str, what: str) -> None:
+    """A slice's addresses are all of its addressType's family."""
+    other = ips.V6 if address_type == "IPv4" else ips.V4
+    if other:
+        raise ConvertError(f"{what}: {other[0]} is not an {address_type} address, the slice's "
+                           "addressType")
 
 
 def _endpoint_entry(endpoint: _Endpoint) -> dict[str, Any]:
@@ -263,7 +315,8 @@ def _endpoint_entry(endpoint: _Endpoint) -> dict[str, Any]:
     return entry
 
 
-def _node(obj: dict[str, Any]) -> dict[str, Any]:
+def node_of(obj: dict[str, Any]) -> dict[str, Any]:
+    """A `nodes` entry of the state file."""
     _, name = _name(obj)
     zone = ((obj.get("metadata") or {}).get("labels") or {}).get(ZONE_LABEL, "")
     return {"name": name, "topology": {"node": name, "zone": zone}}

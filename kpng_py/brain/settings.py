@@ -1,7 +1,7 @@
-"""What the `file` command's flags set, and the error it reports, without the
-brain: the CLI builds every command's parser (and catches that error) on
-every run, and a backend's run never loads the brain (its YAML reader, its
-server) for them."""
+"""What the `file` and `kube` commands' flags set, and the errors they
+report, without the brain: the CLI builds every command's parser (and
+catches those errors) on every run, and a backend's run never loads the
+brain (its YAML reader, its server) for them."""
 
 from __future__ import annotations
 
@@ -33,3 +33,23 @@ class Settle:
 class StateFileError(ValueError):
     """A state file that cannot be used; the message names the file, the line,
     the place in the document and the problem."""
+
+
+@dataclass(frozen=True)
+class Coalesce:
+    """`kpng-py kube`: how long a burst of changes is waited for before a
+    new state is made."""
+
+    quiet: float = 0.1  # no change for this long
+    longest: float = 1.0  # or this long after the burst's first change
+
+    @classmethod
+    def after(cls, quiet: float) -> Coalesce:
+        """`quiet` seconds, and at most ten times that after the first change."""
+        return cls(quiet, 10 * quiet)
+
+
+class KubeAccessError(ValueError):
+    """`kpng-py kube` cannot reach the API server as configured (a kubeconfig
+    that cannot be read, no server at all); the message names the flag or
+    file to fix."""

@@ -33,6 +33,8 @@ from functools import cached_property
 from itertools import chain
 from typing import Callable, NamedTuple, TypeVar
 
+import yaml
+
 from kpng_py.api import localv1
 from kpng_py.brain.blockyaml import NotBlockStyle, Scalars, load_block
 from kpng_py.brain.fastendpoints import IPV4, FastEndpoints
@@ -273,6 +275,25 @@ def _kubernetes_hints(file: str) -> dict[str, str]:
     hint = ("the file holds Kubernetes objects (`kubectl get ... -o yaml`), not a KPNG state: "
             f"run `kpng-py file convert -i {file} -o state.yaml` first and give state.yaml to -i")
     return dict.fromkeys(_KUBERNETES_KEYS, hint)
+
+
+def read_service_entry(entry: dict, what: str) -> ServiceEntry:
+    """One `services` entry given as plain values (what `file convert` writes
+    of a Service and its EndpointSlices), read as the file's would be;
+    StateFileError naming `what`, the place in the entry and the problem."""
+    return _read_plain(entry, _service_entry, what)
+
+
+def read_node(entry: dict, what: str) -> Node:
+    """One `nodes` entry given as plain values, read as `read_service_entry` reads."""
+    return _read_plain(entry, _node, what)
+
+
+def _read_plain(entry: dict, read: Callable[[Doc], T], what: str) -> T:
+    try:
+        return read(PlainValue(entry))
+    except Unchecked:  # the strict reader names the place and the problem
+        return read(read_document(yaml.safe_dump(entry, sort_keys=False), what))
 
 
 def _unique(values: list[Doc], read: Callable[[Doc], T], key: Callable[[T], str],

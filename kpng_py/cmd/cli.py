@@ -6,6 +6,8 @@
     kpng-py file   -i STATE.yaml to-api --listen unix:///path|tcp://host:port|host:port
     kpng-py file   -i STATE.yaml to-local [--node-name N] to-<backend> [backend flags]
     kpng-py file   convert -i KUBECTL.yaml [-o STATE.yaml [--force]]
+    kpng-py kube   [--kubeconfig PATH] [--server URL] to-api --listen ...
+    kpng-py kube   [--kubeconfig PATH] [--server URL] to-local [--node-name N] to-<backend> ...
 
 `-i -` is standard input.
 """
@@ -17,14 +19,15 @@ import json
 import socket
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from kpng_py.dataplane import registry
 from kpng_py.cmd import runner
 from kpng_py.dataplane.contract import BackendSetupError, NothingMatched
 # The brain itself (its YAML reader and server) is imported by the commands
 # that run it: a backend's run does not load it.
-from kpng_py.brain.settings import DEFAULT_MAX_FILE_SIZE, STDIN, Settle, StateFileError
+from kpng_py.brain.settings import (DEFAULT_MAX_FILE_SIZE, STDIN, Coalesce, KubeAccessError,
+                                   Settle, StateFileError)
 from kpng_py.cmd.parser import PROGRAM, Parser
 from kpng_py.watch.client import ClientConfig, SinkFailed
 from kpng_py.cmd.flag_types import byte_size, positive_duration
@@ -37,6 +40,9 @@ from kpng_py.serve.recording import RecordingError, read_segments
 from kpng_py.serve.replay import ReplaySource
 from kpng_py.cmd.version import PrintVersion, version_report
 from kpng_py.transport import ADDRESS_FORMS, AddressError, ListenAddress, TLSFiles, dial_target
+
+if TYPE_CHECKING:
+    from kpng_py.brain.kube.access import AccessFlags
 
 _CLIENT = ClientConfig(target="", node_name="")  # the client's defaults
 
@@ -189,17 +195,18 @@ def _bind_address(flag: str) -> Callable[[str], BindAddress | None]:
     return parse
 
 
-def add_observability_flags(parser: argparse.ArgumentParser) -> None:
+def add_observability_flags(parser: argparse.ArgumentParser, healthz: str = DEFAULT_HEALTHZ,
+                            metrics: str = DEFAULT_METRICS,
+                            pending: str = "a change set may be applying, or the brain be "
+                                           "unreachable") -> None:
     group = parser.add_argument_group("health and metrics (as kube-proxy)")
-    group.add_argument("--healthz-bind-address", type=_bind_address("--healthz-bind-address"),
-                       default=DEFAULT_HEALTHZ,
-                       help=f"host:port for /healthz, empty to disable (default: {DEFAULT_HEALTHZ})")
-    group.add_argument("--metrics-bind-address", type=_bind_address("--metrics-bind-address"),
-                       default=DEFAULT_METRICS,
-                       help=f"host:port for /metrics, empty to disable (default: {DEFAULT_METRICS})")
+    for flag, default, path in (("--healthz-bind-address", healthz, "/healthz"),
+                                ("--metrics-bind-address", metrics, "/metrics")):
+        group.add_argument(flag, type=_bind_address(flag), default=_bind_address(flag)(default),
+                           help=f"host:port for {path}, empty to disable (default: "
+                                f"{default or 'off'})")
     group.add_argument("--healthz-timeout", type=positive_duration, default=60.0,
-                       help="seconds a change set may be applying, or the brain be unreachable, "
-                            "before /healthz answers 503 (default: 60)")
+                       help=f"seconds {pending} before /healthz answers 503 (default: 60)")
 
 
 def observability(args: argparse.Namespace) -> Observability:
@@ -245,6 +252,53 @@ def _add_api_server_parser(parser: argparse.ArgumentParser) -> argparse._SubPars
     return sinks
 
 
+def _add_local_sink(sinks: argparse._SubParsersAction, pending: str) -> None:
+    """A brain's `to-local` sink: `pending` says what turns /healthz 503."""
+    local = sinks.add_parser(
+        "to-local", help="program a backend in this process (no gRPC)",
+        description="Program a backend in this process with one node's view (no gRPC).")
+    _add_node_name_flag(local)
+    _add_exit_after_flag(local)
+    add_limit_flags(local)
+    add_observability_flags(local, pending=pending)
+    add_backend_parsers(local)
+
+
+def _add_kube_parser(commands: argparse._SubParsersAction) -> None:
+    brain = commands.add_parser(
+        "kube", help="be a brain: watch a Kubernetes API server and serve each node's state",
+        description="Watch the Services, EndpointSlices and Nodes of a Kubernetes API server "
+                    "and serve each node's state, mapped as `file convert` maps them "
+                    "(docs/brain.md). Without flags: $KUBECONFIG, or in a pod its service "
+                    "account, or ~/.kube/config.")
+    brain.add_argument("--kubeconfig", type=_file_path,
+                       help="kubeconfig whose current context to use (default: in a pod, its "
+                            "service account; else $KUBECONFIG or ~/.kube/config)")
+    brain.add_argument("--server", help="the API server's URL (https://host:port); overrides "
+                                        "the kubeconfig's")
+    brain.add_argument("--token-file", type=_file_path,
+                       help="bearer token file, read again at each request (a rotated "
+                            "service-account token is followed); overrides the kubeconfig's")
+    brain.add_argument("--certificate-authority", type=_file_path,
+                       help="CA certificates (PEM) to trust the API server by; overrides the "
+                            "kubeconfig's (default: the kubeconfig's, else the system's)")
+    brain.add_argument("--settle", type=positive_duration, default=Coalesce().quiet,
+                       help="seconds without a change before a burst of changes is served as "
+                            "one new state (and at most ten times that after its first "
+                            f"change; default: {Coalesce().quiet:g})")
+    sinks = _add_api_server_parser(brain)
+    sinks.metavar = "to-api|to-local"
+    add_observability_flags(sinks.choices["to-api"], healthz="", metrics="",
+                            pending="the API server may be unreachable")
+    _add_local_sink(sinks, "a change set may be applying, or the API server be unreachable")
+
+
+def _access_flags(args: argparse.Namespace) -> AccessFlags:
+    from kpng_py.brain.kube.access import AccessFlags  # noqa: F811 (the brain, loaded here)
+
+    return AccessFlags(args.kubeconfig, args.server, args.token_file, args.certificate_authority)
+
+
 def _add_file_parser(commands: argparse._SubParsersAction) -> None:
     brain = commands.add_parser(
         "file", help="be a brain: serve a KPNG state file, following its edits",
@@ -264,14 +318,7 @@ def _add_file_parser(commands: argparse._SubParsersAction) -> None:
                             f"renamed over it) may lower it (default: {Settle().seconds:g})")
     sinks = _add_api_server_parser(brain)
     sinks.metavar = "to-api|to-local|convert"
-    local = sinks.add_parser(
-        "to-local", help="program a backend in this process (no gRPC)",
-        description="Program a backend in this process with one node's view (no gRPC).")
-    _add_node_name_flag(local)
-    _add_exit_after_flag(local)
-    add_limit_flags(local)
-    add_observability_flags(local)
-    add_backend_parsers(local)
+    _add_local_sink(sinks, "a change set may be applying, or the brain be unreachable")
     convert = sinks.add_parser(
         "convert", help="write a state file from `kubectl get nodes,svc,endpointslices -A -o yaml`",
         description="Write a KPNG state file from what `kubectl get nodes,svc,endpointslices -A "
@@ -362,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("-i", "--input", type=_file_path, required=True, help="recording to serve")
     _add_api_server_parser(replay)
     _add_file_parser(commands)
+    _add_kube_parser(commands)
     _add_tool_parsers(commands)
     version = commands.add_parser(
         "version", help="print the versions of kpng-py and of what it runs on",
@@ -437,6 +485,18 @@ def _run(args: argparse.Namespace) -> None:
                                          observability(args), args.exit_after,
                                         args.max_file_size, limits_from_args(args),
                                          Settle.after(args.settle))
+    elif args.command == "kube":
+        from kpng_py.cmd import kube as kube_command
+
+        coalesce = Coalesce.after(args.settle)
+        if args.sink == "to-api":
+            kube_command.serve_kube(_access_flags(args), *_server_address(args), metrics,
+                                    observability(args), coalesce)
+        else:
+            backend = args.create_backend(args, metrics)
+            kube_command.run_kube_local(_access_flags(args), args.node_name, backend, metrics,
+                                        observability(args), args.exit_after,
+                                        limits_from_args(args), coalesce)
     elif args.command == "version":
         _print_versions(args.json)
     elif args.command == "completion":
@@ -454,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _run(args)
     except (UsageError, AddressError, RecordingError, StateFileError, BackendSetupError,
-            OutputFileError) as err:
+            OutputFileError, KubeAccessError) as err:
         print(f"kpng-py: error: {err}", file=sys.stderr)
         return 2
     except FileNotFoundError as err:

@@ -7,14 +7,14 @@ import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
+from typing import Callable, Iterator
 
 from kpng_py.runtime.aio import ThreadsafeEvent
 from kpng_py.api import localv1
 from kpng_py.dataplane.applier import ChangeSetApplier
 from kpng_py.dataplane.contract import Backend
 from kpng_py.watch.client import ClientConfig, OpsSink, SinkFailed, WatchClient
-from kpng_py.healthcheck.proxier_health import HealthSink, Observability
+from kpng_py.healthcheck.proxier_health import HealthSink, Observability, SyncHealth
 from kpng_py.state.limits import Limits
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.cmd.output_file import OutputFile
@@ -98,12 +98,18 @@ def watch(config: ClientConfig, sink: OpsSink, metrics: Metrics, exit_after: int
 
 
 def _backend_pipeline(backend: Backend, metrics: Metrics, observability: Observability,
-                      limits: Limits, dataplane: object) -> tuple[OpsSink, ChangeSetApplier]:
+                      limits: Limits, dataplane: object,
+                      source_health: Callable[[SyncHealth], None] | None = None,
+                      ) -> tuple[OpsSink, ChangeSetApplier]:
     """Change sets to `backend`, reported to /healthz; and the applier (which
     tells /healthz what the dataplane did; close it before the backend).
     A `dataplane` (the backend itself, unwrapped) with `use_health` is handed
-    what /healthz says, before its setup: healthCheckNodePort answers carry it."""
+    what /healthz says, before its setup: healthCheckNodePort answers carry it;
+    so is `source_health`, a source in this process that tells /healthz of
+    its own upstream (`kube ... to-local`: the API server)."""
     health = observability.start(metrics)
+    if source_health is not None:
+        source_health(health)
     use_health = getattr(dataplane, "use_health", None)
     if use_health is not None:
         use_health(health)
@@ -131,12 +137,14 @@ def run_backend(config: ClientConfig, backend: Backend, metrics: Metrics,
 
 def run_in_process(source: ChangeSetSource, node_name: str, backend: Backend,
                    metrics: Metrics, observability: Observability, stop: ThreadsafeEvent,
-                   exit_after: int = 0, limits: Limits = Limits()) -> None:
+                   exit_after: int = 0, limits: Limits = Limits(),
+                   source_health: Callable[[SyncHealth], None] | None = None) -> None:
     """Brain and backend in one process (KPNG's `to-local`): the source's change
     sets for `node_name` go straight to the applier, without gRPC. As over the
     wire, the next change set is asked for only once `apply` has returned.
     Runs until `stop` is set (or `exit_after` change sets were applied)."""
-    sink, applier = _backend_pipeline(backend, metrics, observability, limits, backend)
+    sink, applier = _backend_pipeline(backend, metrics, observability, limits, backend,
+                                      source_health)
     metrics.brain_connected.set(1)  # the brain is this process: never away
     backend.setup()
     try:

@@ -29,7 +29,7 @@ from kpng_py.dataplane.registry import BackendSpec
 # the package (kpng_py/BUILD_VERSION).
 SOURCE_DIR = Path(__file__).resolve().parents[2]
 BUILD_FILE = Path(__file__).resolve().parents[1] / "BUILD_VERSION"
-LIBRARIES = ("grpcio", "grpclib", "protobuf", "pyroute2")
+LIBRARIES = ("grpcio", "grpclib", "protobuf", "pyroute2", "urllib3")
 _COMMIT_DIGITS = 12
 _BUILD = re.compile(r"(?P<base>[0-9]+\.[0-9]+\.[0-9]+)\+(?P<commits>[0-9]+)"
                     rf"\.g(?P<commit>[0-9a-f]{{{_COMMIT_DIGITS}}})(?P<dirty>\.dirty)?")

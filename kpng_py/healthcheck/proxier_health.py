@@ -7,7 +7,9 @@ kube-proxy, it is current once it has been programmed and nothing has been
 pending for longer than `--healthz-timeout`. Pending, from the moment it
 starts until the dataplane holds the state again: a change set that has
 started arriving, a failed apply (until an apply or its retry succeeds), the
-brain lost (until a change set from it is applied). The oldest pending moment
+brain lost (until a change set from it is applied), and under `kpng-py kube`
+the Kubernetes API server lost (until it answers again; the body then has
+`"apiServerConnected": false`). The oldest pending moment
 counts; the dataplane keeps serving meanwhile, but it no longer follows the
 cluster. `/livez` (same address and body, kube-proxy's liveness endpoint)
 turns 503 only when kpng-py itself is stuck: a complete change set has been
@@ -64,6 +66,9 @@ class SyncHealth:
         self._receiving = False  # a change set has started arriving
         self._unapplied = False  # the last apply failed
         self._brain_lost = False  # the stream failed; cleared by the next change set
+        # `kpng-py kube`: the API server cannot be reached; cleared when it
+        # answers again (a return with nothing changed sends no change set).
+        self._api_server_lost = False
         # What /livez counts: kpng-py's own work that has not finished.
         self._applying_since: float | None = None  # a complete change set is applying
         self._failing_since: float | None = None  # applies failed since then
@@ -87,6 +92,23 @@ class SyncHealth:
     def brain_lost(self) -> None:
         with self._lock:
             self._brain_lost = True
+            self._update()
+
+    def api_server_lost(self) -> None:
+        with self._lock:
+            self._api_server_lost = True
+            self._update()
+
+    def api_server_reached(self) -> None:
+        with self._lock:
+            self._api_server_lost = False
+            self._update()
+
+    def state_served(self) -> None:
+        """A brain serving over localv1 (`kube ... to-api`) serves the API
+        server's state: what lastUpdated tells there."""
+        with self._lock:
+            self._last_applied = self._clock()
             self._update()
 
     def changeset_applied(self) -> None:
@@ -128,7 +150,8 @@ class SyncHealth:
             self._missing = ""
 
     def _update(self) -> None:
-        if not (self._receiving or self._unapplied or self._brain_lost):
+        if not (self._receiving or self._unapplied or self._brain_lost
+                or self._api_server_lost):
             self._pending_since = None
         elif self._pending_since is None:
             self._pending_since = self._clock()
@@ -157,6 +180,8 @@ class SyncHealth:
                 "nodeEligible": True}
         if self._missing:
             body["dataplaneMissing"] = self._missing
+        if self._api_server_lost:
+            body["apiServerConnected"] = False
         return body
 
 

@@ -70,6 +70,11 @@ class Metrics:
             "watch stream to the brain is up, or the brain runs in this process (file ... "
             "to-local).", registry=r
         )
+        self.api_server_connected = Gauge(
+            "kpng_py_api_server_connected", "1 while `kpng-py kube` follows the Kubernetes API "
+            "server: Services, EndpointSlices and Nodes listed and watched; 0 while a list or "
+            "watch fails (the last state stays served).", registry=r
+        )
         self.brain_reconnects = Counter(
             "kpng_py_brain_reconnects", "Watch streams re-opened after an error.", registry=r
         )

@@ -29,7 +29,14 @@ class SkipReason(str, enum.Enum):
     BAD_PATH = "bad-path"
     UNKNOWN_SET = "unknown-set"
     UNKNOWN_DELETE = "unknown-delete"
+    # Endpoints of a service the state does not have (from the brain, or an
+    # EndpointSlice of a Service the API server does not have).
     UNKNOWN_SERVICE = "unknown-service"
+    # What `kpng-py kube` cannot map of the API server's objects (the log
+    # line says why).
+    BAD_SERVICE = "bad-service"
+    BAD_ENDPOINT_SLICE = "bad-endpointslice"
+    BAD_NODE = "bad-node"
     BAD_IP = "bad-ip"
     # An address no service may claim as a frontend or an endpoint:
     # unspecified, loopback, link-local, multicast.

@@ -72,22 +72,38 @@ _SLICE = ("kind: EndpointSlice\nmetadata: {name: s, labels: {kubernetes.io/servi
           "addressType: IPv4\nendpoints:\n- addresses: [10.0.0.1]\n")
 
 
+_WEB = "kind: Service\nmetadata: {name: web}\nspec: {ports: [{port: 80}]}\n---\n"
+
+
+def _slice(address_type: str, address: str, port: int) -> str:
+    return ("kind: EndpointSlice\nmetadata: {name: web-1, labels: "
+            "{kubernetes.io/service-name: web}}\n"
+            f"addressType: {address_type}\nports: [{{name: http, port: {port}}}]\n"
+            f"endpoints: [{{addresses: ['{address}']}}]\n")
+
+
 @pytest.mark.parametrize("text, message", [
     ("kind: Service\nmetadata: {name: s}\nspec: {ports: [{port: 1, protocol: QUIC}]}\n",
      "Service default/s port 1: protocol 'QUIC' is not one of TCP, UDP, SCTP"),
     ("kind: Service\nmetadata: {name: s}\nspec: {clusterIPs: [10.96.0.300]}\n",
      "Service default/s clusterIPs: '10.96.0.300' is not an IP address"),
     ("kind: Service\nspec: {}\n", "a Service without metadata.name"),
-    (_SLICE + "  hints: {forNodes: [{}]}\n",
+    (_WEB + _SLICE + "  hints: {forNodes: [{}]}\n",
      "EndpointSlice default/s endpoint 10.0.0.1 hints.forNodes: each entry needs a name"),
-    (_SLICE + "  hints: {forZones: z1}\n",
+    (_WEB + _SLICE + "  hints: {forZones: z1}\n",
      "EndpointSlice default/s endpoint 10.0.0.1 hints.forZones: expected a list, found 'z1'"),
-    (_SLICE + "  conditions: [ready]\n",
+    (_WEB + _SLICE + "  conditions: [ready]\n",
      "EndpointSlice default/s endpoint 10.0.0.1 conditions: expected a mapping"),
     ("[1, 2]\n", "not a Kubernetes object or List"),
     ("services: []\n", "not a Kubernetes object or List (`kubectl get ... -o yaml`): it has "
      "no kind; it is a KPNG state file already: give it to `kpng-py file -i` as it is"),
     ("a: [\n", "not YAML"),
+    (_WEB + _slice("IPv4", "fd00::5", 8080), "EndpointSlice default/web-1: fd00::5 is not an "
+     "IPv4 address, the slice's addressType"),
+    (_WEB + _slice("IPv6", "10.1.0.5", 8080), "EndpointSlice default/web-1: 10.1.0.5 is not an "
+     "IPv6 address, the slice's addressType"),
+    (_WEB + _slice("IPv4", "10.1.0.5", 70000), "EndpointSlice default/web-1 port 'http': 70000 "
+     "is not a port number (1..65535)"),
 ])
 def test_what_cannot_be_mapped_names_the_object(text: str, message: str) -> None:
     with pytest.raises(ConvertError, match="^" + re.escape(message)):
@@ -238,3 +254,9 @@ def test_a_services_last_terminating_pods_are_in_every_nodes_view() -> None:
         """))
     assert sorted(path for _, path in node_view(converted(text), "node-b")) == [
         "shop/web", "shop/web/web-0"]
+
+
+def test_a_slice_of_a_service_not_in_the_input_is_counted_as_skipped():
+    conversion = convert(_SLICE)
+    assert conversion.state["services"] == []
+    assert conversion.skipped == {"EndpointSlice of a Service not in the input": 1}

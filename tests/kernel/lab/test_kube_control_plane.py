@@ -7,7 +7,6 @@ does not remove."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,43 +17,20 @@ import pytest
 
 from lab import teardown
 from lab.kube_control_plane import (BINARIES, ControlPlaneError, KubeApi, KubeControlPlane,
-                                    missing_binaries, slice_endpoints, version_of)
+                                    slice_endpoints, version_of)
 from lab.names import RunNames, process_exists
 from lab.procs import wait_until
-from tests.support.kernel import require_root_bpf
+from tests.support.kube import SERVICE_CIDRS, control_plane, require_components, web_pod
 
 pytestmark = pytest.mark.kernel
 
-SERVICE_CIDRS = ("10.96.0.0/16", "fd00:10:96::/112")
 POD_IPS = {"web-0": ("10.244.0.5", "fd00:10:244::5"), "web-1": ("10.244.0.6", "fd00:10:244::6")}
-
-
-def require_components() -> None:
-    require_root_bpf()
-    missing = missing_binaries()
-    if missing:
-        pytest.skip(f"{', '.join(missing)} not built: run hack/setup.sh")
 
 
 @pytest.fixture(scope="module")
 def api() -> Iterator[KubeApi]:
-    require_components()
-    names = RunNames.for_this_process()
-    workdir = names.make_workdir()
-    control = KubeControlPlane(names, workdir, SERVICE_CIDRS)
-    try:
-        yield control.start()
-    finally:
-        control.stop()
-        shutil.rmtree(workdir)
-
-
-def _pod(name: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app": "web"}},
-            "spec": {"nodeName": "node-a", "containers": [{
-                "name": "web", "image": "lab.invalid/web:1",
-                "ports": [{"name": "http", "containerPort": 8080}]}]}}
+    with control_plane() as started:
+        yield started
 
 
 def _ready(api: KubeApi) -> dict[str, bool]:
@@ -89,7 +65,7 @@ def test_pods_written_as_a_kubelet_would_get_endpoint_slices(api: KubeApi) -> No
         "spec": {"selector": {"app": "web"}, "ipFamilyPolicy": "RequireDualStack",
                  "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}})
     for name, ips in POD_IPS.items():
-        api.create("/api/v1/namespaces/default/pods", _pod(name))
+        api.create("/api/v1/namespaces/default/pods", web_pod(name))
         api.pod_status("default", name, ips, ready=True)
     every = {ip: True for ips in POD_IPS.values() for ip in ips}
     _until(api, every, "both pods ready in both families")
