@@ -240,9 +240,10 @@ def markdown(results: Results, outcomes: list[Outcome]) -> str:
             continue
         ref = REFERENCE.get(key)
         ref_title = {None: "", DIRECT: "x direct"}.get(ref, f"x {ref}")
+        ref_head, ref_rule = (f" {ref_title} |", "--:|") if ref else ("", "")
         lines += ["", f"## {metric.title} ({metric.unit})", "",
-                  f"| contender | N | runs | min | median | max |{f' {ref_title} |' if ref else ''}",
-                  f"|---|--:|--:|--:|--:|--:|{'--:|' if ref else ''}"]
+                  f"| contender | N | runs | min | median | max |{ref_head}",
+                  f"|---|--:|--:|--:|--:|--:|{ref_rule}"]
         for fig in sorted(figs, key=lambda f: (f.n, f.contender)):
             row = (f"| {fig.contender} | {fig.n:,} | {len(fig.samples)} | {_fmt(fig.minimum)} | "
                    f"{_value(fig)} | {_fmt(fig.maximum)} |")

@@ -543,7 +543,8 @@ class ServiceProgrammer:
         self.backend_entries -= len(self._stray_backends)
         self._stray_keys, self._stray_backends = b"", []
 
-    def _plan_incremental(self, changes: ServicePortChanges, writes: MapWrites) -> list[ServicePort]:
+    def _plan_incremental(self, changes: ServicePortChanges,
+                          writes: MapWrites) -> list[ServicePort]:
         for port in changes.removed:
             self._remove_port(port, keep=(), writes=writes)
         for old, new in changes.updated:

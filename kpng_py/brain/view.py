@@ -1,7 +1,8 @@
 """One node's view of the cluster state, as KPNG's brain computes it for a
 WatchReq with that NodeName: every service (but those labelled for another
 proxy with service.kubernetes.io/service-proxy-name, which kube-proxy leaves
-alone too), and of their endpoints those that the node may use, each marked Local or not and with its Scopes.
+alone too), and of their endpoints those that the node may use, each marked
+Local or not and with its Scopes.
 
 For node N, an endpoint is left out when it is not ready, or when it has zone
 hints and none is N's zone (the zone of an unknown node is ""). It is Local

@@ -28,7 +28,8 @@ from kpng_py.brain.settings import DEFAULT_MAX_FILE_SIZE, STDIN, Settle, StateFi
 from kpng_py.cmd.parser import PROGRAM, Parser
 from kpng_py.watch.client import ClientConfig, SinkFailed
 from kpng_py.cmd.flag_types import byte_size, positive_duration
-from kpng_py.healthcheck.proxier_health import DEFAULT_HEALTHZ, DEFAULT_METRICS, BindAddress, Observability
+from kpng_py.healthcheck.proxier_health import (
+    DEFAULT_HEALTHZ, DEFAULT_METRICS, BindAddress, Observability)
 from kpng_py.state.limits import add_limit_flags, limits_from_args
 from kpng_py.runtime.logs import setup_logging
 from kpng_py.metrics.metrics import Metrics
@@ -193,10 +194,12 @@ def add_observability_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("health and metrics (as kube-proxy)")
     group.add_argument("--healthz-bind-address", type=_bind_address("--healthz-bind-address"),
                        default=DEFAULT_HEALTHZ,
-                       help=f"host:port for /healthz, empty to disable (default: {DEFAULT_HEALTHZ})")
+                       help="host:port for /healthz, empty to disable "
+                            f"(default: {DEFAULT_HEALTHZ})")
     group.add_argument("--metrics-bind-address", type=_bind_address("--metrics-bind-address"),
                        default=DEFAULT_METRICS,
-                       help=f"host:port for /metrics, empty to disable (default: {DEFAULT_METRICS})")
+                       help="host:port for /metrics, empty to disable "
+                            f"(default: {DEFAULT_METRICS})")
     group.add_argument("--healthz-timeout", type=positive_duration, default=60.0,
                        help="seconds a change set may be applying, or the brain be unreachable, "
                             "before /healthz answers 503 (default: 60)")

@@ -166,7 +166,8 @@ def split_endpoint_path(path: str) -> tuple[str, str] | None:
     return path[:second], path[second + 1:]
 
 
-_FAMILIES = {4: (socket.AF_INET, ipaddress.IPv4Address), 6: (socket.AF_INET6, ipaddress.IPv6Address)}
+_FAMILIES = {4: (socket.AF_INET, ipaddress.IPv4Address),
+             6: (socket.AF_INET6, ipaddress.IPv6Address)}
 
 
 @dataclass(frozen=True)

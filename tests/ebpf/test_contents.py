@@ -125,7 +125,8 @@ def test_a_slot_naming_a_backend_of_another_affinity_group_is_missing() -> None:
     assert 101 in p.backend_ids() and p.backend_targets()[101][0] == 7
 
 
-_ORDINARY_IPS = st.ip_addresses(v=4) | st.ip_addresses(v=6).filter(lambda ip: ip.ipv4_mapped is None)
+_ORDINARY_IPS = st.ip_addresses(v=4) | st.ip_addresses(v=6).filter(
+    lambda ip: ip.ipv4_mapped is None)
 
 
 @settings(max_examples=200, deadline=None)

@@ -624,7 +624,8 @@ def _built_programs(config: DatapathConfig, build: str) -> dict[str, int]:
     _remove_build(final)
     staging.rename(final)
     log.info("eBPF programs built in a child process", extra=fields(
-        build=build, compiled=True, reject_with_eperm=config.reject_with_eperm or result.variant > 0,
+        build=build, compiled=True,
+        reject_with_eperm=config.reject_with_eperm or result.variant > 0,
         seconds=round(time.monotonic() - started, 3)))
     return {hook.name: libbpf.obj_get(final / hook.name) for hook in HOOKS}
 
