@@ -127,7 +127,7 @@ class ServicePortListeners:
         self._ranges: tuple[IPNetwork, ...] | None = None
 
     def _wanted(self, port: ServicePort) -> list[_Wanted]:
-        wanted = []
+        wanted: list[_Wanted] = []
         ranges = self._source_ranges(port)
         for frontend in port.frontends():
             family = family_of(frontend.ip)
