@@ -13,16 +13,19 @@ setup:
 demo: setup
 	@hack/demo.sh
 
-# Everything CI runs: unit and stream tests, kernel tests, the e2e suite.
+# Everything CI runs: the linters (ruff, mypy), unit and stream tests, kernel
+# tests, the e2e suite.
 # pytest runs on two workers (the suite is CPU-bound; every kernel object a
 # test makes is named after its process, lab/names.py, so workers never meet).
 test: setup lint
 	$(PYTEST) -q -ra -n $(TEST_WORKERS)
 	hack/test_e2e.sh -a
 
-# ruff over the whole tree (its rules: pyproject.toml).
+# ruff over the whole tree, then mypy over the packages (the rules of both:
+# pyproject.toml).
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # The end-to-end suite: every IP mode with every built-in backend (docs/e2e.md).
 e2e: setup

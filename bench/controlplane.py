@@ -74,9 +74,11 @@ def _run_once(names: RunNames, workdir: Path, results: Results, contender: Conte
     report = read_reports(done.stdout)
     if "full_sync_s" in report:
         results.add("cp_full_sync", contender.name, n, report["full_sync_s"])
+    change_ms = None  # the run's median one-endpoint change
     if report.get("change_s"):
         ms = sorted(s * 1000 for s in report["change_s"])
-        results.add("cp_change", contender.name, n, statistics.median(ms))
+        change_ms = statistics.median(ms)
+        results.add("cp_change", contender.name, n, change_ms)
         results.add("cp_change_p99", contender.name, n, ms[min(len(ms) - 1, len(ms) * 99 // 100)])
     if contender.ours and "full_sync_s" in report:
         results.add("cp_setup", contender.name, n, report["setup_s"])
@@ -95,6 +97,6 @@ def _run_once(names: RunNames, workdir: Path, results: Results, contender: Conte
         return True
     log.info("cp %s N=%d rep %d: full sync %.3f s, one-endpoint change %s", contender.name, n,
              rep + 1, report["full_sync_s"],
-             f"{results.get('cp_change', contender.name, n).samples[-1]:.2f} ms (median of "
-             f"{changes})" if changes else "not measured")
+             f"{change_ms:.2f} ms (median of {changes})" if change_ms is not None
+             else "not measured")
     return True

@@ -11,9 +11,9 @@ Each contender ends holding every item (as a brain's store does) as plain
 Python values (what kpng-py's brain maps), or as its own typed models where
 that is all it offers (lightkube) or its default (kubernetes-models). The
 last, kpng-py-kube, is kpng-py's brain itself with the one chosen, from its
-start to its first state (the stores keep only what the mapping reads). The contenders' libraries are not kpng-py's dependencies
-(but the one chosen): `--python` names an interpreter that has them, made
-with
+start to its first state (the stores keep only what the mapping reads). The
+contenders' libraries are not kpng-py's dependencies (but the one chosen):
+`--python` names an interpreter that has them, made with
 
     python3 -m venv /tmp/kube-bench-venv && /tmp/kube-bench-venv/bin/pip install \\
         kubernetes==37.0.2 kubernetes-asyncio==36.1.0 lightkube==1.0.1 \\
@@ -85,8 +85,11 @@ class Poster:
 
     def __init__(self, url: str, token: str, ca: str) -> None:
         parts = urlsplit(url)
+        if parts.hostname is None:
+            raise ValueError(f"{url!r} names no host: give the API server's https://host:port")
+        host = parts.hostname
         self._connect = lambda: http.client.HTTPSConnection(
-            parts.hostname, parts.port, context=ssl.create_default_context(cafile=ca))
+            host, parts.port, context=ssl.create_default_context(cafile=ca))
         self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         self._local = threading.local()
 

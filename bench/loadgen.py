@@ -60,8 +60,8 @@ def connection_rate(pod: Pod, target: Endpoints, seconds: int, connections: int)
                         "-H", "Connection: close", target.url()], timeout=seconds + 60)
     requests = _number(r"(\d+) requests in", out, "wrk")
     errors = sum(int(n) for n in re.findall(r"(?:connect|timeout) (\d+)", out))
-    errors += int(re.search(r"Non-2xx or 3xx responses: (\d+)", out).group(1)) \
-        if "Non-2xx" in out else 0
+    if "Non-2xx" in out:
+        errors += int(_number(r"Non-2xx or 3xx responses: (\d+)", out, "wrk"))
     if requests == 0 or errors > requests / 100:
         raise LoadError(f"wrk: {errors:.0f} errors in {requests:.0f} requests:\n{out[-800:]}")
     return _number(r"Requests/sec:\s+([\d.]+)", out, "wrk")

@@ -67,10 +67,11 @@ def reference_ratio(results: Results, fig: Figure) -> float | None:
 
 def _every_n(results: Results, metric: str, contender: str, target: str,
              check: Callable[[int, float], tuple[bool, str]]) -> Outcome:
-    ns = [n for n in results.ns(metric) if results.median(metric, contender, n) is not None]
-    if not ns:
+    medians = {n: median for n in results.ns(metric)
+               if (median := results.median(metric, contender, n)) is not None}
+    if not medians:
         return Outcome(target, "N/A", f"{contender} {metric} not measured")
-    verdicts = [check(n, results.median(metric, contender, n)) for n in ns]
+    verdicts = [check(n, median) for n, median in medians.items()]
     ok = all(v for v, _ in verdicts)
     return Outcome(target, "PASS" if ok else "MISS", "; ".join(d for _, d in verdicts))
 
@@ -240,9 +241,10 @@ def markdown(results: Results, outcomes: list[Outcome]) -> str:
             continue
         ref = REFERENCE.get(key)
         ref_title = {None: "", DIRECT: "x direct"}.get(ref, f"x {ref}")
+        ref_head, ref_rule = (f" {ref_title} |", "--:|") if ref else ("", "")
         lines += ["", f"## {metric.title} ({metric.unit})", "",
-                  f"| contender | N | runs | min | median | max |{f' {ref_title} |' if ref else ''}",
-                  f"|---|--:|--:|--:|--:|--:|{'--:|' if ref else ''}"]
+                  f"| contender | N | runs | min | median | max |{ref_head}",
+                  f"|---|--:|--:|--:|--:|--:|{ref_rule}"]
         for fig in sorted(figs, key=lambda f: (f.n, f.contender)):
             row = (f"| {fig.contender} | {fig.n:,} | {len(fig.samples)} | {_fmt(fig.minimum)} | "
                    f"{_value(fig)} | {_fmt(fig.maximum)} |")
@@ -284,24 +286,25 @@ def plot(results: Results, out_dir: Path) -> list[Path]:
             continue
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for contender in contenders:
-            points = [f for f in (results.get(key, contender, n) for n in results.ns(key))
-                      if f is not None and f.median is not None]
+            points = [s for s in (_spread(results.get(key, contender, n))
+                                  for n in results.ns(key)) if s is not None]
             if not points:
                 continue
-            xs = [p.n for p in points]
-            ys = [p.median for p in points]
-            errors = [[y - p.minimum for y, p in zip(ys, points)],
-                      [p.maximum - y for y, p in zip(ys, points)]]
+            xs = [n for n, _, _, _ in points]
+            ys = [median for _, _, median, _ in points]
+            errors = [[median - low for _, low, median, _ in points],
+                      [high - median for _, _, median, high in points]]
             ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=contender)
-        stopped = [f for f in results.figures.values()
+        # (N, where it stopped, contender) of each run stopped at the time limit
+        stopped = [(f.n, f.censored_at, f.contender) for f in results.figures.values()
                    if f.metric == key and f.median is None and f.censored_at]
         if stopped:
-            ax.scatter([f.n for f in stopped], [f.censored_at for f in stopped], marker="^",
+            ax.scatter([n for n, _, _ in stopped], [at for _, at, _ in stopped], marker="^",
                        color="black", label="stopped at the time limit (at least this)")
             stacked: dict[tuple[int, float], int] = {}
-            for f in stopped:
-                above = stacked[(f.n, f.censored_at)] = stacked.get((f.n, f.censored_at), -1) + 1
-                ax.annotate(f.contender, (f.n, f.censored_at), fontsize=7,
+            for n, at, stopped_contender in stopped:
+                above = stacked[(n, at)] = stacked.get((n, at), -1) + 1
+                ax.annotate(stopped_contender, (n, at), fontsize=7,
                             textcoords="offset points", xytext=(4, 4 - 9 * above))
         ax.set_xscale("log")
         if key.startswith("cp_") or key == "e2e_start_applied":
@@ -317,6 +320,13 @@ def plot(results: Results, out_dir: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def _spread(fig: Figure | None) -> tuple[int, float, float, float] | None:
+    """(N, min, median, max) of a figure with samples; None without."""
+    if fig is None or fig.minimum is None or fig.median is None or fig.maximum is None:
+        return None
+    return fig.n, fig.minimum, fig.median, fig.maximum
 
 
 def outcomes_json(outcomes: list[Outcome]) -> list[dict]:

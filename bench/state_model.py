@@ -12,8 +12,9 @@ the other checkout). A one-endpoint change moves the scenario's changed
 service's first endpoint to a new address and back. Changes are applied with
 the collector paused and a full sync's survivors frozen, as `ChangeSetApplier`
 does. Prints one JSON line: seconds for the full sync (wall and CPU),
-CPU microseconds per change (median, p99), and with `--memory` the tracemalloc peak and what the state
-holds after the full sync (a second pass: tracing slows everything down).
+CPU microseconds per change (median, p99), and with `--memory` the
+tracemalloc peak and what the state holds after the full sync (a second
+pass: tracing slows everything down).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
+from typing import Any, Iterator
 
 from kpng_py.api import localv1
 from kpng_py.metrics.metrics import Metrics
@@ -112,7 +112,7 @@ def _receive(client_file: Path, target: str) -> None:
     figures: dict[str, float] = {}
 
     class Sink:
-        client = None
+        client: Any = None  # the loaded module's WatchClient, once made
         staged = 0  # ops handed over before the Sync (clients since issue 14)
 
         def on_changeset_started(self) -> None:
@@ -160,6 +160,7 @@ def _compare(kind: str, clients: list[Path], args: argparse.Namespace) -> None:
             [sys.executable, "-m", "bench.transport", "--services", str(args.services),
              "--endpoints", str(args.endpoints), "--serve", kind, str(socket)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert server.stdin is not None and server.stdout is not None  # piped
         try:
             messages = int(server.stdout.readline())
             print(f"server {kind}: {messages} messages", flush=True)

@@ -66,6 +66,7 @@ def main() -> None:
         iperf = subprocess.Popen(server.exec_args("iperf3", "-s", "--forceflush", "-B",
                                                   SERVER_V4[0], "-p", str(IPERF_PORT)),
                                  stdout=subprocess.PIPE, text=True)
+        assert iperf.stdout is not None  # piped
         try:
             while "Server listening" not in (line := iperf.stdout.readline()):
                 if not line:

@@ -69,7 +69,8 @@ class ListenAddress:
             candidates = socket.getaddrinfo(host or None, port,
                                             type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         except socket.gaierror as err:
-            raise AddressError(f"--listen {self}: cannot resolve {host!r} ({err.strerror})") from err
+            raise AddressError(
+                f"--listen {self}: cannot resolve {host!r} ({err.strerror})") from err
         failure = "it resolves to no address"
         for family, kind, proto, _, address in candidates:
             with socket.socket(family, kind, proto) as probe:

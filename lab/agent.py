@@ -7,8 +7,9 @@ restart). Standard library only; it runs inside a namespace, as a script or
     agent.py [--in-cgroup] [--timeout SECONDS]
 
 A socket's family is its host's, unless `family` (4 or 6) says: an IPv4
-address dialled from an AF_INET6 socket is `::ffff:a.b.c.d`. With --in-cgroup it first waits for an empty line (the parent moves it into
-a test cgroup meanwhile: `ip netns exec` hides the cgroup tree from it) and
+address dialled from an AF_INET6 socket is `::ffff:a.b.c.d`. With
+--in-cgroup it first waits for an empty line (the parent moves it into a
+test cgroup meanwhile: `ip netns exec` hides the cgroup tree from it) and
 answers {"cgroup": ...}; only then does it make sockets, so the programs
 attached to that cgroup see every one (lab/socket_lab.py).
 

@@ -83,8 +83,8 @@ def lab_backends() -> dict[str, LabBackend]:
     unknown = sorted(set(LAB_SUPPORT) - {spec.name for spec in specs})
     if unknown:
         raise LabBackendError(f"lab.backends.LAB_SUPPORT has facts for {', '.join(unknown)}, "
-                              "which kpng_py.dataplane.registry.BACKEND_MODULES does not list; register "
-                              "the backend or remove its entry")
+                              "which kpng_py.dataplane.registry.BACKEND_MODULES does not "
+                              "list; register the backend or remove its entry")
     return {spec.name: LabBackend(spec.name, spec.sink, LAB_SUPPORT[spec.name])
             for spec in specs if spec.name in LAB_SUPPORT}
 

@@ -25,11 +25,11 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from lab.backends import LabPlaces
 from lab.cluster import (
-    ADDRESSING, Addressing, Family, IPAddress, Pod, add_pod_netns, build_node_netns,
+    ADDRESSING, Addressing, Family, IPAddress, IPNetwork, Pod, add_pod_netns, build_node_netns,
     escape_count, escape_counter, ip_batch, nodad, NO_DAD,
 )
 from lab.names import BPFFS_ROOT, CGROUP2_ROOT, RunNames
@@ -67,7 +67,7 @@ def node_plan(family: Family, node_index: int) -> Addressing:
     """Node N's pod subnet (10.244.N.0/24, fd00:10:244:N::/64) in the cluster's."""
     cluster = ADDRESSING[family]
     subnet_bits = 24 if family is Family.IPV4 else 64
-    subnets = cluster.cluster_pod_cidr.subnets(new_prefix=subnet_bits)
+    subnets: Iterator[IPNetwork] = cluster.cluster_pod_cidr.subnets(new_prefix=subnet_bits)
     subnet = next(s for i, s in enumerate(subnets) if i == node_index)
     return Addressing(family, cluster.cluster_pod_cidr, subnet, cluster.service_cidr)
 

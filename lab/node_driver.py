@@ -39,7 +39,7 @@ def main() -> None:
     cli.BACKEND.add_arguments(parser)
     setup_logging("json", verbosity=0)
     metrics = Metrics()
-    backend = cli.BACKEND.create(parser.parse_args(), metrics)
+    backend = cli.create(parser.parse_args(), metrics)  # the UserspaceBackend, unwrapped
     # What /healthz would say (healthCheckNodePort answers carry it): current
     # after each applied change set, as the applier reports it.
     health = SyncHealth(timeout=3600)

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from kpng_py.model import ServicePortChanges, Endpoint, Protocol, ServicePort, ServicePortName
+from kpng_py.model import (
+    Endpoint, Endpoints, Protocol, ServicePort, ServicePortChanges, ServicePortName)
 from lab.netns import NetNS, netns
 from lab.procs import start_ready
 
@@ -103,7 +104,9 @@ class NodeBackend:
         self._proc = subprocess.Popen(
             node.exec_args(sys.executable, "-m", "lab.node_driver", *flags),
             cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
-        line = self._proc.stdout.readline().decode().strip()
+        assert self._proc.stdin is not None and self._proc.stdout is not None  # piped
+        self._stdin, self._stdout = self._proc.stdin, self._proc.stdout
+        line = self._stdout.readline().decode().strip()
         if line != "ready":
             self.close()
             if line.startswith("setup-error: "):
@@ -113,9 +116,9 @@ class NodeBackend:
     def send(self, request: ServicePortChanges | str) -> str:
         """One request (see node_driver); its answer."""
         data = pickle.dumps(request)
-        self._proc.stdin.write(struct.pack(">I", len(data)) + data)
-        self._proc.stdin.flush()
-        return self._proc.stdout.readline().decode().strip()
+        self._stdin.write(struct.pack(">I", len(data)) + data)
+        self._stdin.flush()
+        return self._stdout.readline().decode().strip()
 
     def apply(self, changes: ServicePortChanges) -> None:
         answer = self.send(changes)
@@ -136,7 +139,7 @@ class NodeBackend:
     def close(self) -> None:
         """EOF on stdin: the backend closes (as at shutdown) and exits."""
         if self._proc.poll() is None:
-            self._proc.stdin.close()
+            self._stdin.close()
             try:
                 self._proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -172,13 +175,15 @@ class ClientAgent:
 
     def __init__(self, cluster: ClientNodeServer) -> None:
         self._proc = _start(cluster.python(cluster.client, "lab.agent"), stdin=subprocess.PIPE)
+        assert self._proc.stdin is not None and self._proc.stdout is not None  # piped
+        self._stdin, self._stdout = self._proc.stdin, self._proc.stdout
 
     def __call__(self, op: str, **args):
         """The agent's answer: its `results` list, or its other fields, or
         {"error": "ECONNREFUSED"} (the errno's name)."""
-        self._proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
-        self._proc.stdin.flush()
-        line = self._proc.stdout.readline()
+        self._stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self._stdin.flush()
+        line = self._stdout.readline()
         if not line:
             raise RuntimeError(f"the agent exited (code {self._proc.wait()}) on {op} {args}")
         return agent_answer(json.loads(line))
@@ -206,5 +211,5 @@ def service_port(name: str, protocol: Protocol, cluster_ips: tuple[str, ...], po
         cluster_ips=tuple(ipaddress.ip_address(ip) for ip in cluster_ips),
         port=port,
         affinity_timeout_seconds=affinity_timeout_seconds,
-        endpoints=tuple(Endpoint(ipaddress.ip_address(ip), port) for ip, port in pairs),
+        endpoints=Endpoints.of(Endpoint(ipaddress.ip_address(ip), port) for ip, port in pairs),
     )

@@ -18,8 +18,9 @@ from __future__ import annotations
 import enum
 import sys
 from pathlib import Path
+from typing import Protocol, Sequence
 
-from lab.cluster import Cluster, Pod
+from lab.cluster import Pod
 from lab.procs import Proc, in_namespace, run, wait_until
 
 WHOAMI_NAME = "whoami.e2e"
@@ -85,7 +86,16 @@ def _server_commands(pod: Pod, prefix: Path) -> dict[str, list[str]]:
     }
 
 
-def start_servers(cluster: Cluster, pod: Pod) -> list[Proc]:
+class PodHost(Protocol):
+    """Where pods' processes start: lab.cluster.Cluster, lab.multinode.MultiNodeCluster."""
+
+    @property
+    def workdir(self) -> Path: ...
+
+    def spawn_in_pod(self, pod: Pod, name: str, argv: Sequence[str]) -> Proc: ...
+
+
+def start_servers(cluster: PodHost, pod: Pod) -> list[Proc]:
     prefix = cluster.workdir / pod.name
     prefix.mkdir()
     (prefix / "nginx.conf").write_text(_nginx_conf(pod, prefix))

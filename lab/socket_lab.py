@@ -58,6 +58,8 @@ class Agent:
             node.exec_args(sys.executable, str(HERE / "agent.py"), "--in-cgroup",
                            "--timeout", "2"),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdin is not None and self._proc.stdout is not None  # piped
+        self._stdin, self._stdout = self._proc.stdin, self._proc.stdout
         # `ip netns exec` remounts /sys, so the agent cannot see the cgroup
         # tree; its pid stays the same through exec, so we move it.
         group.add(self._proc.pid)
@@ -75,12 +77,12 @@ class Agent:
         return self.call_raw(json.dumps({"op": op, **args}))
 
     def call_raw(self, line: str) -> dict:
-        self._proc.stdin.write(line + "\n")
-        self._proc.stdin.flush()
-        return json.loads(self._proc.stdout.readline())
+        self._stdin.write(line + "\n")
+        self._stdin.flush()
+        return json.loads(self._stdout.readline())
 
     def close(self) -> None:
-        self._proc.stdin.close()
+        self._stdin.close()
         self._proc.wait(timeout=10)
 
 

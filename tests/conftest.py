@@ -99,4 +99,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if misplaced:
         raise pytest.UsageError(
             "kernel tests belong in tests/kernel/ and must be marked `kernel`, others not: "
-            + ", ".join(misplaced[:5]) + (f" and {len(misplaced) - 5} more" if len(misplaced) > 5 else ""))
+            + ", ".join(misplaced[:5])
+            + (f" and {len(misplaced) - 5} more" if len(misplaced) > 5 else ""))

@@ -55,14 +55,16 @@ def test_split_layout_shares_the_brain_socket() -> None:
 
 
 def test_the_backend_args_are_accepted_by_this_cli() -> None:
-    args = [re.sub(r"\$\(NODE_NAME\)", "node-a", a) for a in daemonset_containers()["kpng-py"]["args"]]
+    args = [re.sub(r"\$\(NODE_NAME\)", "node-a", a)
+            for a in daemonset_containers()["kpng-py"]["args"]]
     parsed = build_parser().parse_args(args)
     assert parsed.command == "local" and parsed.backend == "to-ebpf"
     assert parsed.healthz_bind_address.port == 10256
 
 
 def test_dockerfile_lints_clean() -> None:
-    result = subprocess.run([BIN / "hadolint", DEPLOY / "Dockerfile"], capture_output=True, text=True)
+    result = subprocess.run([BIN / "hadolint", DEPLOY / "Dockerfile"],
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -73,7 +75,8 @@ def test_dockerfile_copies_what_exists_and_runs_the_setup() -> None:
             for source in line.split()[1:-1]:
                 assert (ROOT / source).exists(), f"COPY source {source} is missing"
     assert "hack/setup.sh runtime" in text
-    result = subprocess.run(["bash", "-n", DEPLOY / "entrypoint.sh"], capture_output=True, text=True)
+    result = subprocess.run(["bash", "-n", DEPLOY / "entrypoint.sh"],
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 
@@ -150,8 +153,8 @@ def test_hack_image_sh_builds_with_the_trees_version_and_prints_the_image(
                           env=fake_docker(tmp_path), capture_output=True, text=True, check=True)
     assert done.stdout == image + "\n"
     assert (tmp_path / "docker-args").read_text().splitlines() == [
-        "build", "-f", str(DEPLOY / "Dockerfile"), "--build-arg", f"KPNG_PY_VERSION={build.version}",
-        "-t", image, str(ROOT)]
+        "build", "-f", str(DEPLOY / "Dockerfile"),
+        "--build-arg", f"KPNG_PY_VERSION={build.version}", "-t", image, str(ROOT)]
     # What the image's build records reads back as this checkout's build.
     assert record(build.version, tmp_path / "BUILD_VERSION") == build
 

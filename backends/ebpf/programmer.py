@@ -44,6 +44,7 @@ from backends.ebpf.maps.contents import (
     Programmed,
     backend_owner,
     backend_target,
+    packed_slot_ids,
 )
 from backends.ebpf.maps.access import MapAccess
 from backends.ebpf.recovery import Recovery, recovered_here
@@ -312,7 +313,7 @@ class MapWrites:
         written."""
         counts = self.pending()
         self.written.update(counts)
-        planned = RoundWrites(*(getattr(self, name) for name in _ROUND_BUFFERS), counts=counts)
+        planned = RoundWrites._make([*(getattr(self, name) for name in _ROUND_BUFFERS), counts])
         for name in _ROUND_BUFFERS:
             setattr(self, name, bytearray())
         return planned
@@ -543,7 +544,8 @@ class ServiceProgrammer:
         self.backend_entries -= len(self._stray_backends)
         self._stray_keys, self._stray_backends = b"", []
 
-    def _plan_incremental(self, changes: ServicePortChanges, writes: MapWrites) -> list[ServicePort]:
+    def _plan_incremental(self, changes: ServicePortChanges,
+                          writes: MapWrites) -> list[ServicePort]:
         for port in changes.removed:
             self._remove_port(port, keep=(), writes=writes)
         for old, new in changes.updated:
@@ -641,8 +643,8 @@ class ServiceProgrammer:
                 "; its previous version stays programmed" if kept else "")))
         if not problems:
             return
-        for reason, frontend, detail in problems:
-            if (reason, frontend) not in reported:
+        for reason, problem_frontend, detail in problems:
+            if (reason, problem_frontend) not in reported:
                 self._skips.skip(reason, f"service port {port.name}", detail)
         reasons = {reason for reason, _, _ in problems}
         self._waiting[port.name] = Waiting(port, reported | {
@@ -762,7 +764,7 @@ class ServiceProgrammer:
             if index >= len(previous) or previous[index] != backend_id:
                 writes.slot_keys += frontend.packed_key(index + 1)
                 writes.slot_values += _SLOT_VALUE.pack(backend_id, 0, 0, 0, 0)
-        new = Programmed(service_id, slots, targets, spec.affinity_timeout,
+        new = Programmed(service_id, packed_slot_ids(slots), targets, spec.affinity_timeout,
                          spec.kind_flag, group)
         if old is None or not old.same_master(new):
             writes.master_keys += frontend.packed_key(0)

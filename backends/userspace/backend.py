@@ -127,7 +127,7 @@ class ServicePortListeners:
         self._ranges: tuple[IPNetwork, ...] | None = None
 
     def _wanted(self, port: ServicePort) -> list[_Wanted]:
-        wanted = []
+        wanted: list[_Wanted] = []
         ranges = self._source_ranges(port)
         for frontend in port.frontends():
             family = family_of(frontend.ip)
@@ -330,7 +330,8 @@ class UserspaceBackend:
         self._health_checks.apply(changes)
         self._stats.cluster_ips.set(len(self._addresses.present))
 
-    def _count_address_users(self, changes: ServicePortChanges) -> tuple[set[IPAddress], set[IPAddress]]:
+    def _count_address_users(
+            self, changes: ServicePortChanges) -> tuple[set[IPAddress], set[IPAddress]]:
         """Update the per-ClusterIP user counts for an incremental change set;
         the ClusterIPs that gained their first user and lost their last. Only
         the changed service ports are looked at."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from typing import TYPE_CHECKING
+
 from backends.userspace.context import MARKER, ProxyConfig
 from kpng_py.cmd.flag_types import byte_size, positive_duration
 from kpng_py.metrics.metrics import Metrics
@@ -11,6 +13,9 @@ from kpng_py.model import IPNetwork
 from kpng_py.node.nodeport_addresses import add_nodeport_addresses_flag, parse_cidrs
 from kpng_py.dataplane.registry import BackendSpec
 from kpng_py.metrics.service_counters import add_endpoint_counters_flag
+
+if TYPE_CHECKING:
+    from backends.userspace.backend import UserspaceBackend
 
 # Linux's IFNAMSIZ less the terminating NUL.
 _MAX_INTERFACE_NAME = 15
@@ -79,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_endpoint_counters_flag(parser)
 
 
-def create(args: argparse.Namespace, metrics: Metrics):
+def create(args: argparse.Namespace, metrics: Metrics) -> UserspaceBackend:
     from backends.userspace.backend import UserspaceBackend  # pyroute2: loaded only when used
 
     config = ProxyConfig(

@@ -125,6 +125,8 @@ class Listener:
 
 def _intersection(a: list[IPNetwork], b: list[IPNetwork]) -> list[IPNetwork]:
     """The sources in both lists (networks of one family), as networks."""
+    # subnet_of takes a network of its own family, which the caller's lists
+    # are (filtered by version); their type is the union of both families.
     both = {x for x in a for y in b if x.subnet_of(y)}  # type: ignore[arg-type]
     both |= {y for y in b for x in a if y.subnet_of(x)}  # type: ignore[arg-type]
     return sorted(both)

@@ -89,7 +89,8 @@ class UdpListener(Listener):
                 return
             except OSError as err:
                 self._ctx.stats.error("udp-receive")
-                log.debug("udp receive failed", extra=fields(listener=self.name, error=err.strerror))
+                log.debug("udp receive failed",
+                          extra=fields(listener=self.name, error=err.strerror))
                 return
             client = client[:2]
             session = self._sessions.get(client) or self._open(client, sock)

@@ -9,6 +9,7 @@ created by the check that needs it, as an e2e test creates its objects.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import signal
@@ -16,9 +17,9 @@ import time
 from collections import Counter
 from prometheus_client.parser import text_string_to_metric_families
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Generic, Sequence, TypeVar
 
-from e2e.expect import CheckFailed, CheckRun
+from e2e.expect import CheckEnv, CheckFailed, CheckRun, Env
 from e2e.proxy import BackendKind
 from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, PortSpec, ServiceSpec
 from kpng_py.model import IPFamily
@@ -76,11 +77,15 @@ def always(kind: BackendKind) -> str | None:
     return None
 
 
+# The environment of a check's topology (Env: the service topology's).
+EnvT = TypeVar("EnvT", bound=CheckEnv)
+
+
 @dataclass(frozen=True)
-class Check:
+class Check(Generic[EnvT]):
     name: str
     upstream: str  # the Kubernetes e2e test(s) it mirrors
-    body: Callable[[CheckRun], None]
+    body: Callable[[CheckRun[EnvT]], None]
     families: FamilyFilter = all_families
     # Every packet of this check must be translated in the pod: none may
     # reach the node when the backend balances at the socket level.
@@ -88,23 +93,30 @@ class Check:
     not_applicable: Applicability = always
 
 
-CHECKS: list[Check] = []
+CHECKS: list[Check[Env]] = []
 
 
-def check(name: str, upstream: str, families: FamilyFilter = all_families,
-          translated: bool = False, not_applicable: Applicability = always,
-          into: list[Check] = CHECKS) -> Callable[[Callable[[CheckRun], None]],
-                                                  Callable[[CheckRun], None]]:
-    """Register the check in `into` (the service topology's CHECKS by default)."""
-    def register(body: Callable[[CheckRun], None]) -> Callable[[CheckRun], None]:
+def register_in(into: list[Check[EnvT]], name: str, upstream: str,
+                families: FamilyFilter = all_families, translated: bool = False,
+                not_applicable: Applicability = always
+                ) -> Callable[[Callable[[CheckRun[EnvT]], None]], Callable[[CheckRun[EnvT]], None]]:
+    """Register the check in `into`, the checks of its topology."""
+    def register(body: Callable[[CheckRun[EnvT]], None]) -> Callable[[CheckRun[EnvT]], None]:
         into.append(Check(name, upstream, body, families, translated, not_applicable))
         return body
     return register
 
 
+def check(name: str, upstream: str, families: FamilyFilter = all_families,
+          translated: bool = False, not_applicable: Applicability = always
+          ) -> Callable[[Callable[[CheckRun[Env]], None]], Callable[[CheckRun[Env]], None]]:
+    """Register a check of the service topology (CHECKS)."""
+    return register_in(CHECKS, name, upstream, families, translated, not_applicable)
+
+
 # -- S1 ------------------------------------------------------------------
 @check("S1/basic-endpoint", "should serve a basic endpoint from pods", translated=True)
-def basic_endpoint(t: CheckRun) -> None:
+def basic_endpoint(t: CheckRun[Env]) -> None:
     web, srv = t.env.shared("web"), t.env.servers
     t.each_family("3 endpoints", lambda f: t.expect_http(web, HTTP, f, srv))
     t.apply(web.with_endpoints(*srv[:2]))
@@ -114,12 +126,12 @@ def basic_endpoint(t: CheckRun) -> None:
 
 
 # -- S2, S3 --------------------------------------------------------------
-def _multiport(t: CheckRun) -> ServiceSpec:
+def _multiport(t: CheckRun[Env]) -> ServiceSpec:
     return ServiceSpec("multi", 3, (HTTP, ALT)).with_endpoints(*t.env.servers)
 
 
 @check("S2/multiport-endpoints", "should serve multiport endpoints from pods", translated=True)
-def multiport(t: CheckRun) -> None:
+def multiport(t: CheckRun[Env]) -> None:
     multi, srv = _multiport(t), t.env.servers
     t.apply(multi)
     t.each_family("port http (named, 8080+i)", lambda f: t.expect_http(multi, HTTP, f, srv))
@@ -127,7 +139,7 @@ def multiport(t: CheckRun) -> None:
 
 
 @check("S3/ports-added-and-deleted", "should be updated after adding or deleting ports")
-def ports_added_and_deleted(t: CheckRun) -> None:
+def ports_added_and_deleted(t: CheckRun[Env]) -> None:
     multi, srv = _multiport(t), t.env.servers
     t.apply(multi)
     t.apply(multi.with_ports(HTTP))
@@ -140,7 +152,7 @@ def ports_added_and_deleted(t: CheckRun) -> None:
 
 # -- S4 ------------------------------------------------------------------
 @check("S4/same-port-tcp-and-udp", "should serve endpoints on same port and different protocols")
-def same_port_tcp_and_udp(t: CheckRun) -> None:
+def same_port_tcp_and_udp(t: CheckRun[Env]) -> None:
     dns, srv = t.env.shared("dns"), t.env.servers
     t.each_family("dns over UDP", lambda f: t.expect_dns(dns, DNS_UDP, f, srv))
     t.each_family("dns over TCP", lambda f: t.expect_dns(dns, DNS_TCP, f, srv))
@@ -155,7 +167,7 @@ def same_port_tcp_and_udp(t: CheckRun) -> None:
 # -- S5 ------------------------------------------------------------------
 @check("S5/service-down-and-up", "should be able to up and down services; "
        "should work after the service has been recreated")
-def service_down_and_up(t: CheckRun) -> None:
+def service_down_and_up(t: CheckRun[Env]) -> None:
     updown, srv = ServiceSpec("updown", 4, (HTTP,)).with_endpoints(*t.env.servers), t.env.servers
     t.apply(updown)
     t.each_family("created", lambda f: t.expect_http(updown, HTTP, f, srv))
@@ -167,7 +179,7 @@ def service_down_and_up(t: CheckRun) -> None:
 
 # -- S6 ------------------------------------------------------------------
 @check("S6/no-endpoints-rejected", "should be rejected when no endpoints exist", translated=True)
-def no_endpoints_rejected(t: CheckRun) -> None:
+def no_endpoints_rejected(t: CheckRun[Env]) -> None:
     srv0 = t.env.servers[0]
     empty = ServiceSpec("empty", 5, (HTTP, DNS_UDP))
     t.apply(empty)
@@ -181,12 +193,12 @@ def no_endpoints_rejected(t: CheckRun) -> None:
 
 
 # -- S7 ------------------------------------------------------------------
-def _sticky(t: CheckRun) -> ServiceSpec:
+def _sticky(t: CheckRun[Env]) -> ServiceSpec:
     sticky = ServiceSpec("sticky", 6, (HTTP,), affinity_timeout=AFFINITY_TIMEOUT)
     return sticky.with_endpoints(*t.env.servers)
 
 
-def _one_pod(t: CheckRun, service: ServiceSpec, family: Family, among: Sequence[Pod]) -> str:
+def _one_pod(t: CheckRun[Env], service: ServiceSpec, family: Family, among: Sequence[Pod]) -> str:
     """The one pod that a burst of new connections (one after the other) all reach."""
     names = {p.name for p in among}
 
@@ -206,7 +218,7 @@ def _one_pod(t: CheckRun, service: ServiceSpec, family: Family, among: Sequence[
 
 @check("S7/client-ip-affinity", "should have session affinity work for service with type "
        "clusterIP", translated=True)
-def client_ip_affinity(t: CheckRun) -> None:
+def client_ip_affinity(t: CheckRun[Env]) -> None:
     sticky, srv = _sticky(t), t.env.servers
     t.apply(sticky)
     chosen: dict[Family, str] = {}
@@ -219,13 +231,13 @@ def client_ip_affinity(t: CheckRun) -> None:
         remaining = [p for p in srv if p.name != chosen[family]]
         t.apply(sticky.with_endpoints(*remaining))
         t.step(family, f"{chosen[family]} removed",
-               lambda f=family, r=remaining: _one_pod(t, sticky, f, r))
+               functools.partial(_one_pod, t, sticky, family, remaining))
         t.apply(sticky)
 
 
 @check("S7/affinity-timeout", "should have session affinity timeout work for service with "
        "type clusterIP", translated=True)
-def affinity_timeout(t: CheckRun) -> None:
+def affinity_timeout(t: CheckRun[Env]) -> None:
     sticky = _sticky(t)
     t.apply(sticky)
     seen: dict[Family, Counter[str]] = {f: Counter() for f in t.families}
@@ -250,7 +262,7 @@ def affinity_timeout(t: CheckRun) -> None:
 # -- S8 ------------------------------------------------------------------
 @check("S8/udp-recvfrom-shows-vip", "should function for pod-Service: udp; should be able to "
        "handle large requests: udp", translated=True)
-def udp_recvfrom(t: CheckRun) -> None:
+def udp_recvfrom(t: CheckRun[Env]) -> None:
     echo = t.env.shared("echo")
     t.each_family(f"unconnected {LARGE_DATAGRAM}-byte datagram",
                   lambda f: _udp_echo(t, str(echo.cluster_ip(f)), connected=False))
@@ -258,7 +270,7 @@ def udp_recvfrom(t: CheckRun) -> None:
 
 @check("S8/getpeername-shows-vip", "should function for pod-Service: udp (connected "
        "sockets), tcp", translated=True)
-def getpeername(t: CheckRun) -> None:
+def getpeername(t: CheckRun[Env]) -> None:
     echo = t.env.shared("echo")
     t.each_family(f"connected UDP, {LARGE_DATAGRAM}-byte datagram",
                   lambda f: _udp_echo(t, str(echo.cluster_ip(f)), connected=True))
@@ -267,13 +279,13 @@ def getpeername(t: CheckRun) -> None:
 
 @check("S8/udp-spread", "should function for pod-Service: udp (new sockets spread over "
        "endpoints)", translated=True)
-def udp_spread(t: CheckRun) -> None:
+def udp_spread(t: CheckRun[Env]) -> None:
     dns = t.env.shared("dns")
     t.each_family("dig, a socket per query", lambda f: t.expect_dns(dns, DNS_UDP, f,
                                                                    t.env.servers))
 
 
-def _udp_echo(t: CheckRun, vip: str, connected: bool) -> None:
+def _udp_echo(t: CheckRun[Env], vip: str, connected: bool) -> None:
     args = ["udp-echo", vip, str(ECHO_UDP.port), "--size", str(LARGE_DATAGRAM)]
     want = [vip, ECHO_UDP.port]
 
@@ -293,7 +305,7 @@ def _udp_echo(t: CheckRun, vip: str, connected: bool) -> None:
                                                             else [])), problem)
 
 
-def _tcp_peer(t: CheckRun, vip: str, port: int) -> None:
+def _tcp_peer(t: CheckRun[Env], vip: str, port: int) -> None:
     want = [vip, port]
 
     def problem(answer: dict) -> str | None:
@@ -317,7 +329,7 @@ def _await(probe: StreamingProbe, what: str, ready: Callable[[], bool], timeout:
                           + (f"; {crash}" if crash else "")) from None
 
 
-def _udp_follows_new_endpoint(t: CheckRun, connected: bool) -> None:
+def _udp_follows_new_endpoint(t: CheckRun[Env], connected: bool) -> None:
     old, new = t.env.servers[0], t.env.servers[1]
     cycle = ServiceSpec("cycle", 7, (DNS_UDP,))
     t.apply(cycle.with_endpoints(old))
@@ -328,7 +340,7 @@ def _udp_follows_new_endpoint(t: CheckRun, connected: bool) -> None:
                       f"{old.name} replaced by {new.name}", UDP_FOLLOW_TIMEOUT)
 
 
-def follow_udp_socket(t: CheckRun, client: Pod, target: Callable[[Family], list[str]],
+def follow_udp_socket(t: CheckRun[CheckEnv], client: Pod, target: Callable[[Family], list[str]],
                       old: Pod, new: Pod, replace: Callable[[], None], step: str,
                       timeout: float) -> None:
     """One UDP socket per family (probe.py dns-follow `target(family)`) is
@@ -371,20 +383,20 @@ def _errors(probe: StreamingProbe) -> str:
 
 @check("S9/udp-connected-socket-follows-endpoint", "should be able to preserve UDP traffic "
        "when server pod cycles for a ClusterIP service (connected socket)", translated=True)
-def udp_connected_follows(t: CheckRun) -> None:
+def udp_connected_follows(t: CheckRun[Env]) -> None:
     _udp_follows_new_endpoint(t, connected=True)
 
 
 @check("S9/udp-unconnected-socket-follows-endpoint", "should be able to preserve UDP traffic "
        "when server pod cycles for a ClusterIP service (unconnected socket)", translated=True)
-def udp_unconnected_follows(t: CheckRun) -> None:
+def udp_unconnected_follows(t: CheckRun[Env]) -> None:
     _udp_follows_new_endpoint(t, connected=False)
 
 
 # -- S10 -----------------------------------------------------------------
 @check("S10/internal-traffic-policy-local", "should respect internalTrafficPolicy=Local "
        "Pod to Pod", translated=True)
-def internal_traffic_local(t: CheckRun) -> None:
+def internal_traffic_local(t: CheckRun[Env]) -> None:
     srv0, srv1, srv2 = t.env.servers
     local = ServiceSpec("local", 8, (HTTP,), internal_traffic_local=True)
     t.apply(local.with_endpoints(srv0, EndpointRef(srv1, REMOTE_NODE),
@@ -394,7 +406,7 @@ def internal_traffic_local(t: CheckRun) -> None:
     t.each_family("no local endpoint, three remote", lambda f: _connect_fails(t, local, f))
 
 
-def _connect_fails(t: CheckRun, service: ServiceSpec, family: Family) -> None:
+def _connect_fails(t: CheckRun[Env], service: ServiceSpec, family: Family) -> None:
     target = str(service.cluster_ip(family))
     t.eventually(f"{host_literal(target)}:{HTTP.port} must fail",
                lambda: clients.probe(t.env.client, "connect", target, str(HTTP.port)),
@@ -403,7 +415,7 @@ def _connect_fails(t: CheckRun, service: ServiceSpec, family: Family) -> None:
 
 # -- S11 -----------------------------------------------------------------
 @check("S11/headless-and-externalname-ignored", "Headless / ExternalName ignored")
-def headless_and_externalname(t: CheckRun) -> None:
+def headless_and_externalname(t: CheckRun[Env]) -> None:
     web, srv = t.env.shared("web"), t.env.servers
     headless = ServiceSpec("headless", 9, (HTTP,), headless=True).with_endpoints(*srv)
     # An ExternalName service has no ClusterIP; this one has one anyway so
@@ -417,7 +429,7 @@ def headless_and_externalname(t: CheckRun) -> None:
 # -- S12 -----------------------------------------------------------------
 @check("S12/ipv4-mapped-address", "Granular Checks: Services Secondary IP Family "
        "(IPv4 ClusterIP through an AF_INET6 socket)", families=ipv4_only, translated=True)
-def ipv4_mapped(t: CheckRun) -> None:
+def ipv4_mapped(t: CheckRun[Env]) -> None:
     web, echo, srv = t.env.shared("web"), t.env.shared("echo"), t.env.servers
 
     def mapped(service: ServiceSpec) -> str:
@@ -430,7 +442,7 @@ def ipv4_mapped(t: CheckRun) -> None:
 
 @check("S12/single-stack-services", "Granular Checks: Services Secondary IP Family "
        "(single-stack services in a dual-stack cluster)", families=dual_only, translated=True)
-def single_stack_services(t: CheckRun) -> None:
+def single_stack_services(t: CheckRun[Env]) -> None:
     srv = t.env.servers
     single = {Family.IPV4: ServiceSpec("v4only", 13, (HTTP,), only_family=Family.IPV4),
               Family.IPV6: ServiceSpec("v6only", 14, (HTTP,), only_family=Family.IPV6)}
@@ -440,7 +452,7 @@ def single_stack_services(t: CheckRun) -> None:
 
 
 # -- S13 -----------------------------------------------------------------
-def _restart(t: CheckRun, signum: signal.Signals) -> None:
+def _restart(t: CheckRun[Env], signum: signal.Signals) -> None:
     web, echo, srv = t.env.shared("web"), t.env.shared("echo"), t.env.servers
     control = t.env.control
     loops = {f: StreamingProbe(t.env.client, "http-loop", str(web.cluster_ip(f)), str(HTTP.port),
@@ -489,7 +501,7 @@ def loop_served_since(loop: StreamingProbe, since: float, what: str,
                                         if line.get("t", 0) > since]))
 
 
-def stop_backend(t: CheckRun, backend: Proc, signum: signal.Signals) -> None:
+def stop_backend(t: CheckRun[CheckEnv], backend: Proc, signum: signal.Signals) -> None:
     """Send `signum`; the backend must exit within 30 s, on SIGTERM with code
     0: otherwise it is killed and every active family fails."""
     backend.signal(signum)
@@ -514,7 +526,7 @@ def _served(loop: StreamingProbe, since: float = 0.0) -> list[str]:
             if line.get("kind") == "new" and line["ok"] and line["t"] > since]
 
 
-def _judge_restart_loop(t: CheckRun, family: Family, lines: list[dict]) -> None:
+def _judge_restart_loop(t: CheckRun[CheckEnv], family: Family, lines: list[dict]) -> None:
     new = [line for line in lines if line.get("kind") == "new"]
     established = [line for line in lines if line.get("kind") == "established"]
     failed_new = [line for line in new if not line["ok"]]
@@ -536,19 +548,19 @@ def _judge_restart_loop(t: CheckRun, family: Family, lines: list[dict]) -> None:
 
 @check("S13/restart-sigterm", "should work after restarting kube-proxy (SIGTERM)",
        translated=True)
-def restart_sigterm(t: CheckRun) -> None:
+def restart_sigterm(t: CheckRun[Env]) -> None:
     _restart(t, signal.SIGTERM)
 
 
 @check("S13/restart-sigkill", "should work after restarting kube-proxy (crash: SIGKILL)",
        translated=True)
-def restart_sigkill(t: CheckRun) -> None:
+def restart_sigkill(t: CheckRun[Env]) -> None:
     _restart(t, signal.SIGKILL)
 
 
 # -- S14, S15 ------------------------------------------------------------
 @check("S14/services-sharing-endpoints", "multiple services, same endpoints")
-def services_sharing_endpoints(t: CheckRun) -> None:
+def services_sharing_endpoints(t: CheckRun[Env]) -> None:
     web, srv = t.env.shared("web"), t.env.servers
     web2 = ServiceSpec("web2", 11, (HTTP,)).with_endpoints(*srv)
     t.apply(web2)
@@ -559,7 +571,7 @@ def services_sharing_endpoints(t: CheckRun) -> None:
 
 
 @check("S15/hairpin", "a pod reaching its own service may land on itself", translated=True)
-def hairpin(t: CheckRun) -> None:
+def hairpin(t: CheckRun[Env]) -> None:
     web, srv = t.env.shared("web"), t.env.servers
     t.each_family(f"from {srv[0].name}", lambda f: t.expect_http(web, HTTP, f, srv,
                                                                  client=srv[0]))
@@ -573,10 +585,10 @@ COUNTED_QUERIES = 6
 COUNTED_REFUSALS = 4
 
 
-def service_counters(t: CheckRun) -> dict[tuple[str, str, str], float]:
+def service_counters(t: CheckRun[Env]) -> dict[tuple[str, str, str], float]:
     """The backend's per-service-port counters: (metric, service_port,
     protocol) -> value."""
-    cluster = t.env.cluster  # type: ignore[attr-defined]  # the service topology's Env
+    cluster = t.env.cluster
     scraped = run(in_namespace(cluster.node_netns, ["curl", "--silent", "--show-error",
                                                     "--max-time", "5", METRICS_URL]),
                   timeout=10).stdout
@@ -586,13 +598,13 @@ def service_counters(t: CheckRun) -> dict[tuple[str, str, str], float]:
             for sample in family.samples if sample.name.endswith("_total")}
 
 
-def _counted(t: CheckRun, family: Family, step: str, key: tuple[str, str, str], expected: int,
-             make: Callable[[], int]) -> None:
-    """`make()` makes some connections (returns how many it could); the
+def _counted(t: CheckRun[Env], family: Family, step: str, key: tuple[str, str, str], expected: int,
+             make: Callable[[Family], int]) -> None:
+    """`make(family)` makes some connections (returns how many it could); the
     counter at `key` must have grown by exactly `expected`."""
     def body() -> None:
         before = service_counters(t).get(key, 0)
-        made = make()
+        made = make(family)
         if made != expected:
             raise CheckFailed(f"the client made {made} of {expected}")
         grown = service_counters(t).get(key, 0) - before
@@ -604,7 +616,7 @@ def _counted(t: CheckRun, family: Family, step: str, key: tuple[str, str, str], 
 
 @check("C1/connection-counters", "(kpng-py) per-service-port connection counters on /metrics "
        "count what real clients did", translated=True)
-def connection_counters(t: CheckRun) -> None:
+def connection_counters(t: CheckRun[Env]) -> None:
     srv = t.env.servers
     counted = ServiceSpec("counted", 12, (HTTP, DNS_UDP)).with_endpoints(*srv)
     refusing = ServiceSpec("refusing", 15, (HTTP,))
@@ -613,19 +625,19 @@ def connection_counters(t: CheckRun) -> None:
     for family in t.active():
         _counted(t, family, f"{COUNTED_CONNECTIONS} curl connections",
                  (connections, "default/counted:http", "TCP"), COUNTED_CONNECTIONS,
-                 lambda f=family: len(clients.http(t.env.client, counted.cluster_ip(f), HTTP.port,
-                                                   COUNTED_CONNECTIONS).answers))
+                 lambda f: len(clients.http(t.env.client, counted.cluster_ip(f), HTTP.port,
+                                            COUNTED_CONNECTIONS).answers))
         _counted(t, family, f"{COUNTED_QUERIES} dig queries, a socket each",
                  (connections, "default/counted:dns", "UDP"), COUNTED_QUERIES,
-                 lambda f=family: sum(clients.dns(t.env.client, counted.cluster_ip(f), DNS_UDP.port,
-                                                  attempts=COUNTED_QUERIES).pods.values()))
+                 lambda f: sum(clients.dns(t.env.client, counted.cluster_ip(f), DNS_UDP.port,
+                                           attempts=COUNTED_QUERIES).pods.values()))
         # Refused in the pod's kernel by eBPF (counted); a userspace proxy
         # has no listener without endpoints, so the node's kernel refuses
         # them unseen (not counted).
         refusals = COUNTED_REFUSALS if t.env.kind.translates_in_pod else 0
         _counted(t, family, f"{COUNTED_REFUSALS} connects refused",
                  ("kpng_py_service_rejections_total", "default/refusing:http", "TCP"), refusals,
-                 lambda f=family: refusals if all(
+                 lambda f: refusals if all(
                      clients.probe(t.env.client, "connect", str(refusing.cluster_ip(f)),
                                    str(HTTP.port))["errno"] == "ECONNREFUSED"
                      for _ in range(COUNTED_REFUSALS)) else -1)
@@ -633,7 +645,7 @@ def connection_counters(t: CheckRun) -> None:
     t.each_family("deleted: no longer exported", lambda f: _not_exported(t, "default/counted:http"))
 
 
-def _not_exported(t: CheckRun, service_port: str) -> None:
+def _not_exported(t: CheckRun[Env], service_port: str) -> None:
     left = [key for key in service_counters(t) if key[1] == service_port]
     if left:
         raise CheckFailed(f"still exported after the service was deleted: {left}")
@@ -656,11 +668,13 @@ def _traced_lines(trace: Proc) -> list[dict]:
 
 @check("C2/trace-shows-translations", "(kpng-py) `kpng-py ebpf trace` shows one line per "
        "translation of real clients", translated=True, not_applicable=no_trace)
-def trace_shows_translations(t: CheckRun) -> None:
-    cluster, srv, client = t.env.cluster, t.env.servers, t.env.client  # type: ignore[attr-defined]
+def trace_shows_translations(t: CheckRun[Env]) -> None:
+    cluster, srv, client = t.env.cluster, t.env.servers, t.env.client
     traced = ServiceSpec("traced", 16, (HTTP, DNS_UDP)).with_endpoints(*srv)
     t.apply(traced)
-    command = t.env.kind.lab.trace(cluster.names.places)  # type: ignore[misc]  # not n/a
+    trace_command = t.env.kind.lab.trace
+    assert trace_command is not None  # without one, no_trace makes the check n/a
+    command = trace_command(cluster.names.places)
     trace = cluster.spawn_on_node("trace", [*command, "--service", "default/traced"])
     try:
         wait_until("the trace attached", lambda: "tracing" in trace.log.read_text(), 30.0)
@@ -674,8 +688,8 @@ def trace_shows_translations(t: CheckRun) -> None:
     lines = _traced_lines(trace)
     addresses = {str(ip) for pod in srv for ip in pod.ips}
     for family in t.active():
-        t.step(family, "trace lines", lambda f=family: _expect_traced(
-            lines, traced, f, client, addresses, made[f]))
+        t.step(family, "trace lines", functools.partial(
+            _expect_traced, lines, traced, family, client, addresses, made[family]))
 
 
 def _expect_traced(lines: list[dict], traced: ServiceSpec, family: Family, client: Pod,
@@ -718,12 +732,12 @@ def survives_no_restart(kind: BackendKind) -> str | None:
 @check("M1/migration-upgrade-rollback",
        "(kpng-py) docs/deploy.md: from kube-proxy to kpng-py, an upgrade, its rollback and "
        "back to kube-proxy, with no failed connection", not_applicable=survives_no_restart)
-def migration_upgrade_rollback(t: CheckRun) -> None:
+def migration_upgrade_rollback(t: CheckRun[Env]) -> None:
     """kube-proxy (its iptables mode's rules for this node, loaded as it
     loads them) and kpng-py each serve while the other comes and goes, under
     a client loop of new connections and one long-lived connection."""
     web, echo, control = t.env.shared("web"), t.env.shared("echo"), t.env.control
-    cluster = t.env.cluster  # type: ignore[attr-defined]
+    cluster = t.env.cluster
     kube_proxy = KubeProxyRules(cluster.node_netns, {
         KUBE_FAMILY[f]: str(ADDRESSING[f].cluster_pod_cidr) for f in t.families})
     loops = {f: StreamingProbe(t.env.client, "http-loop", str(web.cluster_ip(f)), str(HTTP.port),
@@ -755,10 +769,10 @@ def migration_upgrade_rollback(t: CheckRun) -> None:
         kube_proxy.cleanup()
         served("migrated: kpng-py alone", by_kube_proxy=False)
         # An upgrade to a new build, and its rollback.
-        stop_backend(t, control.backend, signal.SIGTERM)  # type: ignore[arg-type]
+        stop_backend(t, control.backend_of(control.seats[0]), signal.SIGTERM)
         control.start_backend(flags=UPGRADE_FLAGS)
         served("upgraded", by_kube_proxy=False)
-        stop_backend(t, control.backend, signal.SIGTERM)  # type: ignore[arg-type]
+        stop_backend(t, control.backend_of(control.seats[0]), signal.SIGTERM)
         control.start_backend()
         served("rolled back", by_kube_proxy=False)
         # Back to kube-proxy: its rules go in first, then kpng-py is removed.

@@ -113,7 +113,8 @@ class _Running:
 def _run_side_by_side(runs: list[tuple[str, list[str]]], jobs: int,
                       workdir: Path) -> list[RunOutcome]:
     """Run at most `jobs` at a time, in order; each one's output when it ends."""
-    waiting, running, outcomes = list(runs), [], []
+    waiting, outcomes = list(runs), []
+    running: list[_Running] = []
     try:
         while waiting or running:
             while waiting and len(running) < jobs:

@@ -9,9 +9,10 @@ check: its first failure is the one reported.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol, Sequence, TypeVar
+from typing import Callable, Generic, Iterable, Protocol, Sequence, TypeVar
 
 from e2e.proxy import BackendKind, ControlPlane, SyncError
 from e2e.statefile import ClusterState, PortSpec, ServiceSpec
@@ -67,10 +68,15 @@ class CheckEnv(Protocol):
     def kind(self) -> BackendKind: ...
 
 
-class CheckRun:
+# A topology's environment, as its checks see it (covariant: a helper that
+# needs only CheckEnv takes any topology's run).
+EnvT_co = TypeVar("EnvT_co", bound=CheckEnv, covariant=True)
+
+
+class CheckRun(Generic[EnvT_co]):
     """One check's run: its families, their verdicts so far, its actions."""
 
-    def __init__(self, env: Env | CheckEnv, families: Sequence[Family]) -> None:
+    def __init__(self, env: EnvT_co, families: Sequence[Family]) -> None:
         self.env = env
         self.families = tuple(families)
         self.failures: dict[Family, str] = {}
@@ -93,7 +99,7 @@ class CheckRun:
 
     def each_family(self, step: str, expectation: Callable[[Family], object]) -> None:
         for family in self.active():
-            self.step(family, step, lambda f=family: expectation(f))
+            self.step(family, step, functools.partial(expectation, family))
 
     # -- state ------------------------------------------------------------
     @property

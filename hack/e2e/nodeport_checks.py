@@ -15,6 +15,7 @@ check's `not_applicable`), never a silent pass.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import signal
 import time
@@ -22,7 +23,7 @@ from typing import Callable, Sequence
 
 from e2e.checks import (
     DNS_UDP, ECHO_TCP, HTTP, Applicability, Check, _judge_restart_loop, all_families, always,
-    check, follow_udp_socket, loop_served_since, loop_under_way, stop_backend,
+    follow_udp_socket, loop_served_since, loop_under_way, register_in, stop_backend,
 )
 from e2e.expect import CheckFailed, CheckRun, refused_at_once
 from e2e.proxy import BackendKind
@@ -34,7 +35,11 @@ from lab.cluster import Family, IPAddress, Pod
 from lab.multinode import MultiNodeCluster, Node, vip
 from lab.procs import in_namespace, run
 
-NODEPORT_CHECKS: list[Check] = []
+NODEPORT_CHECKS: list[Check[NodePortEnv]] = []
+
+# An expectation that binds its loop's variables as a lambda's defaults is
+# marked `# type: ignore[misc]  # mypy#15459`: mypy cannot infer such a
+# lambda against the Callable it is passed as (an open mypy bug; pyright can).
 
 # N3, the one place to flip: whether a process on the node reaches a NodePort
 # at the loopback address (127.0.0.1, ::1). A socket-level translation serves
@@ -70,10 +75,11 @@ def keeps_connections_across_restart(kind: BackendKind) -> str | None:
 
 def nodeport_check(name: str, upstream: str, translated: bool = False,
                    not_applicable: Applicability = always
-                   ) -> Callable[[Callable[[CheckRun], None]], Callable[[CheckRun], None]]:
+                   ) -> Callable[[Callable[[CheckRun[NodePortEnv]], None]],
+                                 Callable[[CheckRun[NodePortEnv]], None]]:
     """Register a check of this topology (every family of the cluster)."""
-    return check(name, upstream, all_families, translated, not_applicable,
-                 into=NODEPORT_CHECKS)
+    return register_in(NODEPORT_CHECKS, name, upstream, all_families, translated,
+                       not_applicable)
 
 
 # -- services -------------------------------------------------------------
@@ -125,16 +131,11 @@ def base_state(cluster: MultiNodeCluster) -> ClusterState:
 
 
 # -- expectations ---------------------------------------------------------
-def _env(t: CheckRun) -> NodePortEnv:
-    assert isinstance(t.env, NodePortEnv)
-    return t.env
-
-
 def _where(ip: IPAddress | str, port: int, udp: bool) -> str:
     return f"{host_literal(ip)}:{port}/{'UDP' if udp else 'TCP'}"
 
 
-def expect_answers(t: CheckRun, client: Pod, ip: IPAddress | str, port: int,
+def expect_answers(t: CheckRun[NodePortEnv], client: Pod, ip: IPAddress | str, port: int,
                    pods: Sequence[Pod], udp: bool = False, connected: bool = False,
                    source: IPAddress | None = None,
                    seen_as: set[IPAddress] | None = None,
@@ -168,7 +169,7 @@ def expect_answers(t: CheckRun, client: Pod, ip: IPAddress | str, port: int,
                             until_failure=True), problem)
 
 
-def expect_refused(t: CheckRun, client: Pod, ip: IPAddress | str, port: int,
+def expect_refused(t: CheckRun[NodePortEnv], client: Pod, ip: IPAddress | str, port: int,
                    udp: bool = False) -> dict:
     """connect() (TCP) or the first exchange (connected UDP: the ICMP port
     unreachable) fails at once with ECONNREFUSED."""
@@ -178,7 +179,7 @@ def expect_refused(t: CheckRun, client: Pod, ip: IPAddress | str, port: int,
                                               *(["--udp"] if udp else [])), refused_at_once)
 
 
-def expect_dropped(t: CheckRun, client: Pod, ip: IPAddress | str, port: int,
+def expect_dropped(t: CheckRun[NodePortEnv], client: Pod, ip: IPAddress | str, port: int,
                    udp: bool = False, source: IPAddress | None = None) -> PeerSample:
     """No answer and no error: the packets are dropped (a timeout)."""
     def problem(sample: PeerSample) -> str | None:
@@ -192,14 +193,15 @@ def expect_dropped(t: CheckRun, client: Pod, ip: IPAddress | str, port: int,
                                           timeout=DROP_TIMEOUT), problem)
 
 
-def expect_unanswered(t: CheckRun, client: Pod, ip: IPAddress | str, port: int) -> PeerSample:
+def expect_unanswered(t: CheckRun[NodePortEnv], client: Pod, ip: IPAddress | str,
+                      port: int) -> PeerSample:
     """Nothing answers (refused, unreachable or a timeout: any failure)."""
     return t.eventually(f"{_where(ip, port, False)} from {client.name} not served",
                         lambda: clients.ask(client, ip, port, 2, timeout=DROP_TIMEOUT),
                         lambda s: s.describe() if s.answers else None)
 
 
-def _one_pod(t: CheckRun, client: Pod, ip: IPAddress | str, port: int,
+def _one_pod(t: CheckRun[NodePortEnv], client: Pod, ip: IPAddress | str, port: int,
              among: Sequence[Pod]) -> str:
     """The one pod a burst of new connections (one after the other) reaches."""
     names = {p.name for p in among}
@@ -231,15 +233,15 @@ def _node_addresses(node: Node, family: Family) -> set[IPAddress]:
 # -- N0 -------------------------------------------------------------------
 @nodeport_check("N0/clusterip-from-each-node", "(sanity of the topology) a ClusterIP from a "
                 "pod of each node reaches the pods of both nodes", translated=True)
-def clusterip_from_each_node(t: CheckRun) -> None:
-    env, np = _env(t), _env(t).shared("np")
+def clusterip_from_each_node(t: CheckRun[NodePortEnv]) -> None:
+    env, np = t.env, t.env.shared("np")
     for node in env.nodes:
         client = env.pod_client(node)
         for udp in (False, True):
             t.each_family(f"{'UDP' if udp else 'TCP'} from {client.name}",
-                          lambda f, c=client, u=udp: expect_answers(
-                              t, c, np.cluster_ip(f), WHOAMI_PORT, env.servers(), udp=u,
-                              connected=u))
+                          lambda f, c=client, u=udp:  # type: ignore[misc]  # mypy#15459
+                          expect_answers(t, c, np.cluster_ip(f), WHOAMI_PORT, env.servers(),
+                                         udp=u, connected=u))
 
 
 # -- N1, N2, N3 -----------------------------------------------------------
@@ -248,25 +250,29 @@ _MODES = ((False, False, "TCP"), (True, True, "connected UDP"), (True, False, "u
 
 @nodeport_check("N1/nodeport-from-outside", "should be able to create a functioning NodePort "
                 "service [Conformance]")
-def nodeport_from_outside(t: CheckRun) -> None:
-    env = _env(t)
+def nodeport_from_outside(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     for node in env.nodes:
         for udp, connected, mode in _MODES:
-            t.each_family(f"{mode} to {node.name}'s address", lambda f, n=node, u=udp,
-                          c=connected: expect_answers(t, env.client, n.ip(f), NP_PORT,
-                                                      env.servers(), u, c))
+            t.each_family(f"{mode} to {node.name}'s address", functools.partial(
+                _node_port_answers, t, env.client, node, udp, connected))
 
 
 @nodeport_check("N2/nodeport-from-own-node", "should be able to create a functioning NodePort "
                 "service (from a pod and from the node to its own address)", translated=True)
-def nodeport_from_own_node(t: CheckRun) -> None:
-    env = _env(t)
+def nodeport_from_own_node(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     for node in env.nodes:
         for client in (env.pod_client(node), node.host):
             for udp, connected, mode in _MODES:
-                t.each_family(f"{mode} from {client.name}", lambda f, n=node, c=client, u=udp,
-                              cu=connected: expect_answers(t, c, n.ip(f), NP_PORT,
-                                                           env.servers(), u, cu))
+                t.each_family(f"{mode} from {client.name}", functools.partial(
+                    _node_port_answers, t, client, node, udp, connected))
+
+
+def _node_port_answers(t: CheckRun[NodePortEnv], client: Pod, node: Node, udp: bool,
+                       connected: bool, family: Family) -> PeerSample:
+    """NP_PORT at `node`'s address of `family` answers `client` from every server."""
+    return expect_answers(t, client, node.ip(family), NP_PORT, t.env.servers(), udp, connected)
 
 
 def _loopback(family: Family) -> str:
@@ -276,8 +282,8 @@ def _loopback(family: Family) -> str:
 @nodeport_check("N3/localhost-nodeport", "localhost_nodeports.go: NodePort at the node's "
                 "loopback address (" + ("served" if LOCALHOST_NODEPORTS_SERVED else "refused")
                 + ", nodeport_checks.LOCALHOST_NODEPORTS_SERVED)")
-def localhost_nodeport(t: CheckRun) -> None:
-    env = _env(t)
+def localhost_nodeport(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     host = env.nodes[0].host
     if LOCALHOST_NODEPORTS_SERVED:
         t.each_family("TCP", lambda f: expect_answers(t, host, _loopback(f), NP_PORT,
@@ -291,8 +297,8 @@ def localhost_nodeport(t: CheckRun) -> None:
 # -- N4, N5, N6 -----------------------------------------------------------
 @nodeport_check("N4/same-nodeport-tcp-and-udp", "should be able to update service type to "
                 "NodePort listening on same port number but different protocols")
-def same_nodeport_tcp_and_udp(t: CheckRun) -> None:
-    env = _env(t)
+def same_nodeport_tcp_and_udp(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     tcp, udp = who(30400)
     n1, n2 = env.cluster.pods["n1-srv0"], env.cluster.pods["n2-srv0"]
     tcp_only = ServiceSpec("same-tcp", 3, (tcp,), type="NodePort").with_endpoints(
@@ -311,8 +317,8 @@ def same_nodeport_tcp_and_udp(t: CheckRun) -> None:
 
 
 @nodeport_check("N5/release-nodeport-on-delete", "should release NodePorts on delete")
-def release_nodeport(t: CheckRun) -> None:
-    env = _env(t)
+def release_nodeport(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     updown = ServiceSpec("updown", 5, who(30500), type="NodePort").with_endpoints(
         *refs(env.cluster, env.servers()))
     node = env.nodes[0]
@@ -336,35 +342,39 @@ def release_nodeport(t: CheckRun) -> None:
 
 @nodeport_check("N6/no-endpoints-rejected", "should be rejected when no endpoints exist "
                 "(NodePort, ExternalIP, LoadBalancer IP)")
-def no_endpoints_rejected(t: CheckRun) -> None:
-    env = _env(t)
+def no_endpoints_rejected(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     empty = ServiceSpec("empty", 6, who(30600), type="LoadBalancer", external_ips=vips(6),
                         lb_ips=vips(7))
     t.apply(empty)
     node = env.nodes[0]
     for udp in (False, True):
         proto = "UDP" if udp else "TCP"
-        t.each_family(f"NodePort {proto}", lambda f, u=udp: expect_refused(
-            t, env.client, node.ip(f), 30600, u))
-        t.each_family(f"ExternalIP {proto}", lambda f, u=udp: expect_refused(
-            t, env.client, vip(f, 6), WHOAMI_PORT, u))
-        t.each_family(f"LB IP {proto}", lambda f, u=udp: expect_refused(
-            t, env.client, vip(f, 7), WHOAMI_PORT, u))
+        t.each_family(f"NodePort {proto}",
+                      lambda f, u=udp: expect_refused(  # type: ignore[misc]  # mypy#15459
+                          t, env.client, node.ip(f), 30600, u))
+        t.each_family(f"ExternalIP {proto}",
+                      lambda f, u=udp: expect_refused(  # type: ignore[misc]  # mypy#15459
+                          t, env.client, vip(f, 6), WHOAMI_PORT, u))
+        t.each_family(f"LB IP {proto}",
+                      lambda f, u=udp: expect_refused(  # type: ignore[misc]  # mypy#15459
+                          t, env.client, vip(f, 7), WHOAMI_PORT, u))
 
 
 # -- N7 .. N11: externalTrafficPolicy Local, and Cluster (N10) ------------
 @nodeport_check("N7/external-local-keeps-source", "should work for type=LoadBalancer with "
                 "externalTrafficPolicy Local (only local endpoints; the client's source IP "
                 "kept)", not_applicable=keeps_client_address)
-def external_local_keeps_source(t: CheckRun) -> None:
-    env = _env(t)
+def external_local_keeps_source(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     source = env.cluster.external_source
     for node in env.nodes:
         local = [p for p in _local_endpoints(env.cluster) if env.cluster.node_of[p.name] == node]
         for udp in (False, True):
             t.each_family(f"{'UDP' if udp else 'TCP'} to {node.name}'s NodePort",
-                          lambda f, n=node, pods=local, u=udp: expect_answers(
-                              t, env.client, n.ip(f), LOCAL_PORT, pods, u, seen_as={source(f)}))
+                          lambda f, n=node, pods=local, u=udp:  # type: ignore[misc]  # mypy#15459
+                          expect_answers(t, env.client, n.ip(f), LOCAL_PORT, pods, u,
+                                         seen_as={source(f)}))
     node1_local = [p for p in _local_endpoints(env.cluster) if p.name.startswith("n1-")]
     t.each_family("TCP to the LB IP (routed to node1)", lambda f: expect_answers(
         t, env.client, vip(f, LOCAL_LB), WHOAMI_PORT, node1_local, seen_as={source(f)}))
@@ -372,15 +382,16 @@ def external_local_keeps_source(t: CheckRun) -> None:
 
 @nodeport_check("N8/external-local-no-local-endpoint-drops", "should only target nodes with "
                 "endpoints (externalTrafficPolicy Local: no local endpoint, dropped)")
-def external_local_drops(t: CheckRun) -> None:
-    env = _env(t)
+def external_local_drops(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     local = env.shared("local")
     node1_only = _servers(env.cluster, "n1-srv0", "n1-srv1")
     t.apply(local.with_endpoints(*refs(env.cluster, node1_only)))
     node1, node2 = env.nodes
     for udp in (False, True):
         t.each_family(f"{'UDP' if udp else 'TCP'} to node2 (no local endpoint)",
-                      lambda f, u=udp: expect_dropped(t, env.client, node2.ip(f), LOCAL_PORT, u))
+                      lambda f, u=udp: expect_dropped(  # type: ignore[misc]  # mypy#15459
+                          t, env.client, node2.ip(f), LOCAL_PORT, u))
     t.each_family("TCP to node1 (both endpoints local)", lambda f: expect_answers(
         t, env.client, node1.ip(f), LOCAL_PORT, node1_only))
 
@@ -388,13 +399,14 @@ def external_local_drops(t: CheckRun) -> None:
 @nodeport_check("N9/external-local-from-the-node", "externalTrafficPolicy Local from a pod or "
                 "the host of a node: cluster endpoints are used (userspace: with "
                 "--cluster-cidr)", translated=True)
-def external_local_from_the_node(t: CheckRun) -> None:
-    env = _env(t)
+def external_local_from_the_node(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     node2 = env.nodes[1]
     every = _local_endpoints(env.cluster)
     for client in (env.pod_client(node2), node2.host):
-        t.each_family(f"{client.name} to its node's NodePort", lambda f, c=client: expect_answers(
-            t, c, node2.ip(f), LOCAL_PORT, every))
+        t.each_family(f"{client.name} to its node's NodePort",
+                      lambda f, c=client: expect_answers(  # type: ignore[misc]  # mypy#15459
+                          t, c, node2.ip(f), LOCAL_PORT, every))
     t.each_family(f"{env.pod_client(node2).name} to the LB IP", lambda f: expect_answers(
         t, env.pod_client(node2), vip(f, LOCAL_LB), WHOAMI_PORT, every))
 
@@ -402,8 +414,8 @@ def external_local_from_the_node(t: CheckRun) -> None:
 # -- N10 ------------------------------------------------------------------
 @nodeport_check("N10/external-cluster-masquerades", "externalTrafficPolicy Cluster from "
                 "outside: masqueraded to the node (remote and local endpoint, as kube-proxy)")
-def external_cluster_masquerades(t: CheckRun) -> None:
-    env = _env(t)
+def external_cluster_masquerades(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     node1 = env.nodes[0]
     remote = ServiceSpec("remote", 7, who(30700), type="NodePort")
     for pod in _servers(env.cluster, "n2-srv0", "n1-srv0"):
@@ -411,12 +423,13 @@ def external_cluster_masquerades(t: CheckRun) -> None:
         where = "remote" if pod.name.startswith("n2") else "local"
         for udp in (False, True):
             t.each_family(f"{where} endpoint {pod.name}, {'UDP' if udp else 'TCP'}",
-                          lambda f, p=pod, u=udp: expect_answers(
-                              t, env.client, node1.ip(f), 30700, [p], u,
-                              seen_as=_node_addresses(node1, f)))
+                          lambda f, p=pod, u=udp:  # type: ignore[misc]  # mypy#15459
+                          expect_answers(t, env.client, node1.ip(f), 30700, [p], u,
+                                         seen_as=_node_addresses(node1, f)))
 
 
-def _health(t: CheckRun, node: Node, family: Family, code: int, local_endpoints: int) -> None:
+def _health(t: CheckRun[NodePortEnv], node: Node, family: Family, code: int,
+            local_endpoints: int) -> None:
     want_body = {"service": {"namespace": "default", "name": "local"},
                  "localEndpoints": local_endpoints, "serviceProxyHealthy": True}
     want_headers = {"content-type": "application/json", "x-content-type-options": "nosniff"}
@@ -437,14 +450,14 @@ def _health(t: CheckRun, node: Node, family: Family, code: int, local_endpoints:
 
     t.eventually(f"GET http://{host_literal(node.ip(family))}:{HEALTH_PORT}/any/path on "
                  f"{node.name}", lambda: clients.probe(
-                     _env(t).client, "http-get", str(node.ip(family)), str(HEALTH_PORT),
+                     t.env.client, "http-get", str(node.ip(family)), str(HEALTH_PORT),
                      "--path", "/any/path"), problem)
 
 
 @nodeport_check("N11/health-check-node-port", "should fail health check node port if there "
                 "are only terminating endpoints (healthCheckNodePort: codes, body, headers)")
-def health_check_node_port(t: CheckRun) -> None:
-    env = _env(t)
+def health_check_node_port(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     node1, node2 = env.nodes
     local = env.shared("local")
     t.each_family("node1 (2 local endpoints)", lambda f: _health(t, node1, f, 200, 2))
@@ -464,8 +477,8 @@ def _host_range(ip: IPAddress) -> str:
 
 @nodeport_check("N13/load-balancer-source-ranges", "should only allow access from service "
                 "loadbalancer source ranges (loadbalancer.go)")
-def load_balancer_source_ranges(t: CheckRun) -> None:
-    env, cluster = _env(t), _env(t).cluster
+def load_balancer_source_ranges(t: CheckRun[NodePortEnv]) -> None:
+    env, cluster = t.env, t.env.cluster
     node1 = env.nodes[0]
     allowed = [_host_range(cluster.external_source(f)) for f in env.families]
     allowed += [_host_range(node1.ip(f)) for f in env.families]
@@ -492,15 +505,16 @@ def load_balancer_source_ranges(t: CheckRun) -> None:
 
 @nodeport_check("N14/external-ip-not-on-a-node", "should be possible to connect to a service "
                 "via ExternalIP when the external IP is not assigned to a node", translated=True)
-def external_ip(t: CheckRun) -> None:
-    env = _env(t)
+def external_ip(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     extip = ServiceSpec("extip", 9, who(0), external_ips=vips(10)).with_endpoints(
         *refs(env.cluster, env.servers()))
     t.apply(extip)
     node1 = env.nodes[0]
     for client in (env.pod_client(node1), node1.host, env.client):
-        t.each_family(f"from {client.name}", lambda f, c=client: expect_answers(
-            t, c, vip(f, 10), WHOAMI_PORT, env.servers()))
+        t.each_family(f"from {client.name}",
+                      lambda f, c=client: expect_answers(  # type: ignore[misc]  # mypy#15459
+                          t, c, vip(f, 10), WHOAMI_PORT, env.servers()))
 
 
 # -- N15, N16, N17 --------------------------------------------------------
@@ -509,18 +523,18 @@ def _sticky(env: NodePortEnv) -> ServiceSpec:
                        affinity_timeout=10800).with_endpoints(*refs(env.cluster, env.servers()))
 
 
-def _shared_by(t: CheckRun, client: Pod, first: tuple[IPAddress, int],
+def _shared_by(t: CheckRun[NodePortEnv], client: Pod, first: tuple[IPAddress, int],
                then: tuple[IPAddress, int]) -> None:
     """A burst to `first` sticks to one pod; a burst to `then` sticks to it too."""
-    env = _env(t)
+    env = t.env
     pod = _one_pod(t, client, *first, env.servers())
     expect_answers(t, client, *then, [env.cluster.pods[pod]], attempts=AFFINITY_BURST)
 
 
 @nodeport_check("N15/session-affinity", "should have session affinity work for NodePort "
                 "service; should be able to switch session affinity for NodePort service")
-def session_affinity(t: CheckRun) -> None:
-    env = _env(t)
+def session_affinity(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     node1, servers = env.nodes[0], env.servers()
     sticky = _sticky(env)
     t.apply(sticky)
@@ -542,8 +556,8 @@ def session_affinity(t: CheckRun) -> None:
 @nodeport_check("N15/affinity-shared-across-frontends", "session affinity shared by the "
                 "NodePort and the LB IP of one service port (kube-proxy: one affinity per "
                 "service port)")
-def affinity_shared_across_frontends(t: CheckRun) -> None:
-    env = _env(t)
+def affinity_shared_across_frontends(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     node1 = env.nodes[0]
     t.apply(_sticky(env))
     t.each_family("outside: NodePort, then the LB IP", lambda f: _shared_by(
@@ -552,8 +566,8 @@ def affinity_shared_across_frontends(t: CheckRun) -> None:
 
 @nodeport_check("N15/affinity-shared-on-the-node", "session affinity shared by the ClusterIP "
                 "and the NodePort of one service port, for a pod of the node")
-def affinity_shared_on_the_node(t: CheckRun) -> None:
-    env = _env(t)
+def affinity_shared_on_the_node(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     node1 = env.nodes[0]
     sticky = _sticky(env)
     t.apply(sticky)
@@ -564,8 +578,8 @@ def affinity_shared_on_the_node(t: CheckRun) -> None:
 
 @nodeport_check("N16/hairpin", "a pod reaching itself through a NodePort or an LB IP",
                 translated=True)
-def hairpin(t: CheckRun) -> None:
-    env = _env(t)
+def hairpin(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     pod = env.cluster.pods["n1-srv0"]
     node1 = env.nodes[0]
     t.apply(ServiceSpec("hairpin", 11, who(31100), type="LoadBalancer",
@@ -577,8 +591,8 @@ def hairpin(t: CheckRun) -> None:
 
 @nodeport_check("N17/udp-stale-conntrack", "should be able to preserve UDP traffic when server "
                 "pod cycles for a NodePort service")
-def udp_stale_conntrack(t: CheckRun) -> None:
-    env = _env(t)
+def udp_stale_conntrack(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     old, new = env.cluster.pods["n1-srv0"], env.cluster.pods["n1-srv1"]
     node1 = env.nodes[0]
     cycle = ServiceSpec("udp-cycle", 12, (dataclasses.replace(DNS_UDP, node_port=31053),),
@@ -594,8 +608,8 @@ def udp_stale_conntrack(t: CheckRun) -> None:
 @nodeport_check("N18/restart-keeps-nodeport-connections", "should work after restarting "
                 "kube-proxy (NodePort: an established connection and new ones throughout)",
                 not_applicable=keeps_connections_across_restart)
-def restart(t: CheckRun) -> None:
-    env = _env(t)
+def restart(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     node1 = env.nodes[0]
     seat = env.seat(node1)
     loops = {f: StreamingProbe(env.client, "http-loop", str(node1.ip(f)),
@@ -619,8 +633,8 @@ def restart(t: CheckRun) -> None:
 # -- N19 ------------------------------------------------------------------
 @nodeport_check("N19/not-programmed", "should implement service.kubernetes.io/"
                 "service-proxy-name; Headless / ExternalName ignored (with node ports)")
-def not_programmed(t: CheckRun) -> None:
-    env = _env(t)
+def not_programmed(t: CheckRun[NodePortEnv]) -> None:
+    env = t.env
     servers = refs(env.cluster, env.servers())
     headless = ServiceSpec("headless", 13, who(31900), type="NodePort",
                            headless=True).with_endpoints(*servers)
@@ -631,8 +645,9 @@ def not_programmed(t: CheckRun) -> None:
     t.apply(headless, extname, other)
     node1 = env.nodes[0]
     for name, port in (("headless", 31900), ("ExternalName", 31901), ("other proxy's", 31902)):
-        t.each_family(f"{name} NodePort", lambda f, p=port: expect_unanswered(
-            t, env.client, node1.ip(f), p))
+        t.each_family(f"{name} NodePort",
+                      lambda f, p=port: expect_unanswered(  # type: ignore[misc]  # mypy#15459
+                          t, env.client, node1.ip(f), p))
     t.each_family("ExternalName's ExternalIP", lambda f: expect_unanswered(
         t, env.client, vip(f, 13), WHOAMI_PORT))
     t.each_family("other services", lambda f: expect_answers(t, env.client, node1.ip(f),

@@ -111,8 +111,13 @@ class ControlPlane:
         self.state = state
         self.state_path = cluster.workdir / "state.yaml"
         self.socket = cluster.workdir / "brain.sock"
-        self.seats = tuple(seats) or (Seat(LOCAL_NODE, cluster.names.places,
-                                           cluster.spawn_on_node),)
+        if seats:
+            self.seats = tuple(seats)
+        elif isinstance(cluster, Cluster):  # one node: the backend runs on it
+            self.seats = (Seat(LOCAL_NODE, cluster.names.places, cluster.spawn_on_node),)
+        else:
+            raise ValueError("a MultiNodeCluster's control plane needs its seats "
+                             "(e2e.topology.seats)")
         self.brain: Proc | None = None
         self._running: dict[str, _Running] = {}  # by seat label
         self.synced_at = 0.0  # time.monotonic() when the last awaited sync was seen

@@ -24,7 +24,7 @@ class Result:
     def line(self) -> str:
         if self.not_applicable is not None:
             return f"N/A  {self.name}: {self.not_applicable}"
-        if self.passed:
+        if self.failure is None:  # passed
             return f"PASS {self.name}"
         # One line per check: the details' line breaks become " | ".
         return f"FAIL {self.name}: {' | '.join(self.failure.splitlines())}"

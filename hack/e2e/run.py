@@ -14,10 +14,10 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Generic
 
 from e2e import nodeport_checks, topology
-from e2e.checks import CHECKS, Check, base_state
+from e2e.checks import CHECKS, Check, EnvT, base_state
 from e2e.expect import CheckFailed, CheckRun, Env
 from e2e.proxy import BACKENDS, BackendKind, ControlPlane, SyncError
 from e2e.topology import NodePortEnv
@@ -62,14 +62,14 @@ class Built:
 
 
 @dataclass(frozen=True)
-class Topology:
-    checks: list[Check]
+class Topology(Generic[EnvT]):
+    checks: list[Check[EnvT]]
     # Builds the cluster and starts the proxy (filling in `built` as it
     # goes); the checks' environment.
-    set_up: Callable[[Built, RunNames, tuple[Family, ...], BackendKind], "Env | NodePortEnv"]
+    set_up: Callable[[Built, RunNames, tuple[Family, ...], BackendKind], EnvT]
     # Where its backends keep their dataplanes (inspect, clean-up).
     places: Callable[[RunNames], list[LabPlaces]]
-    poke_help: Callable[["Env | NodePortEnv"], str]
+    poke_help: Callable[[EnvT], str]
 
 
 class SetupError(Exception):
@@ -106,11 +106,13 @@ def _set_up_nodeport_topology(built: Built, names: RunNames, families: tuple[Fam
     return NodePortEnv(cluster, control, kind, state)
 
 
-TOPOLOGIES = {
+# Each entry is checked as a Topology of its own environment; the table
+# holds them all, so a run takes the one chosen as a Topology of any.
+TOPOLOGIES: dict[str, Topology[Any]] = {
     "service": Topology(CHECKS, _set_up_service_topology, lambda names: [names.places],
-                        lambda env: _poke_help(env)),
+                        lambda env: _poke_help(env)),  # defined below
     "nodeport": Topology(nodeport_checks.NODEPORT_CHECKS, _set_up_nodeport_topology,
-                         topology.nodeport_places, lambda env: nodeport_checks.poke_help(env)),
+                         topology.nodeport_places, nodeport_checks.poke_help),
 }
 
 
@@ -170,7 +172,7 @@ def _start_control_plane(control: ControlPlane) -> None:
              time.monotonic() - began)
 
 
-def run_checks(env: Env | NodePortEnv, checks: list[Check], report: Report) -> None:
+def run_checks(env: Env | NodePortEnv, checks: list[Check[Any]], report: Report) -> None:
     for check in checks:
         families = check.families(env.families)
         if not families:
@@ -184,7 +186,7 @@ def run_checks(env: Env | NodePortEnv, checks: list[Check], report: Report) -> N
         _restore_shared_services(env)
 
 
-def _run_check(env: Env | NodePortEnv, check: Check, families: tuple[Family, ...],
+def _run_check(env: Env | NodePortEnv, check: Check[Any], families: tuple[Family, ...],
                report: Report) -> None:
     watch_escapes = check.translated and env.kind.translates_in_pod
     escaped = {f: env.cluster.escaped_packets(f) for f in families} if watch_escapes else {}

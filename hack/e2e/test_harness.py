@@ -169,7 +169,9 @@ def test_multinode_addressing_names_and_places():
     assert str(node1.ip(Family.IPV4)) == "172.18.0.11" and str(node2.ip(Family.IPV6)) == (
         "fd00:172:18::c")
     for family in Family:
-        assert node1.plan(family).node_pod_cidr.subnet_of(ADDRESSING[family].cluster_pod_cidr)
+        # Both of `family` (typed as either family: subnet_of wants its own).
+        assert node1.plan(family).node_pod_cidr.subnet_of(
+            ADDRESSING[family].cluster_pod_cidr)  # type: ignore[arg-type]
         assert not node1.plan(family).node_pod_cidr.overlaps(node2.plan(family).node_pod_cidr)
         assert vip(family, 13) not in ADDRESSING[family].service_cidr
     assert max(len(n) for n in (node1.bridge, node1.service_interface)) <= 15

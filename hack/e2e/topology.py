@@ -11,6 +11,7 @@ Every server pod runs the servers of lab/servers.py and lab/peer_server.py
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -82,7 +83,7 @@ class NodePortEnv:
 
 
 def seats(cluster: MultiNodeCluster) -> list[Seat]:
-    return [Seat(node.name, node.places, lambda name, argv, n=node: cluster.spawn_on(n, name, argv),
+    return [Seat(node.name, node.places, functools.partial(cluster.spawn_on, node),
                  label=f"{node.name}-backend") for node in cluster.nodes]
 
 
@@ -93,11 +94,11 @@ def build(cluster: MultiNodeCluster) -> None:
     cluster.build([pod_names(i) for i in range(1, NODE_COUNT + 1)])
     servers = [p for p in cluster.pods.values() if "-srv" in p.name]
     for pod in servers:
-        running = start_servers(cluster, pod)  # type: ignore[arg-type]
+        running = start_servers(cluster, pod)
         running.append(cluster.spawn_in_pod(pod, "whoami",
                                             peer_server_command(pod.name, WHOAMI_PORT)))
         wait_listening(pod, running)
-        wait_until(f"whoami server of {pod.name}", lambda p=pod: _whoami_listening(p), 10.0)
+        wait_until(f"whoami server of {pod.name}", functools.partial(_whoami_listening, pod), 10.0)
     for family in cluster.families:
         _check_network(cluster, servers, family)
     cluster.workdir.joinpath("topology.txt").write_text(describe(cluster))

@@ -77,6 +77,8 @@ def load_block(text: str, scalars: Scalars | None = None) -> Plain:
             if indent > parent_indent or (indent == parent_indent and is_item
                                           and type(parent) is dict):
                 opened: dict | list = [] if is_item else {}
+                # The key is an int exactly when the parent is a list (`pending`
+                # pairs them), which the type of the tuple cannot say.
                 parent[key] = opened  # type: ignore[index]
                 stack.append((indent, opened))
         elif not stack:
@@ -128,6 +130,8 @@ def load_block(text: str, scalars: Scalars | None = None) -> Plain:
             keys.add(key)
         if key in top:
             raise NotBlockStyle(f"the key {key!r} repeated")
+        # `top` is a dict here (a list top was left for its dict above), which
+        # mypy does not follow through `type(top) is list`.
         if value is None:
             top[key] = None  # type: ignore[call-overload]
             pending = (top, key, indent)
@@ -151,7 +155,8 @@ class Scalars:
             if text == "{}":
                 return {}
             value = self._known[text] = _scalar(text)
-        return value
+        # Not the sentinel here, which mypy cannot narrow an object() to.
+        return value  # type: ignore[return-value]
 
 
 def _scalar(text: str) -> str | int | bool | None:

@@ -104,9 +104,10 @@ def _names(references: Any, what: str) -> list[str]:
     if not isinstance(references, (list, type(None))):
         raise ConvertError(f"{what}: expected a list, found {references!r}")
     names = [_mapping(reference, what).get("name") for reference in references or []]
-    if not all(isinstance(name, str) and name for name in names):
+    checked = [name for name in names if isinstance(name, str) and name]
+    if len(checked) != len(names):
         raise ConvertError(f"{what}: each entry needs a name, found {references!r}")
-    return names
+    return checked
 
 
 def convert(text: str) -> Conversion:

@@ -66,7 +66,8 @@ def _service(match: re.Match[str], port_keys: tuple[str, ...],
              scalars: Scalars) -> tuple[str, str, bytes] | None:
     read = scalars.read
     namespace, name, kind = (read(match[k]) for k in ("namespace", "name", "type"))
-    if not all(type(text) is str and "/" not in text for text in (namespace, name, kind)):
+    if (type(namespace) is not str or type(name) is not str or type(kind) is not str
+            or "/" in namespace or "/" in name or "/" in kind):
         return None
     ips = ipv4_set(match["v4"])
     if ips is None:

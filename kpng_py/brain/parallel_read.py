@@ -78,7 +78,8 @@ def _fork_reading(items: list[str], read: Callable[[list[str]], list[Entry] | No
     try:
         return fork_work(work)
     except OSError as err:
-        return _in_one_process(err)
+        _in_one_process(err)
+        return None
 
 
 def _in_one_process(err: OSError) -> None:

@@ -119,12 +119,11 @@ _BLAME = _Blame()
 def _text(value: Plain) -> str:
     """A string field takes any scalar's text (blockyaml keeps only the
     scalars whose text the value tells)."""
-    kind = type(value)
-    if kind is str:
-        return value  # type: ignore[return-value]
-    if kind is bool:
+    if type(value) is str:
+        return value
+    if type(value) is bool:
         return "true" if value else "false"
-    if kind is int:
+    if type(value) is int:
         return str(value)
     if value is None:
         return ""
@@ -133,7 +132,7 @@ def _text(value: Plain) -> str:
 
 def _boolean(value: Plain) -> bool:
     if type(value) is bool:
-        return value  # type: ignore[return-value]
+        return value
     if value is None:
         return False
     _unchecked("expected true or false")
@@ -141,8 +140,8 @@ def _boolean(value: Plain) -> bool:
 
 def _integer(value: Plain, low: int, high: int) -> int:
     if type(value) is int:
-        if low <= value <= high:  # type: ignore[operator]
-            return value  # type: ignore[return-value]
+        if low <= value <= high:
+            return value
         _unchecked("out of range")
     if value is None:
         return 0
@@ -154,7 +153,7 @@ def _string_map(value: Plain) -> dict[str, str]:
         return {}
     if type(value) is not dict:
         _unchecked("expected a mapping of strings")
-    return {key: _text(item) for key, item in value.items()}  # type: ignore[union-attr]
+    return {key: _text(item) for key, item in value.items()}
 
 
 # -- protobuf messages, as reader.Value.fill reads them ----------------------------
@@ -201,7 +200,7 @@ def _fill(message: Message, value: Plain, plan: _Plan, checks: FieldChecks) -> N
         if type(value) is not dict:
             _unchecked("expected a mapping")
         fields = plan.fields
-        for key, item in value.items():  # type: ignore[union-attr]
+        for key, item in value.items():
             field = fields.get(key)
             if field is not None:
                 if item is not None:
@@ -214,7 +213,7 @@ def _fill(message: Message, value: Plain, plan: _Plan, checks: FieldChecks) -> N
                 continue
             if type(item) is not dict:
                 _unchecked("expected a mapping")
-            for member_key, member in item.items():  # type: ignore[union-attr]
+            for member_key, member in item.items():
                 if member_key not in members:
                     _unchecked(f"unknown key {member_key!r}")
                 _fill_field(message, members[member_key], member, checks)
@@ -234,10 +233,10 @@ def _fill_field(message: Message, field: _Field, value: Plain, checks: FieldChec
         target = getattr(message, field.name)
         if field.message is not None:
             plan = _plan(field.message)
-            for item in value:  # type: ignore[union-attr]
+            for item in value:
                 _fill(target.add(), item, plan, checks)
         else:
-            target.extend([_scalar(field, item, checks) for item in value])  # type: ignore
+            target.extend([_scalar(field, item, checks) for item in value])
     elif field.message is not None:
         sub = getattr(message, field.name)
         sub.SetInParent()
@@ -253,7 +252,7 @@ def _scalar(field: _Field, value: Plain, checks: FieldChecks) -> object:
     elif kind == FieldDescriptor.TYPE_BOOL:
         result = _boolean(value)
     elif type(value) is str and field.enum_numbers is not None:
-        result = field.enum_numbers.get(value)  # type: ignore[arg-type]
+        result = field.enum_numbers.get(value)
         if result is None:
             _unchecked("not a name of the enum")
     else:

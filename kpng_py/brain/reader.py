@@ -247,7 +247,7 @@ class Value:
             value: object = self.string()
         elif field.type == FieldDescriptor.TYPE_BOOL:
             value = self.boolean()
-        elif field.type == FieldDescriptor.TYPE_ENUM:
+        elif field.enum_type is not None:  # the descriptor of a TYPE_ENUM field's enum
             value = self.enum(field.enum_type)
         elif field.type in INT_RANGES:
             value = self.integer(*INT_RANGES[field.type])
@@ -310,7 +310,10 @@ def _check_alias_expansion(text: str, file: str) -> None:
         if isinstance(event, yaml.AliasEvent):
             if event.anchor in anchored:
                 expanded += anchored[event.anchor]
-                aliases.append((event.start_mark.line + 1, event.anchor, expanded))
+                # The parser marks every event it makes (only an Event made
+                # by hand has no mark, which the stub allows).
+                line = event.start_mark.line + 1  # type: ignore[union-attr]
+                aliases.append((line, event.anchor, expanded))
             continue
         if isinstance(event, (yaml.ScalarEvent, yaml.CollectionStartEvent)):
             written += 1

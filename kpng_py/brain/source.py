@@ -241,14 +241,14 @@ def changeset_specs(sent: NodeView | None, view: NodeView) -> tuple[OpSpec, ...]
 def _op_item(spec: OpSpec) -> localv1.OpItem:
     kind, ref, data = spec
     op = localv1.OpItem()
-    if kind == SET:
-        value = op.Set  # written in place: nested constructors copy each sub-message
-        value.Ref.Set, value.Ref.Path = ref  # type: ignore[misc]
-        value.Bytes = data
-    elif kind == DELETE:
-        op.Delete.Set, op.Delete.Path = ref  # type: ignore[misc]
-    else:
+    if ref is None:  # Reset or Sync
         (op.Reset if kind == RESET else op.Sync).SetInParent()
+    elif kind == SET:
+        value = op.Set  # written in place: nested constructors copy each sub-message
+        value.Ref.Set, value.Ref.Path = ref
+        value.Bytes = data
+    else:
+        op.Delete.Set, op.Delete.Path = ref
     return op
 
 
@@ -256,18 +256,18 @@ def _op_message(spec: OpSpec) -> bytes:
     """One op as a gRPC message of the stream: its prefix (not compressed,
     its length) and the OpItem's bytes."""
     kind, ref, data = spec
-    if kind == SET:
+    if ref is None:  # Reset or Sync
+        body = _EMPTY_OPS[kind]
+    elif kind == SET:
         body = delimited(_OP_SET, delimited(_VALUE_REF, _ref_bytes(ref))
                           + (delimited(_VALUE_BYTES, data) if data else b""))
-    elif kind == DELETE:
-        body = delimited(_OP_DELETE, _ref_bytes(ref))
     else:
-        body = _EMPTY_OPS[kind]
+        body = delimited(_OP_DELETE, _ref_bytes(ref))
     return MESSAGE_PREFIX.pack(0, len(body)) + body
 
 
-def _ref_bytes(ref: Ref | None) -> bytes:
-    kind, path = ref  # type: ignore[misc]
+def _ref_bytes(ref: Ref) -> bytes:
+    kind, path = ref
     of_set = _REF_SETS.get(kind)
     if of_set is None:
         of_set = _REF_SET + varint(kind) if kind else b""

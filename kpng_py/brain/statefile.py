@@ -212,8 +212,9 @@ def _plain_entry(entry: ServiceEntry) -> tuple:
 
 
 def _entry_of(values: tuple) -> ServiceEntry:
-    *head, endpoints, proxy_name = values
-    return ServiceEntry(*head, tuple(map(EndpointInfo._make, endpoints)), proxy_name)
+    namespace, name, service, internal_local, external_local, endpoints, proxy_name = values
+    return ServiceEntry(namespace, name, service, internal_local, external_local,
+                        tuple(map(EndpointInfo._make, endpoints)), proxy_name)
 
 
 def _split_services(text: str) -> tuple[str, list[str]]:

@@ -42,7 +42,7 @@ from kpng_py.api import localv1
 from kpng_py.brain.statefile import ClusterState, EndpointInfo, ReadyEndpoints, ServiceEntry
 
 # (Ref.Set, Ref.Path): where a value lives in the localv1 API.
-Ref = tuple[int, str]
+Ref = tuple[localv1.Set, str]
 # Every value of a node's view, serialized, by where it lives.
 NodeView = dict[Ref, bytes]
 

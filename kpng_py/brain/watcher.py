@@ -96,8 +96,10 @@ class StateFileWatcher:
         self._applied = b""
         # The file (device, inode) the content in force was read from.
         self._applied_file: tuple[int, int] = (0, 0)
-        self._seen_signature, self._applied = self._first_content()
-        self._applied_file = self._seen_signature[:2]
+        signature, self._applied = self._first_content()
+        # What the last look saw of the file (None: the look failed).
+        self._seen_signature: _Signature | None = signature
+        self._applied_file = signature[:2]
         self._reader = StateReader(str(path))  # re-reads only the services edited
         state = self._reader.read(self._applied)
         self.snapshots = StateSnapshots(state)

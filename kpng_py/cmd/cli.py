@@ -31,7 +31,8 @@ from kpng_py.brain.settings import (DEFAULT_MAX_FILE_SIZE, STDIN, Coalesce, Kube
 from kpng_py.cmd.parser import PROGRAM, Parser
 from kpng_py.watch.client import ClientConfig, SinkFailed
 from kpng_py.cmd.flag_types import byte_size, positive_duration
-from kpng_py.healthcheck.proxier_health import DEFAULT_HEALTHZ, DEFAULT_METRICS, BindAddress, Observability
+from kpng_py.healthcheck.proxier_health import (
+    DEFAULT_HEALTHZ, DEFAULT_METRICS, BindAddress, Observability)
 from kpng_py.state.limits import add_limit_flags, limits_from_args
 from kpng_py.runtime.logs import setup_logging
 from kpng_py.metrics.metrics import Metrics

@@ -31,12 +31,17 @@ class Parser(argparse.ArgumentParser):
     enclosing: Parser | None = None  # the parser this one is a command of
 
     def add_subparsers(self, **kwargs: Any) -> argparse._SubParsersAction:
-        return super().add_subparsers(action=_Commands, enclosing=self, **kwargs)
+        # argparse hands keyword arguments it does not know to the action class
+        # (_Commands takes `enclosing`); typeshed's overloads list only its own.
+        return super().add_subparsers(  # type: ignore[call-overload]
+            action=_Commands, enclosing=self, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{PROGRAM}: error: {message}\n"
                      f"run `{self.prog} --help` for the flags\n")
 
+    # typeshed overloads the namespace's own type (a caller's object comes back
+    # typed as itself); this parser is given and gives a Namespace only.
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None
                          ) -> tuple[argparse.Namespace, list[str]]:
@@ -46,10 +51,11 @@ class Parser(argparse.ArgumentParser):
         unknown = self._unknown_before_command(args)
         if unknown is not None:
             self._refuse([unknown])
-        namespace, extras = super().parse_known_args(args, namespace)
+        parsed, extras = super().parse_known_args(
+            args, argparse.Namespace() if namespace is None else namespace)
         if extras:
             self._refuse(extras)
-        return namespace, extras
+        return parsed, extras
 
     def _refuse(self, extras: list[str]) -> NoReturn:
         flag = next((word.partition("=")[0] for word in extras if word.startswith("-")), "")

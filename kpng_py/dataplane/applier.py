@@ -274,8 +274,8 @@ class ChangeSetApplier:
             m.no_local_endpoints.labels(policy).set(census.no_local_endpoints(policy))
         left_out = backend_not_programmed(self.backend)
         m.service_ports.set(census.service_ports - sum(left_out.values()))
-        for reason, count in self.state.not_published().items():
-            left_out[reason.value] = left_out.get(reason.value, 0) + count
+        for skip_reason, count in self.state.not_published().items():
+            left_out[skip_reason.value] = left_out.get(skip_reason.value, 0) + count
         # A reason seen once stays exported, at 0 when it is gone.
         for reason in self._not_programmed_reasons | left_out.keys():
             m.service_ports_not_programmed.labels(reason).set(left_out.get(reason, 0))

@@ -38,7 +38,7 @@ def service_port_json(port: ServicePort) -> dict:
     """The port as printed (docs/architecture.md says what each field is):
     the fields of local endpoints, node ports, ExternalIPs and LB IPs only
     when it has them."""
-    printed = {
+    printed: dict[str, object] = {
         "name": str(port.name),
         "protocol": port.protocol.value,
         "type": port.type,

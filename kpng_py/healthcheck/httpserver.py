@@ -87,7 +87,7 @@ class BoundedHTTPServer:
         self._dropped = metrics.http_connections_dropped
         self._limits = limits
         # Open connections (and the task serving each), oldest first.
-        self._open: OrderedDict[asyncio.BaseTransport, asyncio.Task] = OrderedDict()
+        self._open: OrderedDict[asyncio.WriteTransport, asyncio.Task] = OrderedDict()
         self._serving: _Serving | None = None
         self.port = 0
 
@@ -156,7 +156,7 @@ class BoundedHTTPServer:
             self._open.pop(transport, None)
             transport.abort()
 
-    def _admit(self, transport: asyncio.BaseTransport) -> None:
+    def _admit(self, transport: asyncio.WriteTransport) -> None:
         while len(self._open) >= self._limits.max_connections:
             oldest, _ = self._open.popitem(last=False)
             oldest.abort()

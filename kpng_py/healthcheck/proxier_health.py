@@ -251,8 +251,9 @@ def _serve(name: str, address: BindAddress, routes: dict[str, Handler],
 def serve_healthz(address: BindAddress, health: SyncHealth,
                   metrics: Metrics) -> BoundedHTTPServer:
     """Serve /healthz and /livez on a thread of its own."""
-    routes = {"/healthz": functools.partial(_probe, health.status, metrics.healthz_requests),
-              "/livez": functools.partial(_probe, health.liveness, metrics.livez_requests)}
+    routes: dict[str, Handler] = {
+        "/healthz": functools.partial(_probe, health.status, metrics.healthz_requests),
+        "/livez": functools.partial(_probe, health.liveness, metrics.livez_requests)}
     return _serve("healthz", address, routes, metrics)
 
 

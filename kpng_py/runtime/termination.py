@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from types import FrameType
-from typing import Callable
+from typing import Any, Callable
 
 from kpng_py.runtime.logs import fields
 
@@ -44,6 +44,9 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _FROM_HANDLER = 0x80
 _CLOSING = 0  # no signal has number 0
 _LOG_WAIT_SECONDS = 1.0  # a last log line must not hold up an exit (stderr may be stalled)
+# What signal.signal takes and gives back: a function, SIG_DFL or SIG_IGN, or
+# None (a handler not installed from Python).
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
 class Termination:
@@ -59,7 +62,7 @@ class Termination:
         self._exit_process = exit_process
         self._finished = threading.Event()
         self._read_fd = self._write_fd = -1
-        self._previous_handlers: dict[int, object] = {}
+        self._previous_handlers: dict[int, _Handler] = {}
         self._previous_wakeup_fd = -1
         self._thread = threading.Thread(target=self._run, name="termination", daemon=True)
 
@@ -91,7 +94,8 @@ class Termination:
         deadline = float("inf")
         while not self._finished.is_set():
             timeout = None if first is None else max(0.0, deadline - time.monotonic())
-            if not select.select([self._read_fd], [], [], timeout)[0]:
+            ready = select.select([self._read_fd], [], [], timeout)[0]
+            if not ready and first is not None:  # only a stop in progress has a timeout
                 self._exit(first, f"not stopped {self._grace:g} s after {_name(first)}: "
                                   "exiting without cleaning up; the dataplane stays as programmed")
                 return

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 from google.protobuf.message import DecodeError
 
@@ -166,7 +166,8 @@ def split_endpoint_path(path: str) -> tuple[str, str] | None:
     return path[:second], path[second + 1:]
 
 
-_FAMILIES = {4: (socket.AF_INET, ipaddress.IPv4Address), 6: (socket.AF_INET6, ipaddress.IPv6Address)}
+_FAMILIES: dict[int, tuple[socket.AddressFamily, Callable[[bytes], IPAddress]]] = {
+    4: (socket.AF_INET, ipaddress.IPv4Address), 6: (socket.AF_INET6, ipaddress.IPv6Address)}
 
 
 @dataclass(frozen=True)
@@ -233,8 +234,7 @@ def address_problem(ip: IPAddress) -> AddressProblem | None:
     traffic: no scope id (it names an interface of one host), no IPv4-mapped
     form, nothing unspecified, loopback, link-local, multicast or broadcast.
     Every address from the brain goes through here."""
-    v6 = isinstance(ip, ipaddress.IPv6Address)
-    if v6 and ip.scope_id is not None:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id is not None:
         return AddressProblem(SkipReason.BAD_IP,
                               f"{ip} has a scope id (the name of one host's interface); "
                               f"list it as {ipaddress.IPv6Address(int(ip))}")
@@ -242,7 +242,7 @@ def address_problem(ip: IPAddress) -> AddressProblem | None:
     refused = next((r for r in _REFUSED[ip.version] if r.first <= value <= r.last), None)
     if refused is None:
         return None
-    if v6 and ip.ipv4_mapped is not None:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         return AddressProblem(refused.reason,
                               f"::ffff:{ip.ipv4_mapped} is {refused.what}; list "
                               f"{ip.ipv4_mapped} under V4")
@@ -433,39 +433,58 @@ def decode_endpoint(service_path: str, key: str, data: bytes, skips: Skips,
     if fast is not None:
         return fast
     parts = _split_at_ips(data) if tails is not None else None
-    tail = tails.get(parts[1]) if tails is not None and parts is not None else None
     owner = f"endpoint {service_path}/{key}"
-    ipset: localv1.IPSet | None = None
-    if tail is not None:
-        try:
-            ipset = localv1.IPSet.FromString(parts[0])
-        except DecodeError:
-            tail = None  # the whole value is undecodable; decoding it says why
-    ep: localv1.Endpoint | None = None
-    if ipset is None:
+    shared = _ips_with_known_tail(parts, tails)
+    if shared is not None:
+        ipset, tail = shared
+        if _too_many_ips(ipset, owner, skips):
+            return None
+    else:
         try:
             ep = localv1.Endpoint.FromString(data)
         except DecodeError as err:
             skips.skip(SkipReason.BAD_BYTES, owner, f"cannot decode an Endpoint: {err}")
             return None
         ipset = ep.IPs
-    v4, v6 = ipset.V4, ipset.V6
-    addresses = len(v4) + len(v6)
-    if addresses > MAX_ENDPOINT_IPS:
-        skips.skip(SkipReason.LIMIT, owner,
-                   f"{addresses} addresses; an endpoint has at most {MAX_ENDPOINT_IPS} "
-                   "(Kubernetes' EndpointSlice limit); its previous version, if any, stays in "
-                   "force (the brain must send one endpoint per pod)")
-        return None
-    if ep is not None:
+        if _too_many_ips(ipset, owner, skips):
+            return None
         tail, clean = _decode_tail(ep, owner, skips)
         if (tails is not None and parts is not None and clean
                 and len(parts[1]) <= tails.longest and _ips_only_first(parts[1])):
             tails.put(parts[1], tail)
+    v4, v6 = ipset.V4, ipset.V6
     ips = parse_ips(v4, 4, owner, skips)
     if v6:
         ips += parse_ips(v6, 6, owner, skips)
     return EndpointRecord(b"".join(map(packed_address, ips)), tail, data)
+
+
+def _ips_with_known_tail(parts: tuple[bytes, bytes] | None, tails: EndpointTails | None
+                         ) -> tuple[localv1.IPSet, EndpointTail] | None:
+    """The endpoint's IPs and its tail when the bytes after its IPs were
+    decoded before; None when they were not, or when the IPs are undecodable
+    (then decoding the whole value says why)."""
+    if parts is None or tails is None:
+        return None
+    tail = tails.get(parts[1])
+    if tail is None:
+        return None
+    try:
+        return localv1.IPSet.FromString(parts[0]), tail
+    except DecodeError:
+        return None
+
+
+def _too_many_ips(ipset: localv1.IPSet, owner: str, skips: Skips) -> bool:
+    """Whether the endpoint has more addresses than one may (skipped if so)."""
+    addresses = len(ipset.V4) + len(ipset.V6)
+    if addresses <= MAX_ENDPOINT_IPS:
+        return False
+    skips.skip(SkipReason.LIMIT, owner,
+               f"{addresses} addresses; an endpoint has at most {MAX_ENDPOINT_IPS} "
+               "(Kubernetes' EndpointSlice limit); its previous version, if any, stays in "
+               "force (the brain must send one endpoint per pod)")
+    return True
 
 
 # The tag of IPSet.V4 (field 1, length-delimited).

@@ -499,12 +499,12 @@ class NodeState:
         came in (a resync may reorder them)."""
         records = []
         for key, value in sorted(entry.endpoints.items()):
-            if isinstance(value, bytes):
-                # Read by its fast path; if its tail has left the cache since,
-                # decoded whole, to the same value, which needed no report.
-                value = decode_endpoint(service_path, key, value, self._skips, self._tails)
-            if isinstance(value, EndpointRecord):
-                records.append((key, value))
+            # Read by its fast path (bytes); if its tail has left the cache
+            # since, decoded whole, to the same value, which needed no report.
+            record = (decode_endpoint(service_path, key, value, self._skips, self._tails)
+                      if isinstance(value, bytes) else value)
+            if isinstance(record, EndpointRecord):
+                records.append((key, record))
         return records
 
     def _resolve(self, entry: _ServiceEntry, record: ServiceRecord, port: ServicePort,

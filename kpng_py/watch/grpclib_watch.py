@@ -170,7 +170,8 @@ class WatchCall:
                 if self._pending:
                     raise CallFailed("INTERNAL", "the brain ended the stream in the middle "
                                      "of a message")
-                return _end_status(_status_fields(stream))
+                _end_status(_status_fields(stream))
+                return None
             self._pending += data
 
     def _split(self) -> tuple[list[bytes], int]:
@@ -178,7 +179,8 @@ class WatchCall:
         how many more bytes the next one needs at least. A prefix is checked
         as soon as it is in; a bad one fails the call once the messages
         before it are returned (a Sync among them is applied)."""
-        pending, offset, messages = self._pending, 0, []
+        pending, offset = self._pending, 0
+        messages: list[bytes] = []
         missing = 0
         while True:
             if len(pending) - offset < _PREFIX.size:

@@ -47,11 +47,12 @@ KUBE_POSTROUTING = "KUBE-POSTROUTING"
 KUBE_MARK_MASQ = "KUBE-MARK-MASQ"
 
 _NEW = "-m conntrack --ctstate NEW"
+_EXTERNAL_PORTALS = "kubernetes externally-visible service portals"
 # (table, chain, from built-in chain, comment, extra match): kube-proxy's
 # iptablesJumpChains and kubelet's KUBE-FIREWALL jumps.
 _JUMPS = (
-    ("filter", KUBE_EXTERNAL_SERVICES, "INPUT", "kubernetes externally-visible service portals", _NEW),
-    ("filter", KUBE_EXTERNAL_SERVICES, "FORWARD", "kubernetes externally-visible service portals", _NEW),
+    ("filter", KUBE_EXTERNAL_SERVICES, "INPUT", _EXTERNAL_PORTALS, _NEW),
+    ("filter", KUBE_EXTERNAL_SERVICES, "FORWARD", _EXTERNAL_PORTALS, _NEW),
     ("filter", KUBE_NODEPORTS, "INPUT", "kubernetes health check service ports", ""),
     ("filter", KUBE_SERVICES, "FORWARD", "kubernetes service portals", _NEW),
     ("filter", KUBE_SERVICES, "OUTPUT", "kubernetes service portals", _NEW),
@@ -136,7 +137,8 @@ class IptablesProxier:
             f"-A {KUBE_MARK_MASQ} -j MARK --or-mark {MASQUERADE_MARK}",
         ]
         for port in ports:
-            match = f"-m {port.protocol} -p {port.protocol} -d {port.cluster_ip} --dport {port.port}"
+            match = (f"-m {port.protocol} -p {port.protocol} -d {port.cluster_ip} "
+                     f"--dport {port.port}")
             if not port.endpoints:
                 filter_rules.append(
                     f"-A {KUBE_SERVICES} -m comment --comment "
@@ -180,7 +182,8 @@ class IptablesProxier:
         rules = []
         count = len(port.endpoints)
         for i, endpoint in enumerate(port.endpoints):
-            comment = "" if large else f" -m comment --comment {_quoted(f'{port.name} -> {endpoint}')}"
+            comment = ("" if large
+                       else f" -m comment --comment {_quoted(f'{port.name} -> {endpoint}')}")
             statistic = (f" -m statistic --mode random --probability {1.0 / (count - i):.10f}"
                          if i < count - 1 else "")
             rules.append(f"-A {svc}{comment}{statistic} -j {endpoint_chain(port, endpoint)}")

@@ -136,7 +136,8 @@ class Applied:
 
     def endpoints(self) -> dict[str, list[str]]:
         """`name/protocol` -> the endpoints to-print shows for it."""
-        return {f"{p['name']}/{p['protocol']}": p["endpoints"] for p in self.printed["servicePorts"]}
+        return {f"{p['name']}/{p['protocol']}": p["endpoints"]
+                for p in self.printed["servicePorts"]}
 
 
 class RecordingSink:

@@ -149,7 +149,8 @@ def test_the_readme_example_runs_without_root() -> None:
     """The README's first screen: the example state file through to-print."""
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
-        [sys.executable, "-m", "kpng_py.cmd.cli", "file", "-i", str(root / "docs/examples/state.yaml"),
+        [sys.executable, "-m", "kpng_py.cmd.cli",
+         "file", "-i", str(root / "docs/examples/state.yaml"),
          "to-local", "--node-name", "node-a", "--exit-after", "1",
          "--healthz-bind-address", "127.0.0.1:0", "--metrics-bind-address", "127.0.0.1:0",
          "to-print"], capture_output=True, text=True, timeout=60, check=True)

@@ -89,7 +89,8 @@ def serve(request, socket_dir: Path, pki: dict[str, TLSFiles]) -> Iterator:
         reference = GrpcioBrain(reference_source, reference_address, tls)
         reference_port = reference.start()
         if request.param == "unix":
-            targets = (f"unix://{socket_dir / 'ours.sock'}", f"unix://{socket_dir / 'reference.sock'}")
+            targets = (f"unix://{socket_dir / 'ours.sock'}",
+                       f"unix://{socket_dir / 'reference.sock'}")
         else:
             targets = (f"127.0.0.1:{ours.port}", f"127.0.0.1:{reference_port}")
         if tls is None:

@@ -55,11 +55,14 @@ def test_help_on_every_command(capsys: pytest.CaptureFixture) -> None:
 @pytest.mark.parametrize("argv, message", [
     (["local", "--api", "unix://rel.sock", "to-print"], "--api 'unix://rel.sock': use unix:///absolute/path"),
     (["local", "--api", "http://x:1", "to-print"], "--api 'http://x:1': unknown scheme http://"),
-    (["local", "--api", "x:1", "--error-delay", "-1", "to-print"], "--error-delay: '-1' must be more than 0"),
-    (["local", "--api", "x:1", "--max-msg-size", "lots", "to-print"], "--max-msg-size: 'lots' is not a size"),
+    (["local", "--api", "x:1", "--error-delay", "-1", "to-print"],
+     "--error-delay: '-1' must be more than 0"),
+    (["local", "--api", "x:1", "--max-msg-size", "lots", "to-print"],
+     "--max-msg-size: 'lots' is not a size"),
     (["local", "--api", "x:1", "--error-delay", "5", "--max-error-delay", "2", "to-print"],
      "--max-error-delay 2.0 is below --error-delay 5.0"),
-    (["local", "--api", "x:1", "--tls-key", "k.pem", "to-print"], "--tls-key and --tls-crt go together"),
+    (["local", "--api", "x:1", "--tls-key", "k.pem", "to-print"],
+     "--tls-key and --tls-crt go together"),
     (["local", "--api", "x:1", "to-nowhere"], "invalid choice: 'to-nowhere'"),
     (["replay", "-i", "/nonexistent.jsonl", "to-api"], "/nonexistent.jsonl: no such file"),
     (["replay", "-i", "x.jsonl", "to-api", "--listen", "http://x"],
@@ -248,7 +251,8 @@ def complete(script: Path, words: list[str]) -> list[str]:
 def test_a_backend_run_loads_neither_the_brain_nor_shtab() -> None:
     """The parser of every command, and what `local ... to-ebpf` imports:
     the brain's YAML reader and server and the completion writer stay out."""
-    program = ("import sys, kpng_py.cmd.cli, backends.ebpf.backend; kpng_py.cmd.cli.build_parser(); "
+    program = ("import sys, kpng_py.cmd.cli, backends.ebpf.backend; "
+               "kpng_py.cmd.cli.build_parser(); "
                "print(sorted(m for m in sys.modules if m in ('yaml', 'shtab') "
                "or m.startswith('kpng_py.brain.') and m != 'kpng_py.brain.settings'))")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,

@@ -58,7 +58,8 @@ def test_version_reports_kpng_py_its_commit_python_the_kernel_and_bcc(
     assert report["grpcio"][0].isdigit() and report["protobuf"][0].isdigit()
     head = git(ROOT, "rev-parse", "HEAD")
     assert head.startswith(report["commit"].removesuffix("-dirty"))
-    assert report["kpng-py"].startswith(f"{__version__}+{git(ROOT, 'rev-list', '--count', 'HEAD')}.g")
+    commits = git(ROOT, "rev-list", "--count", "HEAD")
+    assert report["kpng-py"].startswith(f"{__version__}+{commits}.g")
     bcc = pytest.importorskip("bcc.version", reason="BCC (python3-bpfcc) is not installed")
     assert report["bcc"] == bcc.__version__
 
@@ -90,7 +91,8 @@ def test_a_checkouts_version_changes_with_every_commit_and_marks_changes(repo: P
     git(repo, "checkout", "-q", "--", "b.txt")
     (repo / "new.txt").write_text("not added\n")  # an image build would copy it
     changed = tree_build(repo)
-    assert changed.dirty and changed.version.endswith(".dirty") and changed.source.endswith("-dirty")
+    assert changed.dirty
+    assert changed.version.endswith(".dirty") and changed.source.endswith("-dirty")
 
 
 def test_only_the_top_of_a_checkout_has_a_tree_build(repo: Path, tmp_path: Path) -> None:

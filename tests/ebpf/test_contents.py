@@ -14,6 +14,7 @@ from backends.ebpf.maps.contents import (
     FrontendKeys,
     HostPort,
     Programmed,
+    packed_slot_ids,
     read_contents,
 )
 from backends.ebpf.programmer import Capacity, ServiceProgrammer
@@ -47,28 +48,30 @@ def test_a_master_is_adopted_with_its_slots_and_everything_else_is_a_stray() -> 
     recovered = read_contents(*fake_maps()).recovered()
     assert recovered.frontends == {
         frontend("10.96.0.10", 80, Protocol.TCP): Programmed(
-            7, (101, 102), target("10.244.0.2", 8080) + target("10.244.0.3", 8080), 0),
+            7, packed_slot_ids((101, 102)),
+            target("10.244.0.2", 8080) + target("10.244.0.3", 8080), 0),
         frontend("10.96.0.10", 80, Protocol.UDP): Programmed(
-            11, (111,), target("10.244.0.2", 5353), 0),
-        frontend("10.96.0.11", 443, Protocol.TCP): Programmed(9, (), b"", 0),  # no affinity flag
+            11, packed_slot_ids((111,)), target("10.244.0.2", 5353), 0),
+        frontend("10.96.0.11", 443, Protocol.TCP): Programmed(9, b"", b"", 0),  # no affinity flag
         # Slot 2 is missing, slot 3 names no backend: both to be rewritten.
         frontend("fd00::10", 53, Protocol.UDP): Programmed(
-            8, (201, 0, 0), target("fd00:244::2", 5353) + bytes(2 * TARGET_SIZE), 30),
+            8, packed_slot_ids((201, 0, 0)),
+            target("fd00:244::2", 5353) + bytes(2 * TARGET_SIZE), 30),
         # Each kind keeps its flag. Flags no programmer writes are adopted as
         # they are: the next change set with the frontend rewrites its master
         # (the kind is part of it), a full one without it deletes it.
         frontend("203.0.113.7", 80, Protocol.TCP): Programmed(
-            12, (), b"", 0, maps.SVC_F_EXTERNAL_IP),
+            12, b"", b"", 0, maps.SVC_F_EXTERNAL_IP),
         frontend("198.51.100.7", 80, Protocol.TCP): Programmed(
-            13, (), b"", 0, maps.SVC_F_LOAD_BALANCER_IP),
+            13, b"", b"", 0, maps.SVC_F_LOAD_BALANCER_IP),
         frontend("0.0.0.0", 30080, Protocol.TCP): Programmed(
-            14, (), b"", 0, maps.SVC_F_NODE_PORT),
-        frontend("::", 30080, Protocol.TCP): Programmed(15, (), b"", 0, maps.SVC_F_NODE_PORT),
+            14, b"", b"", 0, maps.SVC_F_NODE_PORT),
+        frontend("::", 30080, Protocol.TCP): Programmed(15, b"", b"", 0, maps.SVC_F_NODE_PORT),
         frontend("10.96.0.15", 80, Protocol.TCP): Programmed(
-            16, (), b"", 0, maps.SVC_F_NODE_PORT | maps.SVC_F_EXTERNAL_IP),
+            16, b"", b"", 0, maps.SVC_F_NODE_PORT | maps.SVC_F_EXTERNAL_IP),
         frontend("10.96.0.16", 80, Protocol.TCP): Programmed(
-            17, (), b"", 0, maps.SVC_F_NODE_PORT),
-        frontend("::", 30081, Protocol.UDP): Programmed(18, (), b"", 0),
+            17, b"", b"", 0, maps.SVC_F_NODE_PORT),
+        frontend("::", 30081, Protocol.UDP): Programmed(18, b"", b"", 0),
     }
     assert sorted(set(recovered.adopted_backend_ids())) == [101, 102, 111, 201]
     assert recovered.stray_backends == (300,)
@@ -125,7 +128,8 @@ def test_a_slot_naming_a_backend_of_another_affinity_group_is_missing() -> None:
     assert 101 in p.backend_ids() and p.backend_targets()[101][0] == 7
 
 
-_ORDINARY_IPS = st.ip_addresses(v=4) | st.ip_addresses(v=6).filter(lambda ip: ip.ipv4_mapped is None)
+_ORDINARY_IPS = st.ip_addresses(v=4) | st.ip_addresses(v=6).filter(
+    lambda ip: ip.ipv4_mapped is None)
 
 
 @settings(max_examples=200, deadline=None)

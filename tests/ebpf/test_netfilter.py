@@ -130,7 +130,8 @@ def test_n1_only_the_allowed_node_addresses_answer_and_they_follow_changes(
     try:
         node.full(service(endpoints=both_families(1)))
         assert served_ip(outside(the_lab, tcp_probe, NODE_OUTSIDE[family], NODE_PORT))
-        assert outside(the_lab, tcp_probe, NODE_OUTSIDE_2[family], NODE_PORT).error == "ECONNREFUSED"
+        refused = outside(the_lab, tcp_probe, NODE_OUTSIDE_2[family], NODE_PORT)
+        assert refused.error == "ECONNREFUSED"
         node.call("set_node_addresses", [NODE_OUTSIDE_2[4], NODE_OUTSIDE_2[6]])
         assert served_ip(outside(the_lab, tcp_probe, NODE_OUTSIDE_2[family], NODE_PORT))
         assert outside(the_lab, tcp_probe, NODE_OUTSIDE[family], NODE_PORT).error == "ECONNREFUSED"

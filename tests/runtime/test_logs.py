@@ -104,7 +104,8 @@ BREAKS = "\n\r\u2028\u2029\x85\x1b\x7f\x00"  # what must never reach a text log 
 def test_a_newline_in_a_name_cannot_forge_a_text_line(skip_log) -> None:
     (line,) = skip_log(TextFormatter())  # str.splitlines() breaks at every line separator
     assert not any(c in line for c in BREAKS), repr(line)
-    assert " WARNING kpng_py.state.skips: skipped service default/evil\\n2024-01-01 00:00:00" in line
+    assert (" WARNING kpng_py.state.skips: skipped service default/evil"
+            "\\n2024-01-01 00:00:00") in line
     assert "\\r2024" in line and "\\u2028" in line and "\\x85" in line and "\\x1b[2J" in line
     # The field value is quoted, its quotes and backslashes escaped.
     assert ' object="service default/evil\\n2024-01-01 ' in line

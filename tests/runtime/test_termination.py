@@ -131,7 +131,8 @@ def test_sigterm_during_reconnects_always_stops_the_backend(tmp_path: Path) -> N
                 try:
                     code = backend.popen.wait(30)
                 except subprocess.TimeoutExpired:
-                    pytest.fail(f"run {run}: no exit 30 s after SIGTERM; stderr:\n{backend.stderr()}")
+                    pytest.fail(f"run {run}: no exit 30 s after SIGTERM; "
+                                f"stderr:\n{backend.stderr()}")
                 assert code == 0, f"run {run}: exit code {code}; stderr:\n{backend.stderr()}"
     finally:
         brain.stop()

@@ -393,7 +393,8 @@ def test_a_resource_exhausted_status_from_the_brain_is_reported_as_the_brains(
     """Only grpcio's own limit is an oversized message with advice to raise
     --max-msg-size; the brain's status is what it says."""
     metrics = Metrics()
-    refused = [reset(), set_service(web("lost")), Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "quota")]
+    refused = [reset(), set_service(web("lost")),
+               Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "quota")]
     whole = [reset(), set_service(web("fresh")), sync()]
     _, sink, warnings = _watch_raw([refused, whole], tmp_path, caplog, metrics)
     assert len(warnings) == 1

@@ -39,7 +39,8 @@ def endpoints_of(changes: ServicePortChanges) -> dict[str, list[str]]:
 
 def test_first_sync_is_full_and_later_ones_incremental() -> None:
     state, _ = new_state()
-    first = state.apply([reset(), set_service(web()), set_endpoint("default", "web", "a", pod("10.244.0.5")), sync()])
+    first = state.apply([reset(), set_service(web()),
+                         set_endpoint("default", "web", "a", pod("10.244.0.5")), sync()])
     assert first.full and [str(p.name) for p in first.added] == ["default/web:http"]
     second = state.apply([set_endpoint("default", "web", "b", pod("10.244.0.6")), sync()])
     assert not second.full and not second.added and not second.removed
@@ -165,7 +166,8 @@ def test_missing_scopes_are_derived_like_the_brain() -> None:
 
 def test_garbage_keeps_the_previous_version_in_force() -> None:
     state, metrics = new_state()
-    state.apply([reset(), set_service(web()), set_endpoint("default", "web", "a", pod("10.244.0.5")), sync()])
+    state.apply([reset(), set_service(web()),
+                 set_endpoint("default", "web", "a", pod("10.244.0.5")), sync()])
     changes = state.apply([set_raw(L.ServicesSet, "default/web", b"\x0a\xff"),
                            set_raw(L.EndpointsSet, "default/web/a", b"\x12\xff"), sync()])
     assert len(changes) == 0
@@ -181,7 +183,8 @@ def test_unresolved_port_is_reported_once_per_version() -> None:
     state.apply([set_endpoint("default", "app", "e", pod("10.244.0.15")), sync()])
     assert metrics.registry.get_sample_value(
         "kpng_py_skipped_total", {"reason": "unresolved-port"}) == 2  # d, then e
-    state.apply([set_endpoint("default", "app", "f", endpoint(["10.244.0.16"], overrides=[("prom", 1)])), sync()])
+    state.apply([set_endpoint("default", "app", "f",
+                              endpoint(["10.244.0.16"], overrides=[("prom", 1)])), sync()])
     assert metrics.registry.get_sample_value(
         "kpng_py_skipped_total", {"reason": "unresolved-port"}) == 2
 

@@ -74,6 +74,11 @@ def endpoint(v4: Iterable[str] = (), v6: Iterable[str] = (), local: bool = False
                       Scopes=L.EndpointScopes(Internal=internal, External=external))
 
 
+def http_endpoint(v4: str) -> L.Endpoint:
+    """An endpoint of one IPv4 address that serves the port named `http` on 8080."""
+    return endpoint([v4], overrides=[("http", 8080)])
+
+
 # -- scenarios ----------------------------------------------------------------
 
 def initial_state():
@@ -81,8 +86,8 @@ def initial_state():
     yield set_service(service("web", v4=["10.96.0.10"], ports=[port("http", 80, target=8080)]))
     yield set_service(service("api", ns="prod", v4=["10.96.0.20"],
                               ports=[port("grpc", 9000, target=9000)]))
-    yield set_endpoint("default", "web", "web-0", endpoint(["10.244.0.5"], overrides=[("http", 8080)]))
-    yield set_endpoint("default", "web", "web-1", endpoint(["10.244.0.6"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "web", "web-0", http_endpoint("10.244.0.5"))
+    yield set_endpoint("default", "web", "web-1", http_endpoint("10.244.0.6"))
     yield set_endpoint("prod", "api", "api-0", endpoint(["10.244.1.9"], overrides=[("grpc", 9000)]))
     yield sync()
 
@@ -91,15 +96,15 @@ def endpoints_churn():
     web = service("web", v4=["10.96.0.10"], ports=[port("http", 80, target=8080)])
     yield reset()
     yield set_service(web)
-    yield set_endpoint("default", "web", "web-0", endpoint(["10.244.0.5"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "web", "web-0", http_endpoint("10.244.0.5"))
     yield sync()
     # scale up to three
-    yield set_endpoint("default", "web", "web-1", endpoint(["10.244.0.6"], overrides=[("http", 8080)]))
-    yield set_endpoint("default", "web", "web-2", endpoint(["10.244.0.7"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "web", "web-1", http_endpoint("10.244.0.6"))
+    yield set_endpoint("default", "web", "web-2", http_endpoint("10.244.0.7"))
     yield sync()
     # web-0 goes away, web-1 is replaced by a pod with a new IP
     yield delete(L.EndpointsSet, "default/web/web-0")
-    yield set_endpoint("default", "web", "web-1", endpoint(["10.244.0.16"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "web", "web-1", http_endpoint("10.244.0.16"))
     yield sync()
     # scale to zero: the service port stays, with no endpoints (a reject)
     yield delete(L.EndpointsSet, "default/web/web-1")
@@ -163,7 +168,7 @@ def dual_stack():
 def service_deleted():
     web = service("web", v4=["10.96.0.10"], ports=[port("http", 80, target=8080)])
     other = service("other", v4=["10.96.0.11"], ports=[port("http", 80, target=8080)])
-    shared = endpoint(["10.244.0.5"], overrides=[("http", 8080)])
+    shared = http_endpoint("10.244.0.5")
     yield reset()
     yield set_service(web)
     yield set_service(other)
@@ -210,9 +215,9 @@ def session_affinity():
     yield set_service(service("sticky-default", v4=["10.96.0.51"],
                               ports=[port("http", 80, target=8080)],
                               ClientIP=L.ClientIPAffinity()))
-    yield set_endpoint("default", "sticky", "s-0", endpoint(["10.244.0.5"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "sticky", "s-0", http_endpoint("10.244.0.5"))
     yield set_endpoint("default", "sticky-default", "s-0",
-                       endpoint(["10.244.0.5"], overrides=[("http", 8080)]))
+                       http_endpoint("10.244.0.5"))
     yield sync()
     # affinity turned off
     yield set_service(service("sticky", v4=["10.96.0.50"], ports=[port("http", 80, target=8080)]))
@@ -225,18 +230,18 @@ def reconnect():
     yield reset()
     yield set_service(web)
     yield set_service(gone)
-    yield set_endpoint("default", "web", "web-0", endpoint(["10.244.0.5"], overrides=[("http", 8080)]))
-    yield set_endpoint("default", "web", "web-1", endpoint(["10.244.0.6"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "web", "web-0", http_endpoint("10.244.0.5"))
+    yield set_endpoint("default", "web", "web-1", http_endpoint("10.244.0.6"))
     yield sync()
     # the brain dies in the middle of a change set
-    yield set_endpoint("default", "web", "web-2", endpoint(["10.244.0.7"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "web", "web-2", http_endpoint("10.244.0.7"))
     yield "UNAVAILABLE: brain restarted"
     # the new brain's full state: web-1 and the service "gone" were deleted
     # meanwhile, web-2 exists; unchanged objects are re-sent as they were
     yield reset()
     yield set_service(web)
-    yield set_endpoint("default", "web", "web-0", endpoint(["10.244.0.5"], overrides=[("http", 8080)]))
-    yield set_endpoint("default", "web", "web-2", endpoint(["10.244.0.7"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "web", "web-0", http_endpoint("10.244.0.5"))
+    yield set_endpoint("default", "web", "web-2", http_endpoint("10.244.0.7"))
     yield sync()
 
 
@@ -259,7 +264,7 @@ def bad_inputs():
     good = service("good", v4=["10.96.0.10"], ports=[port("http", 80, target=8080)])
     yield reset()
     yield set_service(good)
-    yield set_endpoint("default", "good", "g-0", endpoint(["10.244.0.5"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "good", "g-0", http_endpoint("10.244.0.5"))
     # garbage bytes for a new service and for an endpoint: skipped
     yield set_raw(L.ServicesSet, "default/garbage", b"\xff\xff\xff\xff\x0f")
     yield set_raw(L.EndpointsSet, "default/good/garbage", b"\x12\x07\x0a\x05garb")
@@ -287,14 +292,14 @@ def bad_inputs():
     yield set_raw(L.EndpointsSet, "default/good", b"")
     # endpoints of a service never sent are kept aside; a duplicate endpoint
     # (same IP and port under another key) is programmed once
-    yield set_endpoint("default", "nosuch", "n-0", endpoint(["10.244.0.9"], overrides=[("http", 8080)]))
-    yield set_endpoint("default", "good", "g-dup", endpoint(["10.244.0.5"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "nosuch", "n-0", http_endpoint("10.244.0.9"))
+    yield set_endpoint("default", "good", "g-dup", http_endpoint("10.244.0.5"))
     yield delete(L.ServicesSet, "default/never-seen")
     yield delete(L.EndpointsSet, "default/good/never-seen")
     yield sync()
     # garbage replacing a good service keeps the good version in force
     yield set_raw(L.ServicesSet, "default/good", b"\x0a\xff\xff")
-    yield set_endpoint("default", "good", "g-2", endpoint(["10.244.0.8"], overrides=[("http", 8080)]))
+    yield set_endpoint("default", "good", "g-2", http_endpoint("10.244.0.8"))
     yield sync()
 
 
@@ -314,7 +319,7 @@ def hostile_frontends():
     pods = [
         ("default", "keep", "keep-0", endpoint(["10.244.0.5"], ["fd00:10:244::5"],
                                                overrides=[("http", 8080)])),
-        ("attack", "same", "same-0", endpoint(["10.244.9.9"], overrides=[("http", 8080)])),
+        ("attack", "same", "same-0", http_endpoint("10.244.9.9")),
         ("attack", "half", "half-0", endpoint(["10.244.9.8"], ["fd00:10:244::98"],
                                               overrides=[("http", 8080)])),
     ]

@@ -372,7 +372,7 @@ class Datapath:
         self._lock.release()
 
 
-def _pinned_id(path: Path, info_type: type[libbpf.MapInfo] | type[libbpf.ProgInfo]) -> int | None:
+def _pinned_id(path: Path, info_type: type[libbpf.InfoT]) -> int | None:
     """The kernel's id of the map or program pinned at `path`; None if none is."""
     try:
         fd = libbpf.obj_get(path)
@@ -404,7 +404,7 @@ def _cgroup_id_or_none(cgroup: Path) -> int | None:
 
 
 def _pin_again(fd: int, path: Path, object_id: int,
-               info_type: type[libbpf.MapInfo] | type[libbpf.ProgInfo]) -> None:
+               info_type: type[libbpf.InfoT]) -> None:
     """Pin the object of `fd` at `path` unless it is pinned there; whatever
     else is pinned there goes."""
     if _pinned_id(path, info_type) == object_id:
@@ -624,7 +624,8 @@ def _built_programs(config: DatapathConfig, build: str) -> dict[str, int]:
     _remove_build(final)
     staging.rename(final)
     log.info("eBPF programs built in a child process", extra=fields(
-        build=build, compiled=True, reject_with_eperm=config.reject_with_eperm or result.variant > 0,
+        build=build, compiled=True,
+        reject_with_eperm=config.reject_with_eperm or result.variant > 0,
         seconds=round(time.monotonic() - started, 3)))
     return {hook.name: libbpf.obj_get(final / hook.name) for hook in HOOKS}
 

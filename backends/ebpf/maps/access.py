@@ -42,8 +42,8 @@ class MapAccess(Protocol[K, V]):
     def delete_many(self, keys: Sequence[K | int]) -> None:
         """Delete entries in order; keys the map does not hold are skipped."""
 
-    def items(self) -> Iterator[tuple[K | int, V]]:
-        """Every entry, in no particular order (ints for integer keys)."""
+    def items(self) -> Iterator[tuple[K, V]]:
+        """Every entry, in no particular order (K is int for integer keys)."""
 
     def put_packed(self, keys: Packed, values: Packed) -> None:
         """`put_many` of packed keys and values."""

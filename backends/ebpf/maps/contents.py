@@ -49,6 +49,11 @@ _SLOT_ID_SIZE = array(SLOT_IDS).itemsize
 _NO_TARGET = bytes(TARGET_SIZE)  # of a recovered slot that names no backend
 
 
+def packed_slot_ids(backend_ids: Iterable[int]) -> bytes:
+    """Backend ids as Programmed.slot_ids holds them."""
+    return array(SLOT_IDS, backend_ids).tobytes()
+
+
 @dataclass(frozen=True, order=True)
 class HostPort:
     ip: IPAddress
@@ -120,9 +125,8 @@ class Programmed:
     """A frontend as the maps hold it."""
 
     service_id: int
-    # The backend id of slot i+1, packed (SLOT_IDS, a u32 each: an int object
-    # each would cost ten times that); 0 where a recovered slot was missing.
-    # Given as ints, kept packed.
+    # The backend id of slot i+1, packed (packed_slot_ids: a u32 each, an int
+    # object each would cost ten times that); 0 where a recovered slot was missing.
     slot_ids: bytes
     # The packed lb_l4addr of each slot's backend (TARGET_SIZE bytes per slot,
     # zeros where a slot was missing): with the service id and the affinity
@@ -134,10 +138,6 @@ class Programmed:
     # With affinity: the service id of the first frontend of its service
     # port and family (lb_maps.h); 0 without.
     affinity_group: int = 0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.slot_ids, bytes):
-            object.__setattr__(self, "slot_ids", array(SLOT_IDS, self.slot_ids).tobytes())
 
     @property
     def slots(self) -> tuple[int, ...]:
@@ -352,9 +352,8 @@ class Contents:
                 unnamed.setdefault(owner, {})[backend_id] = raw
         return Recovered(frontends, unnamed, tuple(strays), tuple(stray_backends))
 
-    def _adopt_slots(self, stored: StoredFrontend, named: set[int]
-                     ) -> tuple[tuple[int, ...], bytes]:
-        """The backend id of each slot 1..count, 0 where the slot is missing or
+    def _adopt_slots(self, stored: StoredFrontend, named: set[int]) -> tuple[bytes, bytes]:
+        """The backend id of each slot 1..count (packed), 0 where the slot is missing or
         names no backend of the frontend (one that carries its service id and
         affinity group, as all its backends do), and their packed targets;
         the backends named are added to `named`. One pass over the slots (a
@@ -362,15 +361,15 @@ class Contents:
         owner = backend_owner(stored.master.id, stored.affinity_group)
         backends, slots, targets = self.backends, [], []
         for backend_id in stored.backend_ids():
-            raw = backends.get(backend_id) if backend_id is not None else None
-            if raw is not None and raw[TARGET_SIZE:] == owner:
+            if (backend_id is not None and (raw := backends.get(backend_id)) is not None
+                    and raw[TARGET_SIZE:] == owner):
                 slots.append(backend_id)
                 targets.append(raw[:TARGET_SIZE])
                 named.add(backend_id)
             else:
                 slots.append(0)
                 targets.append(_NO_TARGET)
-        return tuple(slots), b"".join(targets)
+        return packed_slot_ids(slots), b"".join(targets)
 
 
 def read_contents(services: MapAccess[ServiceKey, ServiceValue],

@@ -223,7 +223,7 @@ TRACE_TRANSLATED, TRACE_AFFINITY, TRACE_REFUSED = 1, 2, 3
 class NoEntries(ct.Structure):
     """A ring buffer's key and value: it has no entries (0 bytes)."""
 
-    _fields_: list = []
+    _fields_ = []
 
 
 # Every struct of lb_maps.h and its mirror, for the layout test.
@@ -251,8 +251,8 @@ class MapSpec:
     """One pinned map: its pin file, layout, kind, and the flag that sizes it."""
 
     pin: str
-    key: type
-    value: type
+    key: type[ct._SimpleCData | ct.Structure]
+    value: type[ct.Structure]
     type: int
     flags: int
     size_macro: str

@@ -125,7 +125,8 @@ def obj_info(fd: int, info_type: type[InfoT], of: str | None = None) -> InfoT:
 
 
 K = TypeVar("K", bound=ct._SimpleCData | ct.Structure)
-V = TypeVar("V", bound=ct.Structure)
+# A per-CPU map's value is an array of one value per possible CPU.
+V = TypeVar("V", bound=ct.Structure | ct.Array)
 
 # Entries per batched syscall when reading a whole map.
 _READ_BATCH = 4096
@@ -270,7 +271,7 @@ class BpfMap(Generic[K, V]):
             first = False
 
 
-def _packed(of: type, items: Sequence) -> bytes:
+def _packed(of: type[K] | type[V], items: Sequence) -> bytes:
     """ctypes keys or values (ints for integer keys), packed end to end."""
     return bytes((of * len(items))(*items)) if items else b""
 

@@ -14,7 +14,8 @@ import logging
 from typing import Callable, Iterable, Protocol
 
 from backends.ebpf.maps.access import MapAccess
-from backends.ebpf.maps.layout import NodeAddressKey, NodeAddressValue, packed_address, unpacked_address
+from backends.ebpf.maps.layout import (
+    NodeAddressKey, NodeAddressValue, packed_address, unpacked_address)
 from kpng_py.runtime.logs import fields
 from kpng_py.model import IPAddress
 from kpng_py.node.nodeport_addresses import LocalAddressSet

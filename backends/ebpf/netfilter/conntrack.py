@@ -111,14 +111,15 @@ class ConntrackCleaner:
         for flows in stale:
             by_family.setdefault(flows.family, []).append(flows)
         deleted = 0
-        for family, flows in by_family.items():
+        for family, in_family in by_family.items():
             try:
-                deleted += self._delete_in(family, flows)
+                deleted += self._delete_in(family, in_family)
             except (OSError, NetlinkError) as err:
                 self._failures.inc()
                 log.warning("cannot delete stale UDP conntrack entries; counted in "
                             "kpng_py_dataplane_errors{kind=\"udp-conntrack\"}", extra=fields(
-                                family=f"ipv{family.value}", endpoints=len(flows), error=err))
+                                family=f"ipv{family.value}", endpoints=len(in_family),
+                                error=err))
         return deleted
 
     def _delete_in(self, family: IPFamily, flows: list[StaleFlows]) -> int:

@@ -27,7 +27,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from backends.ebpf.netfilter import expr as nx
 from kpng_py.model import Endpoint, IPAddress, IPFamily, ServicePort, family_of
@@ -279,7 +279,7 @@ def _family_objects(port: ServicePort, family: IPFamily, ends: Frontends,
     sets: list[NamedSet] = []
     elements: set[Element] = set()
 
-    def to(base: str, keys: list[tuple[str | int, ...]], kind: str, target: str) -> None:
+    def to(base: str, keys: Sequence[tuple[str | int, ...]], kind: str, target: str) -> None:
         elements.update(Element(per_family(base, family), k, kind, target) for k in keys)
     endpoints = port.external_endpoints(family)
     if endpoints:

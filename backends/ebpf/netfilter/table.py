@@ -102,7 +102,7 @@ class NetfilterTable:
                                  "full one (the state model's first sync, or a recovery)")
         else:
             txn, updates = self._incremental(changes)
-            new = ChainMap(updates, self._programmed)
+            new = _over(updates, self._programmed)
         if txn:
             self._nft.run(txn.commands(), "a change set")
         touched = {port.name for port in (*changes.current(), *changes.removed)}
@@ -156,7 +156,7 @@ class NetfilterTable:
     def _incremental(self, changes: ServicePortChanges
                      ) -> tuple[Transaction, dict[ServicePortName, Held | None]]:
         updates: dict[ServicePortName, Held | None] = {}
-        view = ChainMap(updates, self._programmed)
+        view = _over(updates, self._programmed)
         txn = Transaction()
         for port in changes.removed:
             old = view.get(port.name)
@@ -210,6 +210,15 @@ class NetfilterTable:
         self._programmed = {}
         self._synced = False
         return cleanup_table(self._nft)
+
+
+def _over(updates: dict[ServicePortName, Held | None],
+          programmed: dict[ServicePortName, Held]) -> ChainMap[ServicePortName, Held | None]:
+    """`updates` (None: removed) over what is programmed, which is not copied."""
+    # A ChainMap writes to its first map only; typeshed gives all its maps
+    # one (mutable) type, which `programmed`, only read and holding no None,
+    # does not have.
+    return ChainMap(updates, programmed)  # type: ignore[arg-type]
 
 
 def _port_of(held: Held | None) -> ServicePort | None:

@@ -38,7 +38,8 @@ def test_a_kubeconfig_with_data_and_a_client_certificate(tmp_path: Path) -> None
 
     config = _kubeconfig(tmp_path / "config",
                          {"client-certificate-data": data("CERT"), "client-key-data": data("KEY")},
-                         {"server": "https://10.0.0.1:6443", "certificate-authority-data": data(CA)})
+                         {"server": "https://10.0.0.1:6443",
+                          "certificate-authority-data": data(CA)})
     access = resolve(AccessFlags(kubeconfig=config), environ={})
     assert (access.ca_pem, access.client_cert_pem, access.client_key_pem) == (
         CA, b"CERT", b"KEY")

@@ -87,7 +87,8 @@ def write_state(services: MapAccess, backends: MapAccess) -> None:
                                         flags=flags))
     services.put_many(keys, values)
     backends.put_many([backend_id for backend_id, *_ in BACKENDS], [
-        maps.BackendValue(addr=maps.L4Addr.of(ipaddress.ip_address(ip), port), service_id=service_id)
+        maps.BackendValue(addr=maps.L4Addr.of(ipaddress.ip_address(ip), port),
+                          service_id=service_id)
         for _, ip, port, service_id in BACKENDS])
 
 

@@ -47,7 +47,8 @@ def test_the_built_in_brain_programs_the_userspace_backend_in_process(tmp_path: 
     interface = unique_name("kpt")
     with netns() as ns:
         done = subprocess.run(ns.exec_args(
-            sys.executable, "-m", "kpng_py.cmd.cli", "--log-format", "json", "file", "-i", str(state),
+            sys.executable, "-m", "kpng_py.cmd.cli", "--log-format", "json",
+            "file", "-i", str(state),
             "to-local", "--node-name", "n", "--exit-after", "1", "--healthz-bind-address", "",
             "--metrics-bind-address", "", "to-userspace", "--interface", interface),
             capture_output=True, text=True, timeout=60)
@@ -97,7 +98,8 @@ def test_the_runner_tells_the_health_check_node_port_what_healthz_says(tmp_path:
     state.write_text(LOAD_BALANCER)
     with netns() as ns:
         proc = subprocess.Popen(ns.exec_args(
-            sys.executable, "-m", "kpng_py.cmd.cli", "--log-format", "json", "file", "-i", str(state),
+            sys.executable, "-m", "kpng_py.cmd.cli", "--log-format", "json",
+            "file", "-i", str(state),
             "to-local", "--node-name", "n", "--healthz-bind-address", "",
             "--metrics-bind-address", "", "to-userspace", "--interface", unique_name("kpt")),
             stderr=subprocess.PIPE, text=True)

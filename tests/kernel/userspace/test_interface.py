@@ -71,7 +71,8 @@ def _alias(ns: NetNS, name: str) -> str | None:
 
 
 def _full(*cluster_ips: str) -> ServicePortChanges:
-    return ServicePortChanges(added=(service_port("web", Protocol.TCP, cluster_ips, 80),), full=True)
+    return ServicePortChanges(added=(service_port("web", Protocol.TCP, cluster_ips, 80),),
+                              full=True)
 
 
 def test_the_loopback_interface_is_refused_even_when_marked(ns, start):

@@ -134,7 +134,8 @@ def test_n1_a_node_address_added_later_answers_and_one_removed_stops(
     node = start_node()  # every local address
     node.apply(ServicePortChanges(added=(_port("web", TCP, (*SERVER_V4, *SERVER_V6)),),
                                   full=True))
-    assert _endpoints(client("tcp_echo", host=OTHER_NODE4, port=NODE_PORT, count=3)) <= set(SERVER_V4)
+    assert _endpoints(
+        client("tcp_echo", host=OTHER_NODE4, port=NODE_PORT, count=3)) <= set(SERVER_V4)
     netns_cluster.node.ip("addr", "add", "10.244.0.100/24", "dev", "c0")
     try:
         _wait_until(lambda: "10.244.0.100" in _listening(netns_cluster.node, NODE_PORT, TCP),
@@ -261,8 +262,8 @@ def test_n8_n9_etp_local_without_a_local_endpoint_drops_outside_serves_the_node(
         assert client("udp_echo", host=host, port=port, count=1, size=1, connected=True,
                       timeout=1) == {"error": "TimeoutError"}
         # N9: a host process uses the cluster endpoints.
-        assert _endpoints(_on_node(netns_cluster, "tcp_echo", host=host, port=port, count=6)) <= set(
-            SERVER_V6 if ":" in host else SERVER_V4)
+        served = _endpoints(_on_node(netns_cluster, "tcp_echo", host=host, port=port, count=6))
+        assert served <= set(SERVER_V6 if ":" in host else SERVER_V4)
     # A local endpoint appears: served from outside at once, from it only.
     node.apply(ServicePortChanges(updated=((web, _local_only(TCP, SERVER_V4[0])),)))
     assert _endpoints(client("tcp_echo", host=NODE4, port=NODE_PORT, count=5)) == {SERVER_V4[0]}
