@@ -1,6 +1,7 @@
-"""Each measured figure has one place, docs/bench.md: the other docs (and the
-manifests' comments) link to its section instead of quoting their own copy,
-which went stale (issue 31: 161 and 361 MiB, 11.6 -> 3.84 s, 4.5 s).
+"""Each measured figure has one place, docs/bench.md (today's figures) or
+docs/bench-history.md (those of each change, from then): the other docs (and
+the manifests' comments) link to its section instead of quoting their own
+copy, which went stale (issue 31: 161 and 361 MiB, 11.6 -> 3.84 s, 4.5 s).
 
 What a test can tell apart without guessing: every MiB figure is a
 measurement, but for the few sizes the code or a test sets; a seconds figure
@@ -11,24 +12,26 @@ from a measurement)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from tests.test_deploy import DEPLOY, ROOT, daemonset_containers
 
 DOCS = ROOT / "docs"
 BENCH = DOCS / "bench.md"
+HISTORY = DOCS / "bench-history.md"
 # Sizes the code or a test sets, not measured: the trace ring buffer and the
 # userspace proxy's default pipe; gRPC's default message limit, the probes'
 # answer in a test and the soak's bound on memory growth.
 SET_SIZES = {"1 MiB", "4 MiB"}
 _FIGURE = re.compile(r"(?<![\w.,-])(\d{1,3}(?: \d{3})+|\d+(?:\.\d+)?) ?(MiB|GiB|ms|us|s)\b")
-_MEASURED = re.compile(r"measur|bench\.md", re.IGNORECASE)
-_BENCH_LINK = re.compile(r"\(bench\.md#([^)\s]+)\)|docs/bench\.md#([^)\s]+)")
+_MEASURED = re.compile(r"measur|bench(?:-history)?\.md", re.IGNORECASE)
+_BENCH_LINK = re.compile(r"(?:\(|docs/)(bench(?:-history)?\.md)#([^)\s]+)")
 
 
 def quoting_texts() -> dict[str, str]:
-    """README.md, docs/*.md but the bench's, and the comments of deploy/."""
+    """README.md, docs/*.md but the bench's two, and the comments of deploy/."""
     texts = {path.name: path.read_text() for path in (ROOT / "README.md", *DOCS.glob("*.md"))
-             if path != BENCH}
+             if path not in (BENCH, HISTORY)}
     for path in (*DEPLOY.rglob("*.yaml"), DEPLOY / "Dockerfile"):
         texts[str(path.relative_to(ROOT))] = "\n".join(
             line.split("#", 1)[1] if "#" in line else "" for line in path.read_text().splitlines())
@@ -58,7 +61,7 @@ def flat(text: str) -> str:
 
 
 def test_every_measured_figure_outside_the_bench_is_one_the_bench_has() -> None:
-    bench = flat(BENCH.read_text())
+    bench = flat(BENCH.read_text() + "\n" + HISTORY.read_text())
     stray = []
     for name, text in quoting_texts().items():
         for unit, measured in units(text):
@@ -75,10 +78,10 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def bench_sections() -> dict[str, str]:
+def bench_sections(doc: Path = BENCH) -> dict[str, str]:
     """Each heading's anchor and its text, up to the next heading of its level or above."""
     sections: dict[str, str] = {}
-    lines = BENCH.read_text().splitlines()
+    lines = doc.read_text().splitlines()
     for i, line in enumerate(lines):
         if heading := re.match(r"(#+) (.+)", line):
             level = len(heading[1])
@@ -90,11 +93,24 @@ def bench_sections() -> dict[str, str]:
 
 
 def test_every_link_into_the_bench_names_a_section_it_has() -> None:
-    anchors = bench_sections()
-    linked = {(name, a or b) for name, text in quoting_texts().items()
-              for a, b in _BENCH_LINK.findall(text)}
+    anchors = {doc.name: bench_sections(doc) for doc in (BENCH, HISTORY)}
+    linked = {(name, doc, anchor) for name, text in quoting_texts().items()
+              for doc, anchor in _BENCH_LINK.findall(text)}
     assert len(linked) >= 10
-    assert {(name, anchor) for name, anchor in linked if anchor not in anchors} == set()
+    assert {link for link in linked if link[2] not in anchors[link[1]]} == set()
+
+
+def test_every_link_between_the_bench_and_its_history_names_a_section() -> None:
+    """The two files link each other's sections (and their own, by bare `#`)."""
+    anchors = {doc.name: bench_sections(doc) for doc in (BENCH, HISTORY)}
+    dangling = []
+    for doc in (BENCH, HISTORY):
+        text = doc.read_text()
+        links = [*_BENCH_LINK.findall(text),
+                 *((doc.name, a) for a in re.findall(r"\]\(#([^)\s]+)\)", text))]
+        dangling += [(doc.name, target, anchor) for target, anchor in links
+                     if anchor not in anchors[target]]
+    assert dangling == []
 
 
 def resources_comment() -> str:

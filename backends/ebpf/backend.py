@@ -15,7 +15,6 @@ from backends.ebpf.maps import service_id_maps
 from backends.ebpf.datapath.loader import Datapath, DatapathConfig, mount_holding
 from backends.ebpf.maps.node_addresses import AddressFollower, FollowerFactory, NodeAddressMap
 from backends.ebpf.programmer import Capacity, MapWrites, ServiceProgrammer
-from backends.ebpf.recovery import RecoveryAhead
 from backends.ebpf.stale_udp import StaleUdpTerminator
 from backends.ebpf.maps.usage import CachedCount
 from kpng_py.dataplane.contract import BackendSetupError, DataplaneHealth
@@ -118,38 +117,32 @@ class EbpfBackend:
         self._metrics.registry.register(self._collector)  # unregistered with the datapath
         services = self._datapath.maps[maps.SERVICES.pin]
         backends = self._datapath.maps[maps.BACKENDS.pin]
-        # A child recovers the programmer's mirror from the maps meanwhile.
-        recovery = RecoveryAhead(services, backends)
-        try:
-            config = self._datapath.config  # with its paths resolved: use no other
-            self._terminator = StaleUdpTerminator(
-                config.cgroup, self._datapath.maps[maps.REVERSE_NAT.pin],
-                self._metrics.dataplane_errors.labels("udp-socket-termination"))
-            for spec in maps.MAP_SPECS:
-                self._metrics.map_capacity.labels(spec.pin).set(
-                    self._datapath.maps[spec.pin].info().max_entries)
-            for spec in (maps.SERVICES, maps.BACKENDS, maps.NODE_ADDRESSES,
-                         maps.SERVICE_NAMES):  # written here
-                self._metrics.map_writes.labels(spec.pin)
-            for part in (*DATAPATH_PARTS, *((NETFILTER_PART,) if self._netfilter else ())):
-                self._metrics.datapath_missing.labels(part).set(0)
-                self._metrics.datapath_restored.labels(part)
-            # Made by the datapath, or not counted by the programmer: walked.
-            for spec in (maps.REVERSE_NAT, maps.AFFINITY, maps.COUNTERS, maps.BACKEND_COUNTERS,
-                         maps.SERVICE_NAMES):
-                self._metrics.map_entries.labels(spec.pin).set_function(
-                    CachedCount(self._datapath.maps[spec.pin].count))
-            if self._netfilter is not None:
-                self._netfilter.adopt()
-                _log_netfilter_scope(self._netfilter, config.cgroup)
-            self._node_addresses = NodeAddressMap(self._datapath.maps[maps.NODE_ADDRESSES.pin])
-            self._follow_node_addresses()
-            self._programmer = ServiceProgrammer(
-                services, backends,
-                Capacity(services.info().max_entries, backends.info().max_entries), self._skips,
-                recovery=recovery)
-        finally:
-            recovery.close()  # what it forked, if the setup failed before asking
+        config = self._datapath.config  # with its paths resolved: use no other
+        self._terminator = StaleUdpTerminator(
+            config.cgroup, self._datapath.maps[maps.REVERSE_NAT.pin],
+            self._metrics.dataplane_errors.labels("udp-socket-termination"))
+        for spec in maps.MAP_SPECS:
+            self._metrics.map_capacity.labels(spec.pin).set(
+                self._datapath.maps[spec.pin].info().max_entries)
+        for spec in (maps.SERVICES, maps.BACKENDS, maps.NODE_ADDRESSES,
+                     maps.SERVICE_NAMES):  # written here
+            self._metrics.map_writes.labels(spec.pin)
+        for part in (*DATAPATH_PARTS, *((NETFILTER_PART,) if self._netfilter else ())):
+            self._metrics.datapath_missing.labels(part).set(0)
+            self._metrics.datapath_restored.labels(part)
+        # Made by the datapath, or not counted by the programmer: walked.
+        for spec in (maps.REVERSE_NAT, maps.AFFINITY, maps.COUNTERS, maps.BACKEND_COUNTERS,
+                     maps.SERVICE_NAMES):
+            self._metrics.map_entries.labels(spec.pin).set_function(
+                CachedCount(self._datapath.maps[spec.pin].count))
+        if self._netfilter is not None:
+            self._netfilter.adopt()
+            _log_netfilter_scope(self._netfilter, config.cgroup)
+        self._node_addresses = NodeAddressMap(self._datapath.maps[maps.NODE_ADDRESSES.pin])
+        self._follow_node_addresses()
+        self._programmer = ServiceProgrammer(
+            services, backends,
+            Capacity(services.info().max_entries, backends.info().max_entries), self._skips)
         log.info("eBPF datapath loaded", extra=fields(
             bpffs_dir=config.bpffs_dir, cgroup=config.cgroup,
             nodeport_addresses=str(self._nodeport_addresses),

@@ -45,9 +45,9 @@ from backends.ebpf.maps.contents import (
     backend_owner,
     backend_target,
     packed_slot_ids,
+    read_contents,
 )
 from backends.ebpf.maps.access import MapAccess
-from backends.ebpf.recovery import Recovery, recovered_here
 from backends.ebpf.maps.layout import L4ADDR_PAD, BackendValue, ServiceKey, ServiceValue
 from kpng_py.runtime.logs import fields
 from kpng_py.model import (
@@ -357,12 +357,11 @@ class ServiceProgrammer:
 
     def __init__(self, services: MapAccess[ServiceKey, ServiceValue],
                  backends: MapAccess[int, BackendValue], capacity: Capacity, skips: Skips,
-                 round_ports: int = ROUND_PORTS, recovery: Recovery = recovered_here) -> None:
+                 round_ports: int = ROUND_PORTS) -> None:
         if round_ports < 1:
             raise ValueError(f"round_ports is {round_ports}: a round writes at least one "
                              f"service port")
         self._round_ports = round_ports
-        self._recovery = recovery
         self._services = services
         self._backends_map = backends
         self._capacity = capacity
@@ -429,7 +428,7 @@ class ServiceProgrammer:
     def _recover(self) -> None:
         """Rebuild the mirror (and the ids in use) from the maps."""
         self._reset()
-        recovered = self._recovery(self._services, self._backends_map)
+        recovered = read_contents(self._services, self._backends_map).recovered()
         self._frontends = dict(recovered.frontends)
         self._unnamed = {frontend: dict(by_id) for frontend, by_id in recovered.unnamed.items()}
         self._stray_keys = b"".join(bytes(key) for key in recovered.stray_keys)

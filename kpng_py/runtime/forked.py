@@ -1,10 +1,10 @@
 """Work done by a forked child on the machine's other CPU, sent back as bytes.
 
 A thread cannot take CPU-bound Python off the interpreter's lock; a forked
-child can: it starts with a copy of everything the parent holds (open BPF
-maps, a file's text), does one piece of work, writes the bytes it makes to a
-pipe and exits, while the parent goes on with its own work and reads them
-when it needs them. The bytes are the work's plain values (`marshal`), which
+child can: it starts with a copy of everything the parent holds (a file's
+text), does one piece of work, writes the bytes it makes to a pipe and
+exits, while the parent goes on with its own work and reads them when it
+needs them. The bytes are the work's plain values (`marshal`), which
 the parent reads back in a fraction of what making them cost.
 
 The child only saves time: callers do the work themselves when no child can

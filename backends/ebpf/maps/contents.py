@@ -283,27 +283,6 @@ class Recovered:
         for by_id in self.unnamed.values():
             yield from by_id
 
-    def encode(self) -> tuple:
-        """As plain values (what `marshal` writes), which `decode` makes
-        this again: what a child that recovers sends its parent."""
-        order = {frontend: index for index, frontend in enumerate(self.frontends)}
-        return ([(bytes(f.vip.l4addr()), f.protocol.value, p.service_id, p.slot_ids, p.targets,
-                  p.affinity_timeout, p.kind_flag, p.affinity_group)
-                 for f, p in self.frontends.items()],
-                [(order[frontend], dict(by_id)) for frontend, by_id in self.unnamed.items()],
-                [bytes(key) for key in self.stray_keys], self.stray_backends)
-
-    @classmethod
-    def decode(cls, values: tuple) -> Recovered:
-        encoded_frontends, unnamed, stray_keys, stray_backends = values
-        frontends = [FrontendKeys(HostPort.of_packed(vip), Protocol(protocol))
-                     for vip, protocol, *_ in encoded_frontends]
-        return cls({frontend: Programmed(*programmed)
-                    for frontend, (_, _, *programmed) in zip(frontends, encoded_frontends)},
-                   {frontends[index]: by_id for index, by_id in unnamed},
-                   tuple(ServiceKey.from_buffer_copy(key) for key in stray_keys),
-                   tuple(stray_backends))
-
 
 @dataclass(frozen=True)
 class Contents:
