@@ -60,12 +60,12 @@ def brain_start(checkout: Path, state: Path, timeout: float) -> dict:
              "--node-name", NODE, "--timeout", str(timeout)],
             cwd=HERE, stdout=subprocess.PIPE, text=True)
         started = time.monotonic()
-        # The checkout's own tree first on the path (its cwd, and -c's "").
+        # `-c` puts its working directory first on the path: the checkout's
+        # kpng_py before the one installed.
         brain = subprocess.Popen(
             [sys.executable, "-c", "import sys; from kpng_py.cli import main; sys.exit(main())",
              "file", "-i", str(state), "to-api", "--listen", f"unix://{socket}"],
-            cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)},
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            cwd=checkout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             out, _ = probe.communicate(timeout=timeout + 10)
             cpu, peak = _cpu_seconds(brain.pid), _peak_mib(brain.pid)
