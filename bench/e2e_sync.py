@@ -57,6 +57,11 @@ def state_file_text(scenario: Scenario) -> str:
     return _dump([_service_yaml(port) for port in scenario.service_ports()])
 
 
+def state_file_document(scenario: Scenario) -> dict:
+    """The scenario's state file as plain values, to write in any style."""
+    return _document([_service_yaml(port) for port in scenario.service_ports()])
+
+
 def moved_state_file_text(scenario: Scenario, text: str) -> str:
     """`text` (the scenario's state file) with the endpoint that
     `scenario.endpoint_moves()` moves at its new address, under the same pod
@@ -78,10 +83,13 @@ def _service_item(service: dict) -> str:
     return text[text.index("\nservices:\n") + len("\nservices:\n"):]
 
 
+def _document(services: list[dict]) -> dict:
+    return {"nodes": [{"name": NODE}, {"name": OTHER_NODE}], "services": services}
+
+
 def _dump(services: list[dict]) -> str:
-    body = {"nodes": [{"name": NODE}, {"name": OTHER_NODE}], "services": services}
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    return yaml.dump(body, Dumper=dumper, sort_keys=False)
+    return yaml.dump(_document(services), Dumper=dumper, sort_keys=False)
 
 
 def _service_yaml(port: ServicePort) -> dict:

@@ -50,22 +50,6 @@ def _no_logging_into_a_finished_test() -> Iterator[None]:
         root.removeHandler(handler)
 
 
-@pytest.fixture
-def forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The pids of the children the code under test forks (kpng_py/runtime/forked.py)."""
-    pids: list[int] = []
-    fork = os.fork
-
-    def counted() -> int:
-        pid = fork()
-        if pid:
-            pids.append(pid)
-        return pid
-
-    monkeypatch.setattr(os, "fork", counted)
-    return pids
-
-
 def _detach_programs(names: RunNames) -> None:
     """Detach and unpin the BPF programs and maps a dead process left pinned."""
     from backends.ebpf.datapath.loader import cleanup  # BCC: only when there is something to sweep

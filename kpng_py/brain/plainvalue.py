@@ -1,5 +1,5 @@
 """The fast twin of `reader.Value`: the same accessors over plain values (what
-`blockyaml.load_block` reads), without places, and failing without a message.
+`plainload.plain_document` reads), without places, and failing without a message.
 
 statefile.py reads a document through one interface, so both readers accept
 the same documents and build the same values: `PlainValue` where the fast
@@ -13,25 +13,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from typing import Iterable, Mapping, NoReturn
+from typing import Callable, Iterable, Mapping, NoReturn
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
+from google.protobuf.message_factory import GetMessageClass
 
-from kpng_py.brain.blockyaml import Plain
+from kpng_py.brain.plainload import Plain, Unchecked
 from kpng_py.brain.reader import INT_RANGES, FieldChecks, Place
-
-
-class Unchecked(Exception):
-    """The fast reader found something it does not vouch for: read the
-    document with the strict reader."""
 
 
 class PlainMembers(dict):
     """A mapping's members by key; an allowed key that is absent reads as null."""
 
-    def __init__(self, members: dict[str, PlainValue], allowed: Iterable[str]) -> None:
-        super().__init__(members)
+    __slots__ = ("_allowed",)
+
+    def __init__(self, allowed: Iterable[str]) -> None:
         self._allowed = allowed
 
     def __missing__(self, key: str) -> PlainValue:
@@ -64,14 +61,16 @@ class PlainValue:
         """As `Value.mapping`; a key not in `keys` fails, and the strict
         reader then names it (with its hint)."""
         value = self._value
+        members = PlainMembers(keys)
         if value is None:
-            return PlainMembers({}, keys)
+            return members
         if type(value) is not dict:
             self.fail("expected a mapping")
-        for key in value:
+        for key, item in value.items():
             if key not in keys:
                 self.fail(f"unknown key {key!r}")
-        return PlainMembers({key: PlainValue(item) for key, item in value.items()}, keys)
+            members[key] = PlainValue(item)
+        return members
 
     def sequence(self) -> list[PlainValue]:
         value = self._value
@@ -82,7 +81,8 @@ class PlainValue:
         return [PlainValue(item) for item in value]
 
     def string(self) -> str:
-        return _text(self._value)
+        value = self._value
+        return value if type(value) is str else _text(value)
 
     def boolean(self) -> bool:
         return _boolean(self._value)
@@ -94,7 +94,7 @@ class PlainValue:
         return _string_map(self._value)
 
     def fill(self, message: Message, checks: FieldChecks) -> None:
-        _fill(message, self._value, _plan(message.DESCRIPTOR), checks)
+        message.MergeFrom(_message(self._value, _plan(message.DESCRIPTOR), checks))
 
 
 _NULL = PlainValue(None)
@@ -117,14 +117,10 @@ _BLAME = _Blame()
 
 
 def _text(value: Plain) -> str:
-    """A string field takes any scalar's text (blockyaml keeps only the
-    scalars whose text the value tells)."""
+    """A string field takes any scalar's text; a typed value does not tell
+    its text (`+1`, `0x1`, `TRUE`), so only a string is read here."""
     if type(value) is str:
         return value
-    if type(value) is bool:
-        return "true" if value else "false"
-    if type(value) is int:
-        return str(value)
     if value is None:
         return ""
     _unchecked("expected a string")
@@ -153,10 +149,16 @@ def _string_map(value: Plain) -> dict[str, str]:
         return {}
     if type(value) is not dict:
         _unchecked("expected a mapping of strings")
+    if not all(type(key) is str for key in value):
+        _unchecked("a key that is not a string")
     return {key: _text(item) for key, item in value.items()}
 
 
 # -- protobuf messages, as reader.Value.fill reads them ----------------------------
+#
+# A message is built in one constructor call from the values read for its
+# fields (protobuf copies them in compiled code): a third of the time of
+# setting each field on a message in place.
 
 
 @dataclass(frozen=True)
@@ -172,9 +174,11 @@ class _Field:
 
 @dataclass(frozen=True)
 class _Plan:
-    """A message's fields by lower-cased name, and its oneofs' members."""
+    """A message's class, its fields by lower-cased name, and its oneofs'
+    members."""
 
     full_name: str
+    new: Callable[..., Message]
     fields: dict[str, _Field]
     oneofs: dict[str, dict[str, _Field]]
 
@@ -189,75 +193,87 @@ def _plan(descriptor: Descriptor) -> _Plan:
                       numbers)
 
     return _Plan(
-        descriptor.full_name,
+        descriptor.full_name, GetMessageClass(descriptor),
         {f.name.lower(): field(f) for f in descriptor.fields if f.containing_oneof is None},
         {o.name.lower(): {f.name.lower(): field(f) for f in o.fields}
          for o in descriptor.oneofs})
 
 
-def _fill(message: Message, value: Plain, plan: _Plan, checks: FieldChecks) -> None:
+def _message(value: Plain, plan: _Plan, checks: FieldChecks) -> Message:
+    """A new message read from `value` (None: an empty one), checked."""
+    fields: dict[str, object] = {}
     if value is not None:
         if type(value) is not dict:
             _unchecked("expected a mapping")
-        fields = plan.fields
         for key, item in value.items():
-            field = fields.get(key)
-            if field is not None:
-                if item is not None:
-                    _fill_field(message, field, item, checks)
-                continue
-            members = plan.oneofs.get(key)
-            if members is None:
-                _unchecked(f"unknown key {key!r}")
-            if item is None:
-                continue
-            if type(item) is not dict:
-                _unchecked("expected a mapping")
-            for member_key, member in item.items():
-                if member_key not in members:
-                    _unchecked(f"unknown key {member_key!r}")
-                _fill_field(message, members[member_key], member, checks)
+            field = plan.fields.get(key)
+            if field is None:
+                fields.update(_oneof(key, item, plan, checks))
+            elif item is not None:
+                fields[field.name] = _field(field, item, checks)
+    message = plan.new(**fields)
     check = checks.get(plan.full_name)
     if check is not None:
         check(_BLAME, message)
+    return message
 
 
-def _fill_field(message: Message, field: _Field, value: Plain, checks: FieldChecks) -> None:
+def _oneof(key: str, value: Plain, plan: _Plan, checks: FieldChecks) -> dict[str, object]:
+    """The fields set by a oneof given under its own name: a null member is
+    an empty message, as the strict reader sets it."""
+    members = plan.oneofs.get(key)
+    if members is None:
+        _unchecked(f"unknown key {key!r}")
+    if value is None:
+        return {}
+    if type(value) is not dict:
+        _unchecked("expected a mapping")
+    fields = {}
+    for member_key, member in value.items():
+        field = members.get(member_key)
+        if field is None:
+            _unchecked(f"unknown key {member_key!r}")
+        fields[field.name] = _field(field, member, checks)
+    return fields
+
+
+def _field(field: _Field, value: Plain, checks: FieldChecks) -> object:
     if field.is_map:
-        getattr(message, field.name).update(_string_map(value))
-    elif field.is_repeated:
-        if value is None:
-            return
+        return _string_map(value)
+    if field.message is not None:
+        plan = _plan(field.message)
+        if not field.is_repeated:
+            return _message(value, plan, checks)
         if type(value) is not list:
             _unchecked("expected a list")
-        target = getattr(message, field.name)
-        if field.message is not None:
-            plan = _plan(field.message)
-            for item in value:
-                _fill(target.add(), item, plan, checks)
+        return [_message(item, plan, checks) for item in value]
+    if field.is_repeated:
+        if type(value) is not list:
+            _unchecked("expected a list")
+        # Most repeated scalars are strings (IPs, ranges, zones): kept as they are.
+        if field.scalar_type == FieldDescriptor.TYPE_STRING and all(
+                type(item) is str for item in value):
+            scalars = value
         else:
-            target.extend([_scalar(field, item, checks) for item in value])
-    elif field.message is not None:
-        sub = getattr(message, field.name)
-        sub.SetInParent()
-        _fill(sub, value, _plan(field.message), checks)
+            scalars = [_scalar(field, item) for item in value]
     else:
-        setattr(message, field.name, _scalar(field, value, checks))
-
-
-def _scalar(field: _Field, value: Plain, checks: FieldChecks) -> object:
-    kind = field.scalar_type
-    if kind == FieldDescriptor.TYPE_STRING:
-        result: object = _text(value)
-    elif kind == FieldDescriptor.TYPE_BOOL:
-        result = _boolean(value)
-    elif type(value) is str and field.enum_numbers is not None:
-        result = field.enum_numbers.get(value)
-        if result is None:
-            _unchecked("not a name of the enum")
-    else:
-        result = _integer(value, *INT_RANGES[kind])
+        scalars = [_scalar(field, value)]
     check = checks.get(field.full_name)
     if check is not None:
-        check(_BLAME, result)
-    return result
+        for scalar in scalars:
+            check(_BLAME, scalar)
+    return scalars if field.is_repeated else scalars[0]
+
+
+def _scalar(field: _Field, value: Plain) -> object:
+    kind = field.scalar_type
+    if kind == FieldDescriptor.TYPE_STRING:
+        return _text(value)
+    if kind == FieldDescriptor.TYPE_BOOL:
+        return _boolean(value)
+    if type(value) is str and field.enum_numbers is not None:
+        number = field.enum_numbers.get(value)
+        if number is None:
+            _unchecked("not a name of the enum")
+        return number
+    return _integer(value, *INT_RANGES[kind])

@@ -26,7 +26,6 @@ from kpng_py.runtime.aio import ThreadsafeEvent
 from kpng_py.api import localv1
 from kpng_py.brain.statefile import ClusterState
 from kpng_py.brain.view import NodeView, Ref, node_view
-from kpng_py.brain.protowire import VARINT, delimited, key, varint
 from kpng_py.runtime.logs import fields
 from kpng_py.serve.server import MESSAGE_PREFIX
 
@@ -164,9 +163,8 @@ class BrainSession:
 
 
 # One op of a change set: Set (a ref and its value), Delete (a ref), Reset or
-# Sync (neither). Kept as plain values: the server writes their bytes
-# straight into the reply (110 002 ops in a first answer at 10 000
-# services); protobuf OpItems are built only for in-process sinks.
+# Sync (neither), as plain values until a reply is serialized or an
+# in-process sink takes its OpItems.
 SET, DELETE, RESET, SYNC = range(4)
 OpSpec = tuple[int, Ref | None, bytes]
 
@@ -178,8 +176,7 @@ PART_OPS = 2048
 
 @dataclass(frozen=True)
 class ChangeSetReply:
-    """A change set as a Reply: its wire written from the specs (the bytes
-    protobuf would write for its OpItems, tests/brain/test_source.py checks),
+    """A change set as a Reply: its wire serialized in parts from the specs,
     its OpItems only when asked for."""
 
     specs: tuple[OpSpec, ...]
@@ -255,28 +252,5 @@ def _op_item(spec: OpSpec) -> localv1.OpItem:
 def _op_message(spec: OpSpec) -> bytes:
     """One op as a gRPC message of the stream: its prefix (not compressed,
     its length) and the OpItem's bytes."""
-    kind, ref, data = spec
-    if ref is None:  # Reset or Sync
-        body = _EMPTY_OPS[kind]
-    elif kind == SET:
-        body = delimited(_OP_SET, delimited(_VALUE_REF, _ref_bytes(ref))
-                          + (delimited(_VALUE_BYTES, data) if data else b""))
-    else:
-        body = delimited(_OP_DELETE, _ref_bytes(ref))
+    body = _op_item(spec).SerializeToString()
     return MESSAGE_PREFIX.pack(0, len(body)) + body
-
-
-def _ref_bytes(ref: Ref) -> bytes:
-    kind, path = ref
-    of_set = _REF_SETS.get(kind)
-    if of_set is None:
-        of_set = _REF_SET + varint(kind) if kind else b""
-    return of_set + (delimited(_REF_PATH, path.encode()) if path else b"")
-
-
-_OP_SET, _OP_DELETE = key(localv1.OpItem, "Set"), key(localv1.OpItem, "Delete")
-_VALUE_REF, _VALUE_BYTES = key(localv1.Value, "Ref"), key(localv1.Value, "Bytes")
-_REF_SET, _REF_PATH = key(localv1.Ref, "Set", VARINT), key(localv1.Ref, "Path")
-_REF_SETS = {of: _REF_SET + varint(of) for of in (localv1.ServicesSet, localv1.EndpointsSet)}
-_EMPTY_OPS = {RESET: localv1.OpItem(Reset=localv1.EmptyOp()).SerializeToString(),
-              SYNC: localv1.OpItem(Sync=localv1.EmptyOp()).SerializeToString()}

@@ -12,15 +12,12 @@ Anything that cannot be served is an error naming the file, the line, the place
 and the problem, and the whole file is rejected: unknown keys, wrong types, IPs
 of the wrong family, ports out of range, unknown protocols, duplicates.
 
-Two readers, one reading: a file in the plain block style that generators
-write is read fast (`blockyaml` into plain values, read through
-`PlainValue`); any other file, and any file the fast path has a doubt about,
-is read by the strict reader (`reader.Value`), which names the line of each
-problem. Both go through the same functions below, so they accept the same
-files and build the same state. Within the fast path, the endpoints and
-plain ClusterIP services of a generated file are read whole, each with one
-regular expression (`fastendpoints`, `fastservices`), when every scalar in
-them is one they vouch for; any other item goes through `blockyaml`.
+Two readers, one reading: the text is read fast into plain values
+(`plainload`: json, or yaml-rs, a YAML parser in Rust) and then through
+`PlainValue`; a text the fast path has a doubt about, and any file with a
+problem, is read again by the strict reader (`reader.Value`), which names the
+line of each problem. Both go through the same functions below, so they
+accept the same files and build the same state.
 """
 
 from __future__ import annotations
@@ -36,11 +33,8 @@ from typing import Callable, NamedTuple, TypeVar
 import yaml
 
 from kpng_py.api import localv1
-from kpng_py.brain.blockyaml import NotBlockStyle, Scalars, load_block
-from kpng_py.brain.fastendpoints import IPV4, FastEndpoints
-from kpng_py.brain.fastservices import fast_service
-from kpng_py.brain.parallel_read import read_items
-from kpng_py.brain.plainvalue import PlainValue, Unchecked
+from kpng_py.brain.plainload import Plain, Unchecked, plain_document
+from kpng_py.brain.plainvalue import PlainValue
 from kpng_py.brain.reader import Blame, FieldChecks, StateFileError, Value, read_document
 from kpng_py.runtime.collector import collector_paused, freeze_survivors
 from kpng_py.model import MAX_AFFINITY_TIMEOUT_SECONDS, MAX_PORT
@@ -53,6 +47,10 @@ Doc = Value | PlainValue
 # multi-line mode over a big file).
 _TOP_LINE = re.compile(r"[^\s#]")
 _NEXT_TOP_LINE = re.compile(r"\n[^\s#]")
+# Dotted quads that ipaddress reads as IPv4 (no leading zeros, each <= 255):
+# most addresses of a big file, checked without building an address.
+IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
+                  r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])")
 DEFAULT_NAMESPACE = "default"
 _PROTOCOLS = {localv1.TCP: "TCP", localv1.UDP: "UDP", localv1.SCTP: "SCTP"}
 # Computed per node by the brain: a file may carry them (KPNG's own dumps do),
@@ -147,10 +145,11 @@ def parse_state(data: bytes, file: str) -> ClusterState:
 
 
 class StateReader:
-    """Reads the versions of one state file. The services of a block-style
-    file are read item by item, and an item whose text is the same as in the
-    last version read is not read again: a one-endpoint edit of a big file
-    reads one service."""
+    """Reads the versions of one state file. The services of a file that
+    writes them one per column-0 `- ` under `services:` (block style, or flow
+    style inside each service) are read item by item, and an item whose text
+    is the same as in the last version read is not read again: a
+    one-endpoint edit of a big file reads one service."""
 
     def __init__(self, file: str) -> None:
         self._file = file
@@ -163,7 +162,7 @@ class StateReader:
         except UnicodeDecodeError as err:
             raise StateFileError(f"{self._file}: not UTF-8 text (byte {err.start})") from err
         with collector_paused():  # a million new objects, none of them garbage
-            state = self.read_fast(text)
+            state = self.read_plain(text, data)
             if state is None:
                 state = read_strict(text, self._file)
             # The state is long-lived (its values are freed, without cycles,
@@ -171,56 +170,51 @@ class StateReader:
             freeze_survivors()
             return state
 
-    def read_fast(self, text: str) -> ClusterState | None:
-        """The state of a file in the plain block style; None when the fast
-        path does not vouch for it (another style, or a problem to name)."""
+    def read_plain(self, text: str, data: bytes | None = None) -> ClusterState | None:
+        """The state as the fast path reads it; None when it does not vouch
+        for the text (a problem to name, or a doubt). `data`: the text's
+        UTF-8 bytes, if the caller has them (read without a copy)."""
         skeleton, items = _split_services(text)
-        scalars = Scalars()
         try:
-            state = _cluster_state(PlainValue(load_block(skeleton, scalars)))
-        except (NotBlockStyle, Unchecked):
-            return None
-        fast = FastEndpoints(scalars)
-
-        def read_all(new_items: list[str]) -> list[ServiceEntry] | None:
-            try:
-                return [_service_item(item, scalars, fast) for item in new_items]
-            except (NotBlockStyle, Unchecked):
-                return None
-
-        unread = [item for item in items if item not in self._services]
-        read = read_items(unread, read_all, _plain_entry, _entry_of)
-        if read is None:
-            return None
-        fresh = dict(zip(unread, read))
-        services = {item: self._services.get(item) or fresh[item] for item in items}
-        if items:
-            if state.services:
+            document = plain_document(skeleton, data if skeleton is text else None)
+            in_place = _taken_services(document)
+            if items and in_place:
                 return None  # services both in place and as column-0 items: not YAML
-            entries = tuple(services[item] for item in items)
-            if len({entry.path for entry in entries}) < len(entries):
-                return None  # two services with one name: the strict reader says where
-            state = replace(state, services=entries)
+            state = _cluster_state(PlainValue(document))
+            services = {item: self._services.get(item) or _service_item(item)
+                        for item in items}
+            entries = [services[item] for item in items] if items else _entries(in_place)
+        except Unchecked:
+            return None
+        if len({entry.path for entry in entries}) < len(entries):
+            return None  # two services with one name: the strict reader says where
         self._services = services
-        return state
+        return replace(state, services=tuple(entries))
 
 
-def _plain_entry(entry: ServiceEntry) -> tuple:
-    """The entry as plain values (parallel_read sends them so), and back."""
-    return (entry.namespace, entry.name, entry.service, entry.internal_traffic_local,
-            entry.external_traffic_local, tuple(map(tuple, entry.endpoints)), entry.proxy_name)
+def _taken_services(document: Plain) -> list[Plain]:
+    """The document's list of services, taken out of it (and then read by
+    `_entries`); empty if it has none, or something else in its place."""
+    if type(document) is dict and type(document.get("services")) is list:
+        return document.pop("services")
+    return []
 
 
-def _entry_of(values: tuple) -> ServiceEntry:
-    namespace, name, service, internal_local, external_local, endpoints, proxy_name = values
-    return ServiceEntry(namespace, name, service, internal_local, external_local,
-                        tuple(map(EndpointInfo._make, endpoints)), proxy_name)
+def _entries(services: list[Plain]) -> list[ServiceEntry]:
+    """The services read in order, each one's plain values freed once read:
+    a big document's values are not all kept beside the state they become."""
+    services.reverse()
+    entries = []
+    while services:
+        entries.append(_service_entry(PlainValue(services.pop())))
+    return entries
 
 
 def _split_services(text: str) -> tuple[str, list[str]]:
     """The document without the items of a top-level `services:` written one
     per column-0 `- `, and those items' texts. Each item is a document of its
-    own (a list of one entry), read the same alone as in place."""
+    own (a list of one entry), read the same alone as in place. A document
+    without such items is its own skeleton (not copied: it may be big)."""
     starts = ([0] if _TOP_LINE.match(text) else []) + [
         match.start() + 1 for match in _NEXT_TOP_LINE.finditer(text)] + [len(text)]
     skeleton = [text[:starts[0]]]
@@ -231,27 +225,16 @@ def _split_services(text: str) -> tuple[str, list[str]]:
         if in_services and chunk.startswith("- "):
             items.append(chunk)
             continue
-        in_services = chunk.partition("\n")[0] == "services:"
+        in_services = chunk[:10] in ("services:\n", "services:")
         skeleton.append(chunk)
-    return "".join(skeleton), items
+    return ("".join(skeleton), items) if items else (text, [])
 
 
-def _service_item(item: str, scalars: Scalars, fast: FastEndpoints) -> ServiceEntry:
-    split = fast.split(item)
-    endpoints = None
-    if split is not None:
-        item = split[0]
-        endpoints = tuple(EndpointInfo(key, wire, local_at, True, node, ())
-                          for key, wire, local_at, node in split[1])
-        service = fast_service(item, scalars)
-        if service is not None:
-            return ServiceEntry(*service, False, False, endpoints)
-    plain = load_block(item, scalars)
+def _service_item(item: str) -> ServiceEntry:
+    plain = plain_document(item)
     if type(plain) is not list or len(plain) != 1:
-        raise NotBlockStyle("a services item that is not one entry")
-    if endpoints is not None and type(plain[0]) is dict and "endpoints" in plain[0]:
-        raise NotBlockStyle("endpoints given twice")
-    return _service_entry(PlainValue(plain[0]), endpoints)
+        raise Unchecked("a services item that is not one entry")
+    return _service_entry(PlainValue(plain[0]))
 
 
 def read_strict(text: str, file: str) -> ClusterState:
@@ -325,9 +308,7 @@ def _node(value: Doc) -> Node:
 # -- services --------------------------------------------------------------------
 
 
-def _service_entry(value: Doc, endpoints: tuple[EndpointInfo, ...] | None = None
-                   ) -> ServiceEntry:
-    """The entry; its endpoints read from `value` unless given (read apart)."""
+def _service_entry(value: Doc) -> ServiceEntry:
     members = value.mapping(("service", "endpoints"))
     if members["service"].is_null:
         value.fail("each entry of services needs a `service`")
@@ -341,7 +322,6 @@ def _service_entry(value: Doc, endpoints: tuple[EndpointInfo, ...] | None = None
     return ServiceEntry(
         service.Namespace, service.Name, service.SerializeToString(deterministic=True),
         service.InternalTrafficToLocal, service.ExternalTrafficToLocal,
-        endpoints if endpoints is not None else
         _unique(members["endpoints"].sequence(), _endpoint_info, lambda e: e.key, "endpoint"),
         service.Labels.get(SERVICE_PROXY_NAME_LABEL, ""))
 

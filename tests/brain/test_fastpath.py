@@ -1,15 +1,17 @@
-"""The fast reader (block-style YAML into plain values) and the strict one
-accept the same files and build the same state; a bad file's error is the
-strict reader's, with its line."""
+"""The fast reader (plain values from json or yaml-rs, kpng_py/brain/plainload.py)
+and the strict one accept the same files and build the same state, in any
+style (block or flow YAML, JSON); a bad file's error is the strict reader's,
+with its line."""
 
 from __future__ import annotations
 
+import json
 import random
+import re
 
 import pytest
 import yaml
 
-from kpng_py.brain.blockyaml import NotBlockStyle, load_block
 from kpng_py.brain.statefile import StateFileError, StateReader, parse_state, read_strict
 from tests.brain.helpers import DNS, NODES, UDP, W1, W2, endpoint, port, service, state, web
 
@@ -22,13 +24,20 @@ TRICKY_SCALARS = [
     "65536", "70000", "4294967296", "fd00::", "fd00::1", "10.1.0.300", "10.1.0.01", "a b",
     "a  b", "a #b", "a#b", "[]", "{}", "[a, b]", "{a: 1}", "&x a", "*x", "!!str 5", "|",
     ">", "-", "- a", "a:", "a: b", "=", "<<", "http", "node-a", "ClusterIP", "z1", "8080",
-    "é", "10.96.0.10", "203.0.113.0/24", "10.0.0.0/33",
+    "é", "10.96.0.10", "203.0.113.0/24", "10.0.0.0/33", "0_10", "09", "+0x1", "1e5", "'\\u'",
+    '"\\ud800"', '"\\x41"', "!x", "&a", "[1, 2,]", '{"a": 1}', "{a: 1, a: 2}", "\u0085",
 ]
+# Tokens a JSON value may be replaced with: JSON, YAML beyond JSON, neither.
+TRICKY_JSON = ['"yes"', "true", "null", "1.0", "1e3", "-0", "010", '"\\ud83d\\ude00"', '"\\/"',
+               "[]", "{}", '{"a": 1, "a": 2}', "NaN", '"a\\tb"', "yes", "~", "8080", '"8080"',
+               '"10.1.0.300"', '"fd00::1"', '"http"', "53", "null", "null", '"z1"', "1", "2"]
 ROUNDS = 1000
 
 
 def _documents() -> list[str]:
-    """Valid files in the style yaml.dump writes, covering every field."""
+    """Valid files covering every field: block style (yaml.dump's default),
+    flow style inside (collections of scalars inline, as in
+    docs/examples/state.yaml), JSON (indented and compact)."""
     full = service(
         "cart", ("10.96.0.20", "fd00:96::20"),
         [port("https", number=443, nodeport=30443, targetport=8443),
@@ -44,7 +53,10 @@ def _documents() -> list[str]:
     documents = [state(web(W1, W2), DNS, full, nodes=NODES),
                  state(web(), nodes=[{"name": "n1", "labels": {"a": "b"}}]),
                  state()]
-    return [yaml.safe_dump(d, sort_keys=sort) for d in documents for sort in (True, False)]
+    return [text for d in documents for sort in (True, False) for text in (
+        yaml.safe_dump(d, sort_keys=sort),
+        yaml.safe_dump(d, sort_keys=sort, default_flow_style=None),
+        json.dumps(d, indent=2, sort_keys=sort), json.dumps(d, sort_keys=sort))]
 
 
 def _mutations(text: str, rng: random.Random) -> str:
@@ -76,8 +88,18 @@ def _mutations(text: str, rng: random.Random) -> str:
     return "\n".join(lines) + rng.choice(("\n", "", "\n\n"))
 
 
+def _json_mutation(text: str, rng: random.Random) -> str:
+    """One JSON scalar (a value after a key) replaced by a token that JSON,
+    YAML or neither reads."""
+    scalars = list(re.finditer(r'(?<=: )(?:"[^"]*"|[-\w.]+)', text))
+    if not scalars:
+        return text
+    found = rng.choice(scalars)
+    return f"{text[:found.start()]}{rng.choice(TRICKY_JSON)}{text[found.end():]}"
+
+
 def read_fast(text: str) -> object:
-    return StateReader("state.yaml").read_fast(text)
+    return StateReader("state.yaml").read_plain(text)
 
 
 def _strict(text: str) -> object:
@@ -92,27 +114,26 @@ def test_generated_files_take_the_fast_path_and_read_the_same() -> None:
         fast = read_fast(text)
         assert fast is not None, text
         assert fast == read_strict(text, "state.yaml")
-        assert load_block(text) == yaml.safe_load(text)
 
 
-def test_mutated_files_read_the_same_by_both_readers() -> None:
-    """Mutations of valid files, many of them invalid or beyond block style:
-    whatever the fast path accepts, the strict reader accepts and reads the
-    same, and the plain values are PyYAML's."""
+@pytest.mark.parametrize("mutate", [_mutations, _json_mutation])
+def test_mutated_files_read_the_same_by_both_readers(mutate) -> None:
+    """Mutations of valid files, many of them invalid, or read otherwise by
+    YAML 1.1 and YAML 1.2: whatever the fast path accepts, the strict reader
+    accepts and reads the same."""
     rng = random.Random(14)
     documents = _documents()
     reader = StateReader("state.yaml")  # what it remembers of one version serves the next
     fast_read = strict_read = 0
     for round_ in range(ROUNDS):
-        text = _mutations(rng.choice(documents), rng)
+        text = mutate(rng.choice(documents), rng)
         strict = _strict(text)
         strict_read += not isinstance(strict, StateFileError)
-        fast = reader.read_fast(text)
+        fast = reader.read_plain(text)
         if fast is None:
             continue
         fast_read += 1
         assert fast == strict, (round_, text)
-        assert load_block(text) == yaml.safe_load(text), (round_, text)
     # Both kinds of outcome happen often, or this test would test nothing.
     assert fast_read > ROUNDS // 6 and strict_read > fast_read * 0.9
     assert ROUNDS - strict_read > ROUNDS // 6
@@ -124,30 +145,25 @@ def test_services_as_column_0_items_and_in_place_are_not_read_fast() -> None:
     assert isinstance(_strict(text), StateFileError)
 
 
-@pytest.mark.parametrize("text", [
-    "a: 1\n  b: 2\n", "a:\n- 1\n  - 2\n", "- a\n  b\n", "a: b\nc\n", "a: [1]\n", "a: 'b\n  c'\n",
-    "a: 1\na: 2\n", "? a\n: b\n", "a: &x 1\nb: *x\n", "a:\n  b: 1\n c: 2\n", "- - a\n",
-    "a: b # c\n", "a:\tb\n", "a: 1\r\n", "  a: 1\n", "a: |\n  x\n", "a: 010\n", "a: 1:30\n",
-    "-\n- a\n", "a:\n  - b\n  c: d\n",
-])
-def test_the_block_reader_reads_as_pyyaml_or_declines(text: str) -> None:
-    try:
-        plain = load_block(text)
-    except NotBlockStyle:
-        return
-    assert plain == yaml.safe_load(text)
+# The styles of a generated file: block, flow inside, JSON.
+DUMPS = [yaml.safe_dump, lambda d: yaml.safe_dump(d, default_flow_style=None),
+         lambda d: json.dumps(d, indent=2)]
 
 
-def test_a_bad_big_file_gets_the_strict_readers_error() -> None:
+def _big_state(services: int) -> dict:
+    return state(*[service(f"s{i}", (f"10.96.{i // 250}.{i % 250 + 1}",), [port("http")],
+                           [endpoint(f"10.1.{i // 250}.{i % 250 + 1}", pod=f"p{i}")])
+                   for i in range(services)])
+
+
+@pytest.mark.parametrize("dump", DUMPS)
+def test_a_bad_big_file_gets_the_strict_readers_error(dump) -> None:
     """A generated file with one bad address deep inside: the fast path finds
     the problem, the strict reader names its line."""
-    services = [service(f"s{i}", (f"10.96.{i // 250}.{i % 250 + 1}",), [port("http")],
-                        [endpoint(f"10.1.{i // 250}.{i % 250 + 1}", pod=f"p{i}")])
-                for i in range(200)]
-    text = yaml.safe_dump(state(*services))
+    text = dump(_big_state(200))
     assert read_fast(text) is not None
-    bad = text.replace("- 10.1.0.151\n", "- 10.1.0.351\n")
-    line = bad.splitlines().index("        - 10.1.0.351") + 1
+    bad = text.replace("10.1.0.151", "10.1.0.351")
+    line = next(n for n, text in enumerate(bad.splitlines(), 1) if "10.1.0.351" in text)
     assert read_fast(bad) is None
     with pytest.raises(StateFileError) as caught:
         parse_state(bad.encode(), "state.yaml")
@@ -155,3 +171,15 @@ def test_a_bad_big_file_gets_the_strict_readers_error() -> None:
         f"state.yaml:{line}: services[150].endpoints[0].endpoint.ips.v4[0]: '10.1.0.351' is "
         "not an IP address")
     assert str(caught.value) == str(_strict(bad))
+
+
+@pytest.mark.parametrize("dump", DUMPS[:2])
+def test_an_edit_reads_only_the_services_edited(dump) -> None:
+    """Services written one per column-0 item (block style, or flow style
+    inside) are read item by item: an unchanged item is not read again."""
+    reader = StateReader("state.yaml")
+    text = dump(_big_state(50))
+    before = reader.read(text.encode())
+    edited = reader.read(text.replace("10.1.0.31", "10.9.9.9").encode())
+    assert [a is b for a, b in zip(before.services, edited.services)].count(False) == 1
+    assert edited == parse_state(text.replace("10.1.0.31", "10.9.9.9").encode(), "state.yaml")

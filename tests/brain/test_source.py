@@ -214,10 +214,10 @@ def test_streams_of_one_node_get_the_same_answer_serialized_once() -> None:
         "Delete services/default/web", "Sync"]
 
 
-def test_the_written_wire_is_protobufs_for_every_kind_of_op() -> None:
-    """The brain writes its replies' bytes itself: the same bytes as the
-    OpItems protobuf serializes, message for message (Reset, Set with and
-    without bytes, Delete, Sync; long paths and values)."""
+def test_the_written_wire_is_the_replys_ops_for_every_kind_of_op() -> None:
+    """A reply's wire, serialized from its specs in parts, is its OpItems'
+    gRPC messages, message for message (Reset, Set with and without bytes,
+    Delete, Sync; long paths and values)."""
     long_name = "s" * 200
     before = node_view(_state(WEB, DB), "n1")
     after = node_view(_state(DB, service(long_name, ("10.96.0.30",), [port("http")], [

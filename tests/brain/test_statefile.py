@@ -208,8 +208,8 @@ def test_conditions_say_serving_and_terminating_and_hints_name_nodes() -> None:
 
 
 def test_the_fast_reader_reads_the_extension_as_the_strict_one() -> None:
-    """Read by the block-style reader (the whole-endpoint one declines an
-    endpoint with other keys), or declined: never read otherwise."""
+    """The plain reader reads serving, terminating and node hints as the
+    strict reader does, or declines: never reads them otherwise."""
     text = yaml.safe_dump(state(service("a", ("10.96.0.1",), [port("http")], [
         endpoint("10.1.0.1", node="n1", pod="a-1", overrides={"http": 8080},
                  conditions={"ready": False, "serving": True, "terminating": True}),
@@ -217,7 +217,7 @@ def test_the_fast_reader_reads_the_extension_as_the_strict_one() -> None:
                  hints={"zones": ["z2"], "nodes": ["n2"]}),
         endpoint("10.1.0.3", node="n2", pod="a-3", overrides={"http": 8080})])))
     read = read_strict(text, "state.yaml")
-    assert StateReader("state.yaml").read_fast(text) in (None, read)
+    assert StateReader("state.yaml").read_plain(text, text.encode()) in (None, read)
     assert [(e.terminating, e.hint_nodes) for e in read.services[0].endpoints] == [
         (True, ()), (False, ("n2",)), (False, ())]
 
