@@ -5,8 +5,8 @@ objects and `---`-separated documents are read too). Output: the state file
 the built-in brain and `kpng file` read (docs/brain.md), mapped as KPNG's
 kube watcher maps the API objects:
 
-- a Service becomes a localv1 Service: ClusterIPs by family (`None`:
-  headless), externalIPs, LoadBalancer ingress IPs, ports (a named targetPort
+- a Service becomes a localv1 Service: ClusterIPs by family,
+  externalIPs, LoadBalancer ingress IPs, ports (a named targetPort
   becomes `targetportname`), ClientIP affinity, the traffic policies,
   healthCheckNodePort, loadBalancerSourceRanges as an IPFilter on the LB IPs;
 - an EndpointSlice (`kubernetes.io/service-name`) gives its service's
@@ -15,7 +15,15 @@ kube watcher maps the API objects:
   terminating), node, zone, and zone and node hints;
 - a Node gives its name and `topology.kubernetes.io/zone`.
 
-Objects of other kinds are skipped with a count; a Service or EndpointSlice
+What kube-proxy 1.35 does not program is left out (`left_out_service`,
+`left_out_slice`): Services and EndpointSlices labelled
+`service.kubernetes.io/service-proxy-name` (another proxy's) or
+`service.kubernetes.io/headless` (its informers select them out), Services
+without a ClusterIP (headless) and of type ExternalName (skipped), and
+LoadBalancer ingress IPs whose `ipMode` is not VIP (a proxying load
+balancer: its traffic arrives for the endpoints already).
+
+Objects of other kinds and those left out are skipped with a count; a Service or EndpointSlice
 that cannot be mapped (a slice's address not of its addressType's family, a
 port out of range...) names the object and what is wrong with it. The
 per-object functions (service_of, slice_service, service_entry, node_of)
@@ -25,6 +33,7 @@ such an object instead (kpng_py/brain/kube/cluster.py).
 
 from __future__ import annotations
 
+import enum
 import ipaddress
 from collections import Counter
 from dataclasses import dataclass, field
@@ -35,12 +44,29 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from kpng_py.api import localv1
+from kpng_py.brain.statefile import SERVICE_PROXY_NAME_LABEL
 from kpng_py.model import MAX_PORT
 
 PROTOCOLS = {"TCP": localv1.TCP, "UDP": localv1.UDP, "SCTP": localv1.SCTP}
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+# Set by the EndpointSlice controller on the slices of a headless Service.
+HEADLESS_LABEL = "service.kubernetes.io/headless"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 _FAMILIES = ("IPv4", "IPv6")
+# A LoadBalancer ingress IP's ipMode that kube-proxy programs (as when unset).
+_VIP_MODE = "VIP"
+
+
+class LeftOut(enum.Enum):
+    """Why kube-proxy programs nothing of a Service or an EndpointSlice."""
+
+    # Selected out of its informers' lists and watches (both kinds): the
+    # EndpointSlice controller copies a Service's labels onto its slices.
+    OTHER_PROXY = f"labelled {SERVICE_PROXY_NAME_LABEL} (another proxy's)"
+    HEADLESS_LABEL = f"labelled {HEADLESS_LABEL}"
+    # Services it lists but skips (ShouldSkipService).
+    HEADLESS = "without a ClusterIP (headless)"
+    EXTERNAL_NAME = "of type ExternalName"
 
 
 class ConvertError(ValueError):
@@ -111,12 +137,19 @@ def _names(references: Any, what: str) -> list[str]:
 
 def convert(text: str) -> Conversion:
     services: dict[tuple[str, str], localv1.Service] = {}
+    left_out: set[tuple[str, str]] = set()  # Services kube-proxy does not program
     slices: dict[tuple[str, str], list[dict[str, Any]]] = {}
     nodes: list[dict[str, Any]] = []
     skipped: Counter = Counter()
     for obj in _objects(text):
         kind = obj.get("kind")
-        if kind == "Service":
+        why = (left_out_service(obj) if kind == "Service" else
+               left_out_slice(obj) if kind == "EndpointSlice" else None)
+        if why is not None:
+            skipped[f"{kind} {why.value}"] += 1
+            if kind == "Service":
+                left_out.add(_name(obj))
+        elif kind == "Service":
             service = service_of(obj)
             services[(service.Namespace, service.Name)] = service
         elif kind == "EndpointSlice":
@@ -131,9 +164,11 @@ def convert(text: str) -> Conversion:
             skipped[str(kind)] += 1
     entries = [service_entry(service, slices.get(key, ()))
                for key, service in sorted(services.items())]
-    orphans = sum(len(found) for key, found in slices.items() if key not in services)
-    if orphans:
-        skipped["EndpointSlice of a Service not in the input"] += orphans
+    for key, found in slices.items():
+        if key in left_out:
+            skipped["EndpointSlice of a Service left out"] += len(found)
+        elif key not in services:
+            skipped["EndpointSlice of a Service not in the input"] += len(found)
     return Conversion({"nodes": nodes, "services": entries}, skipped)
 
 
@@ -168,6 +203,33 @@ def _name(obj: dict[str, Any]) -> tuple[str, str]:
     return meta.get("namespace") or "default", meta.get("name") or ""
 
 
+def _labels(obj: dict[str, Any]) -> dict[str, Any]:
+    labels = (obj.get("metadata") or {}).get("labels")
+    return labels if isinstance(labels, dict) else {}
+
+
+def left_out_slice(obj: dict[str, Any]) -> LeftOut | None:
+    """Why kube-proxy does not watch this EndpointSlice (or Service), or None."""
+    labels = _labels(obj)
+    if SERVICE_PROXY_NAME_LABEL in labels:
+        return LeftOut.OTHER_PROXY
+    if HEADLESS_LABEL in labels:
+        return LeftOut.HEADLESS_LABEL
+    return None
+
+
+def left_out_service(obj: dict[str, Any]) -> LeftOut | None:
+    """Why kube-proxy programs nothing of this Service, or None."""
+    spec = obj.get("spec") or {}
+    if (why := left_out_slice(obj)) is not None:
+        return why
+    if spec.get("type") == "ExternalName":
+        return LeftOut.EXTERNAL_NAME
+    if spec.get("clusterIP") in ("None", "", None):
+        return LeftOut.HEADLESS
+    return None
+
+
 def _by_family(addresses: Iterable[str], what: str) -> localv1.IPSet:
     ips = localv1.IPSet()
     for text in addresses:
@@ -186,6 +248,7 @@ def _set_ips(target: localv1.IPSet, ips: localv1.IPSet) -> None:
 
 
 def service_of(obj: dict[str, Any]) -> localv1.Service:
+    """The Service kube-proxy programs (left_out_service says None of it)."""
     namespace, name = _name(obj)
     what = f"Service {namespace}/{name}"
     if not name:
@@ -193,14 +256,13 @@ def service_of(obj: dict[str, Any]) -> localv1.Service:
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
     service = localv1.Service(Namespace=namespace, Name=name, Type=spec.get("type", "ClusterIP"))
     cluster_ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
-    if cluster_ips == ["None"]:
-        service.IPs.Headless = True
-    else:
-        _set_ips(service.IPs.ClusterIPs, _by_family(cluster_ips, f"{what} clusterIPs"))
+    _set_ips(service.IPs.ClusterIPs, _by_family(cluster_ips, f"{what} clusterIPs"))
     _set_ips(service.IPs.ExternalIPs, _by_family(spec.get("externalIPs") or [],
                                                  f"{what} externalIPs"))
     ingress = (status.get("loadBalancer") or {}).get("ingress") or []
-    lb_ips = _by_family([i["ip"] for i in ingress if i.get("ip")], f"{what} LoadBalancer ingress")
+    lb_ips = _by_family([i["ip"] for i in ingress
+                         if i.get("ip") and (i.get("ipMode") or _VIP_MODE) == _VIP_MODE],
+                        f"{what} LoadBalancer ingress")
     _set_ips(service.IPs.LoadBalancerIPs, lb_ips)
     if ranges := spec.get("loadBalancerSourceRanges"):
         service.IPFilters.add(TargetIPs=lb_ips, SourceRanges=ranges)

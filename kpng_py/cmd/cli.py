@@ -352,7 +352,7 @@ def _convert(args: argparse.Namespace) -> None:
         except OSError as err:
             raise output.error(err) from err
     for kind, count in sorted(conversion.skipped.items()):
-        print(f"kpng-py: skipped {count} {kind} object(s)", file=sys.stderr)
+        print(f"kpng-py: skipped {count} object(s): {kind}", file=sys.stderr)
 
 
 def _convert_input(args: argparse.Namespace) -> Path:

@@ -7,6 +7,12 @@ A service's entry is made again only when its Service or one of its
 EndpointSlices has a new resourceVersion: a relist that changed nothing
 gives the very same entries, an equal state, and no new version.
 
+What kube-proxy does not program is left out (convert.left_out_service,
+left_out_slice): a Service without a ClusterIP or of type ExternalName is
+logged and counted as the backends count it when a brain serves one
+(headless, external-name); Services and EndpointSlices labelled for another
+proxy or as headless are left out silently, as kube-proxy never sees them.
+
 What cannot be programmed is skipped, logged once for each version of the
 object, counted in kpng_py_skipped_total{reason}, and the rest is served:
 a Service that cannot be mapped (bad-service), an EndpointSlice that cannot
@@ -21,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kpng_py.api import localv1
-from kpng_py.brain.convert import ConvertError, check_slice, node_of, service_entry, service_of, \
-    slice_service
+from kpng_py.brain.convert import ConvertError, LeftOut, check_slice, left_out_service, \
+    left_out_slice, node_of, service_entry, service_of, slice_service
 from kpng_py.brain.kube.reflector import Store
 from kpng_py.brain.settings import StateFileError
 from kpng_py.brain.statefile import ClusterState, Node, ServiceEntry, read_node, \
@@ -31,11 +37,13 @@ from kpng_py.state.skips import SkipReason, Skips
 
 # An object's key in its store and its resourceVersion.
 Version = tuple[str, str]
+# The Services left out that are counted, as a backend counts them.
+_COUNTED = {LeftOut.HEADLESS: SkipReason.HEADLESS, LeftOut.EXTERNAL_NAME: SkipReason.EXTERNAL_NAME}
 
 
 @dataclass(frozen=True)
 class _Mapped:
-    """A Service at one version: mapped, or None if it cannot be."""
+    """A Service at one version: mapped, or None if it cannot be or is left out."""
 
     version: str
     service: localv1.Service | None
@@ -80,6 +88,12 @@ class ClusterBuilder:
         known = self._services.get(key)
         if known is not None and known.version == version:
             return known
+        why = left_out_service(obj)
+        if why is not None:
+            if why in _COUNTED:
+                self.skips.skip(_COUNTED[why], f"Service {key}",
+                                f"{why.value}: not programmed, as by kube-proxy")
+            return _Mapped(version, None)
         try:
             return _Mapped(version, service_of(obj))
         except ConvertError as err:
@@ -95,8 +109,10 @@ class ClusterBuilder:
         self._bad_slices &= {(key, _version(obj)) for key, obj in slices.items()}
         for key, obj in sorted(slices.items()):
             owner = slice_service(obj)
-            if owner is None:
-                continue  # not a service's (addressType FQDN, or no service-name label)
+            if owner is None or left_out_slice(obj) is not None:
+                # Not a service's (addressType FQDN, or no service-name
+                # label), or labelled as kube-proxy does not watch it.
+                continue
             version = (key, _version(obj))
             if version in self._bad_slices:
                 continue
