@@ -9,8 +9,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kpng_py.api import localv1
+from kpng_py.brain.apiobjects import ObjectError
 from kpng_py.brain.convert import ConvertError, convert, dump
 from kpng_py.brain.statefile import ClusterState, ServiceEntry, parse_state
 from kpng_py.brain.view import node_view
@@ -85,6 +87,7 @@ def test_a_slice_of_a_service_left_out_is_counted_as_such() -> None:
                                      "EndpointSlice of a Service left out": 1}
 
 
+_S = "kind: Service\nmetadata: {name: s}\nspec: "
 _SLICE = ("kind: EndpointSlice\nmetadata: {name: s, labels: {kubernetes.io/service-name: web}}\n"
           "addressType: IPv4\nendpoints:\n- addresses: [10.0.0.1]\n")
 
@@ -108,6 +111,20 @@ def _slice(address_type: str, address: str, port: int) -> str:
      "clusterIPs: [10.96.0.300]}\n",
      "Service default/s clusterIPs: '10.96.0.300' is not an IP address"),
     ("kind: Service\nspec: {clusterIP: 10.96.0.1}\n", "a Service without metadata.name"),
+    # The state file reader's checks, on the mapped Service.
+    (_S + "{clusterIP: 10.96.0.1, ports: [{port: 80, nodePort: 70000}]}\n",
+     "Service default/s ports[0].nodeport: port (0: none) 70000 is outside 0..65535"),
+    (_S + "{clusterIP: 10.96.0.1, loadBalancerSourceRanges: [10.0.0.0/33]}\n",
+     "Service default/s ipfilters[0].sourceranges: '10.0.0.0/33' is not a CIDR"),
+    (_S + "{clusterIP: 10.96.0.1, sessionAffinity: ClientIP, sessionAffinityConfig: "
+     "{clientIP: {timeoutSeconds: 100000}}}\n",
+     "Service default/s clientip.timeoutseconds: timeout (0: the default 10800 s) 100000 is "
+     "outside 0..86400"),
+    # What protobuf cannot hold, named (not a crash).
+    (_S + "{clusterIP: 10.96.0.1, ports: [{port: 99999999999}]}\n",
+     "Service default/s port: 99999999999 is not a number the API allows"),
+    (_S + "{clusterIP: 10.96.0.1, ports: [{port: 80, targetPort: [1]}]}\n",
+     "Service default/s targetPort: [1] is not a number the API allows"),
     (_WEB + _SLICE + "  hints: {forNodes: [{}]}\n",
      "EndpointSlice default/s endpoint 10.0.0.1 hints.forNodes: each entry needs a name"),
     (_WEB + _SLICE + "  hints: {forZones: z1}\n",
@@ -122,12 +139,18 @@ def _slice(address_type: str, address: str, port: int) -> str:
      "IPv4 address, the slice's addressType"),
     (_WEB + _slice("IPv6", "10.1.0.5", 8080), "EndpointSlice default/web-1: 10.1.0.5 is not an "
      "IPv6 address, the slice's addressType"),
-    (_WEB + _slice("IPv4", "10.1.0.5", 70000), "EndpointSlice default/web-1 port 'http': 70000 "
-     "is not a port number (1..65535)"),
+    (_WEB + _slice("IPv4", "10.1.0.5", 70000), "EndpointSlice default/web-1 port 'http': port "
+     "70000; set port to a number in 1..65535"),
 ])
 def test_what_cannot_be_mapped_names_the_object(text: str, message: str) -> None:
-    with pytest.raises(ConvertError, match="^" + re.escape(message)):
+    with pytest.raises((ConvertError, ObjectError), match="^" + re.escape(message)):
         convert(text)
+
+
+def test_the_file_read_back_is_the_very_state_converted() -> None:
+    conversion = convert(KUBECTL_OUTPUT.read_text())
+    assert parse_state(dump(conversion).encode(), "converted.yaml") == conversion.state
+    assert [len(s.endpoints) for s in conversion.state.services] == [2]
 
 
 def test_the_command_writes_the_file_and_counts_what_it_skipped(
@@ -260,8 +283,8 @@ def test_a_pod_in_two_slices_is_one_endpoint_terminating_if_one_slice_says_so() 
 def test_a_cluster_without_terminating_endpoints_converts_to_upstreams_format() -> None:
     """`serving`, `terminating` and node hints are written only where they
     say something: upstream KPNG reads the rest."""
-    endpoints = [e for entry in convert(KUBECTL_OUTPUT.read_text()).state["services"]
-                 for e in entry["endpoints"]]
+    endpoints = [e for entry in yaml.safe_load(dump(convert(KUBECTL_OUTPUT.read_text())))[
+        "services"] for e in entry["endpoints"]]
     assert [(list(e["conditions"]), list(e.get("hints", {}))) for e in endpoints] == [
         (["ready"], ["zones"]), (["ready"], [])]
 
@@ -279,5 +302,5 @@ def test_a_services_last_terminating_pods_are_in_every_nodes_view() -> None:
 
 def test_a_slice_of_a_service_not_in_the_input_is_counted_as_skipped():
     conversion = convert(_SLICE)
-    assert conversion.state["services"] == []
+    assert conversion.state.services == ()
     assert conversion.skipped == {"EndpointSlice of a Service not in the input": 1}

@@ -182,7 +182,7 @@ def test_what_cannot_be_programmed_is_skipped_once_counted_and_the_rest_served(
     assert sorted(lines) == [
         "skipped EndpointSlice default/ghost-abc: its service default/ghost does not exist",
         "skipped EndpointSlice default/web-port: EndpointSlice default/web-port port 'http': "
-        "70000 is not a port number (1..65535)",
+        "port 70000; set port to a number in 1..65535",
         "skipped EndpointSlice default/web-v6: EndpointSlice default/web-v6: fd00::5 is not an "
         "IPv4 address, the slice's addressType",
         "skipped Service default/quic: Service default/quic port 80: protocol 'QUIC' is not "
