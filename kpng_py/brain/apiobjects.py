@@ -87,14 +87,21 @@ class _Blame:
 
 
 def name_of(obj: dict[str, Any]) -> tuple[str, str]:
-    """An object's namespace (`default` if none) and name."""
-    meta = obj.get("metadata") or {}
-    return meta.get("namespace") or DEFAULT_NAMESPACE, meta.get("name") or ""
+    """An object's namespace (`default` if none) and name ("" if none)."""
+    meta = _member(obj, "metadata")
+    namespace, name = meta.get("namespace"), meta.get("name")
+    return (namespace if isinstance(namespace, str) and namespace else DEFAULT_NAMESPACE,
+            name if isinstance(name, str) else "")
 
 
 def _labels(obj: dict[str, Any]) -> dict[str, Any]:
-    labels = (obj.get("metadata") or {}).get("labels")
-    return labels if isinstance(labels, dict) else {}
+    return _member(_member(obj, "metadata"), "labels")
+
+
+def _member(obj: dict[str, Any], key: str) -> dict[str, Any]:
+    """A member that is a mapping; {} if it is not (the mapping names it then)."""
+    value = obj.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def left_out_slice(obj: dict[str, Any]) -> LeftOut | None:
@@ -109,9 +116,11 @@ def left_out_slice(obj: dict[str, Any]) -> LeftOut | None:
 
 def left_out_service(obj: dict[str, Any]) -> LeftOut | None:
     """Why kube-proxy programs nothing of this Service, or None."""
-    spec = obj.get("spec") or {}
     if (why := left_out_slice(obj)) is not None:
         return why
+    spec = obj.get("spec") or {}
+    if not isinstance(spec, dict):
+        return None  # service_of names what is wrong
     if spec.get("type") == "ExternalName":
         return LeftOut.EXTERNAL_NAME
     if spec.get("clusterIP") in ("None", "", None):
@@ -170,7 +179,7 @@ def _service(obj: dict[str, Any], namespace: str, name: str, what: str) -> local
 
 def _port_mapping(port: dict[str, Any], what: str) -> localv1.PortMapping:
     protocol = port.get("protocol", "TCP")
-    if protocol not in PROTOCOLS:
+    if not isinstance(protocol, str) or protocol not in PROTOCOLS:
         raise ObjectError(f"{what} port {port.get('port')}: protocol {protocol!r} is not one of "
                           + ", ".join(PROTOCOLS))
     number = _int32(port.get("port") or 0, f"{what} port")
@@ -207,8 +216,9 @@ def slice_service(obj: dict[str, Any]) -> tuple[str, str] | None:
     a slice without `kubernetes.io/service-name` or of addressType FQDN
     (which no proxy programs)."""
     namespace, _ = name_of(obj)
-    service = _labels(obj).get(SERVICE_NAME_LABEL)
-    if not service or obj.get("addressType") not in _FAMILIES:
+    service, address_type = _labels(obj).get(SERVICE_NAME_LABEL), obj.get("addressType")
+    if not isinstance(service, str) or not service or not isinstance(address_type, str) \
+            or address_type not in _FAMILIES:
         return None
     return namespace, service
 
@@ -407,6 +417,8 @@ def _names(references: Any, what: str) -> tuple[str, ...]:
 
 def _ip_version(text: Any, what: str) -> int:
     try:
+        if not isinstance(text, str):
+            raise ValueError(text)
         return ipaddress.ip_address(text).version
     except ValueError as err:
         raise ObjectError(f"{what}: {text!r} is not an IP address") from err

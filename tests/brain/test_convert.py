@@ -79,6 +79,13 @@ def test_what_kube_proxy_does_not_program_is_left_out_and_counted() -> None:
         "EndpointSlice labelled service.kubernetes.io/service-proxy-name (another proxy's)": 1}
 
 
+def test_a_slice_whose_labels_or_address_type_are_not_the_apis_is_no_services() -> None:
+    text = _WEB + _SLICE.replace("addressType: IPv4", "addressType: [IPv4]") + "---\n" + \
+        _SLICE.replace("{kubernetes.io/service-name: web}", "[web]")
+    assert convert(text).skipped == {
+        "EndpointSlice without a service or of addressType FQDN": 2}
+
+
 def test_a_slice_of_a_service_left_out_is_counted_as_such() -> None:
     """A slice the headless label does not put out (made by hand) of a
     Service left out: skipped with it, not as of a Service not in the input."""
@@ -120,7 +127,14 @@ def _slice(address_type: str, address: str, port: int) -> str:
      "{clientIP: {timeoutSeconds: 100000}}}\n",
      "Service default/s clientip.timeoutseconds: timeout (0: the default 10800 s) 100000 is "
      "outside 0..86400"),
-    # What protobuf cannot hold, named (not a crash).
+    # What is not of the API's types, named (not a crash).
+    (_S + "[1]\n", "Service default/s spec: expected a mapping, found [1]"),
+    (_S + "{clusterIP: 10.96.0.1, ports: [{port: 80, protocol: [TCP]}]}\n",
+     "Service default/s port 80: protocol ['TCP'] is not one of TCP, UDP, SCTP"),
+    (_S + "{clusterIP: 10.96.0.1, externalIPs: [5]}\n",
+     "Service default/s externalIPs: 5 is not an IP address"),
+    ("kind: Service\nmetadata: [s]\nspec: {clusterIP: 10.96.0.1}\n",
+     "a Service without metadata.name"),
     (_S + "{clusterIP: 10.96.0.1, ports: [{port: 99999999999}]}\n",
      "Service default/s port: 99999999999 is not a number the API allows"),
     (_S + "{clusterIP: 10.96.0.1, ports: [{port: 80, targetPort: [1]}]}\n",
