@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from bench.contenders import Contender
-from bench.env import KPNG_PY, Finished, Sandbox, Watched, run_measured
+from bench.env import KPNG_PY, Finished, Sandbox, Watched, run_measured, stop
 from bench.results import E2E_REFERENCE, Results
 from bench.scenario import Scenario
 from bench.worker import read_reports
@@ -187,7 +187,7 @@ def run_e2e(names: RunNames, workdir: Path, results: Results, contenders: list[C
                                            "--listen", f"unix://{socket}"]),
             stdin=subprocess.DEVNULL, stdout=brain_log, stderr=brain_log,
             start_new_session=True)
-        cleanup.callback(_stop, brain)
+        cleanup.callback(stop, brain)
         if not _brain_served(_Run(results, "brain", n, f"e2e brain N={n}"),
                              probe.finish(timeout), brain_started):
             return
@@ -232,15 +232,6 @@ def _json_line(line: str) -> dict | None:
     except ValueError:
         return None
     return record if isinstance(record, dict) else None
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def _local_argv(box: Sandbox, contender: Contender, scenario: Scenario, socket: Path,

@@ -101,6 +101,16 @@ class Finished:
         return f"{how}; stderr: {self.stderr.strip()[-1500:]}"
 
 
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM, then after 10 s SIGKILL; waited for."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def run_measured(argv: Sequence[str], timeout: float, workdir: Path, name: str) -> Finished:
     """Run to completion (killed after `timeout` s), with its peak RSS and its
     output kept in `workdir`."""

@@ -81,7 +81,7 @@ def endpoint_slice(index: int, endpoints: int) -> dict:
 
 
 class Poster:
-    """POSTs over one kept-alive HTTPS connection (one per thread)."""
+    """Requests over one kept-alive HTTPS connection (one per thread)."""
 
     def __init__(self, url: str, token: str, ca: str) -> None:
         parts = urlsplit(url)
@@ -90,18 +90,24 @@ class Poster:
         host = parts.hostname
         self._connect = lambda: http.client.HTTPSConnection(
             host, parts.port, context=ssl.create_default_context(cafile=ca))
-        self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self._token = token
         self._local = threading.local()
 
     def post(self, path: str, obj: dict) -> None:
+        """Create `obj`; one that exists already is left as it is."""
+        self.send("POST", path, obj, "application/json", ok=(201, 409))
+
+    def send(self, method: str, path: str, obj: dict, content_type: str,
+             ok: tuple[int, ...] = (200,)) -> None:
         connection = getattr(self._local, "connection", None)
         if connection is None:
             connection = self._local.connection = self._connect()
-        connection.request("POST", path, json.dumps(obj), self._headers)
+        connection.request(method, path, json.dumps(obj), {
+            "Authorization": f"Bearer {self._token}", "Content-Type": content_type})
         answer = connection.getresponse()
         body = answer.read()
-        if answer.status not in (201, 409):
-            raise RuntimeError(f"POST {path}: {answer.status} {body[:300]!r}")
+        if answer.status not in ok:
+            raise RuntimeError(f"{method} {path}: {answer.status} {body[:300]!r}")
 
 
 def create_objects(poster: Poster, count: int, endpoints: int) -> float:

@@ -64,6 +64,12 @@ METRICS = {m.key: m for m in (
            "N services)", "s", False),
     Metric("e2e_brain_serving", "Brain start to a client's first Sync (state file of N "
            "services)", "s", False),
+    Metric("kube_first_sync", "`kpng-py kube ... to-api` start to a client's first Sync (N "
+           "Services and EndpointSlices of E endpoints on the lab's API server)", "s", False),
+    Metric("kube_change", "`kpng-py kube`: one endpoint's change in the API server to a "
+           "client's Sync (median of a run's changes)", "ms", False),
+    Metric("kube_peak_rss", "Peak RSS of `kpng-py kube ... to-api` (first Sync and changes)",
+           "MiB", False),
     Metric("dp_conn_rate", "New connections per second (wrk, Connection: close)", "conn/s", True),
     Metric("dp_connect_latency", "TCP connect latency, median (curl time_connect)", "ms", False),
     Metric("dp_conn_rate_ratio", "New connections per second through the ClusterIP over direct, "

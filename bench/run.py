@@ -27,6 +27,7 @@ from bench.controlplane import ControlPlanePlan, run_control_plane
 from bench.datapath import DatapathPlan, run_datapath
 from bench.e2e_sync import run_e2e
 from bench.env import ROOT, dataplane_cleanup
+from bench.kube_brain import KubePlan, run_kube
 from bench.report import evaluate_targets, markdown, outcomes_json, plot
 from bench.results import Results
 from bench.scenario import Scenario
@@ -35,7 +36,7 @@ from lab.names import CGROUP2_ROOT, RunNames
 
 log = logging.getLogger("bench")
 
-PARTS = ("cp", "e2e", "dp")
+PARTS = ("cp", "e2e", "dp", "kube")
 TOOLS = ("ip", "nsenter", "nft", "iptables-legacy-restore", "wrk", "curl", "iperf3", "dnsperf",
          "nginx", "dnsmasq", "ss")
 # Loading these states takes the tool longer than a datapath run is worth
@@ -87,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a run of a few minutes: N=1000, 2 runs per figure, 2 s samples "
                         "(explicit options still win)")
     p.add_argument("--parts", type=_names(PARTS), default=PARTS,
-                   help="cp (control plane), e2e (brain + client), dp (datapath); default: all")
+                   help="cp (control plane), e2e (brain + client), dp (datapath), kube "
+                        "(`kpng-py kube` on the lab's API server); default: all")
     p.add_argument("--contenders", type=_names(tuple(CONTENDERS)), default=tuple(CONTENDERS),
                    help=f"default: every one available here ({', '.join(CONTENDERS)})")
     p.add_argument("--n", type=_ints, help="services, e.g. 1000,10000,30000 (the default)")
@@ -101,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--e2e-reps", type=int, help="brain + client runs per figure (3)")
     p.add_argument("--e2e-n", type=_ints, help="N for the e2e part (default: --n)")
     p.add_argument("--dp-n", type=_ints, help="N for the datapath (default: --n)")
+    p.add_argument("--kube-n", type=_ints, help="N for the kube part (10000)")
+    p.add_argument("--kube-reps", type=int, help="`kpng-py kube` runs per figure (2)")
+    p.add_argument("--kube-changes", type=int, help="one-endpoint changes per kube run (20)")
     p.add_argument("--dp-max-n", type=_limits, default={},
                    help="largest datapath N per contender, e.g. userspace=10000 (defaults: "
                         + ", ".join(f"{k}={v}" for k, v in DEFAULT_DP_MAX_N.items()) + ")")
@@ -127,10 +132,13 @@ class Defaults:
     dp_reps: int
     dp_seconds: int
     dp_connects: int
+    kube_n: tuple[int, ...]
+    kube_reps: int
+    kube_changes: int
 
 
-FULL = Defaults((1_000, 10_000, 30_000), 3, 200, 10, 300.0, 3, 3, 5, 500)
-QUICK = Defaults((1_000,), 2, 50, 5, 300.0, 1, 2, 2, 200)
+FULL = Defaults((1_000, 10_000, 30_000), 3, 200, 10, 300.0, 3, 3, 5, 500, (10_000,), 2, 20)
+QUICK = Defaults((1_000,), 2, 50, 5, 300.0, 1, 2, 2, 200, (1_000,), 1, 10)
 
 
 def _resolve(args: argparse.Namespace) -> argparse.Namespace:
@@ -212,6 +220,10 @@ def _run_parts(args: argparse.Namespace, names: RunNames, logs: Path, results: R
         run_datapath(names, logs, results, contenders, DatapathPlan(
             args.dp_n, args.endpoints, args.dp_reps, args.dp_seconds, args.dp_connections,
             args.dp_connects, args.timeout, args.dp_max_n))
+        results.problems += _cleanup(names)
+    if "kube" in args.parts:
+        run_kube(names, logs, results, KubePlan(args.kube_n, args.endpoints, args.kube_reps,
+                                                args.kube_changes, args.timeout))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

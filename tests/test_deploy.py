@@ -19,7 +19,7 @@ DEPLOY = ROOT / "deploy"
 BIN = Path(sys.executable).parent
 
 
-MANIFESTS = ("kpng-py.yaml", "kpng-py-cleanup.yaml")
+MANIFESTS = ("kpng-py.yaml", "kpng-py-kube.yaml", "kpng-py-cleanup.yaml")
 # Where each manifest takes the image hack/image.sh printed (docs/deploy.md).
 IMAGE_PLACEHOLDER = "kpng-py:TAG"
 
@@ -36,8 +36,8 @@ def test_manifests_validate_strictly_against_kubernetes_schemas() -> None:
         assert result.returncode == 0, result.stdout + result.stderr
 
 
-def daemonset_containers() -> dict[str, dict]:
-    (ds,) = [m for m in manifests() if m["kind"] == "DaemonSet"]
+def daemonset_containers(name: str = "kpng-py.yaml") -> dict[str, dict]:
+    (ds,) = [m for m in manifests(name) if m["kind"] == "DaemonSet"]
     return {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
 
 
@@ -80,8 +80,8 @@ def test_dockerfile_copies_what_exists_and_runs_the_setup() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def pod_spec() -> dict:
-    (ds,) = [m for m in manifests() if m["kind"] == "DaemonSet"]
+def pod_spec(name: str = "kpng-py.yaml") -> dict:
+    (ds,) = [m for m in manifests(name) if m["kind"] == "DaemonSet"]
     return ds["spec"]["template"]["spec"]
 
 
@@ -179,9 +179,9 @@ def flag_values(args: list[str], *flags: str) -> dict[str, str]:
             if arg.startswith(flag + "=")}
 
 
-def backend_args() -> list[str]:
+def backend_args(name: str = "kpng-py.yaml") -> list[str]:
     """The kpng-py container's flags after `to-ebpf`."""
-    args = daemonset_containers()["kpng-py"]["args"]
+    args = daemonset_containers(name)["kpng-py"]["args"]
     return args[args.index("to-ebpf") + 1:]
 
 
@@ -205,3 +205,88 @@ def test_the_uninstall_cleans_where_the_install_puts_its_datapath() -> None:
     images = {c["image"] for c in spec["initContainers"] + spec["containers"]}
     assert images == {daemonset_containers()["kpng-py"]["image"]}
     assert spec["hostNetwork"] and spec["nodeSelector"] == pod_spec()["nodeSelector"]
+
+
+# -- the one-container layout: `kpng-py kube to-local to-ebpf` ----------------------
+
+KUBE = "kpng-py-kube.yaml"
+SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def test_the_kube_layout_runs_kpng_pys_brain_and_backend_in_one_container() -> None:
+    (container,) = daemonset_containers(KUBE).values()
+    args = [a.replace("$(NODE_NAME)", "node-a") for a in container["args"]]
+    parsed = build_parser().parse_args(args)
+    assert (parsed.command, parsed.sink, parsed.backend) == ("kube", "to-local", "to-ebpf")
+    assert parsed.node_name == "node-a"
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in \
+        container["env"]
+    # The API server's real address, the service account's rotated token and CA.
+    assert parsed.server.startswith("https://") and parsed.kubeconfig is None
+    assert (str(parsed.token_file), str(parsed.certificate_authority)) == (
+        f"{SERVICE_ACCOUNT}/token", f"{SERVICE_ACCOUNT}/ca.crt")
+    assert pod_spec(KUBE)["serviceAccountName"] == "kpng-py"
+
+
+def test_the_kube_layouts_container_is_the_sidecars_ebpf_container() -> None:
+    """The same datapath (flags after to-ebpf), ports, probes, privileges and
+    mounts as the eBPF container of the sidecar layout (but the brain's
+    socket), and the same pod settings."""
+    (kube,) = daemonset_containers(KUBE).values()
+    sidecar = daemonset_containers()["kpng-py"]
+    assert backend_args(KUBE) == backend_args()
+    for key in ("image", "ports", "livenessProbe", "readinessProbe", "securityContext"):
+        assert kube[key] == sidecar[key], key
+    assert kube["volumeMounts"] == [m for m in sidecar["volumeMounts"] if m["name"] != "api"]
+    flags = ("--healthz-bind-address", "--metrics-bind-address")
+    assert flag_values(kube["args"], *flags) == flag_values(sidecar["args"], *flags)
+    kube_pod, sidecar_pod = pod_spec(KUBE), pod_spec()
+    for key in ("hostNetwork", "hostPID", "dnsPolicy", "nodeSelector", "tolerations",
+                "priorityClassName"):
+        assert kube_pod[key] == sidecar_pod[key], key
+    assert {v["name"]: v for v in kube_pod["volumes"]} == {
+        v["name"]: v for v in sidecar_pod["volumes"] if v["name"] in
+        {m["name"] for m in kube["volumeMounts"]}}
+
+
+def _node_requirements(name: str) -> list[dict]:
+    (term,) = pod_spec(name)["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    return term["matchExpressions"]
+
+
+def _matches(requirements: list[dict], labels: dict[str, str]) -> bool:
+    operators = {"In": lambda key, values: labels.get(key) in values,
+                 "NotIn": lambda key, values: labels.get(key) not in values}
+    return all(operators[r["operator"]](r["key"], r["values"]) for r in requirements)
+
+
+def test_each_node_runs_one_layout_chosen_by_its_label() -> None:
+    """Exactly one DaemonSet wants any node, whatever its label; both take
+    the node's ports (hostNetwork), so the scheduler places a node's new pod
+    only once its old one is gone."""
+    for labels in ({}, {"kpng-py/brain": "kube"}, {"kpng-py/brain": "kpng"}):
+        wanted = [name for name in ("kpng-py.yaml", KUBE)
+                  if _matches(_node_requirements(name), labels)]
+        assert len(wanted) == 1, (labels, wanted)
+    assert _matches(_node_requirements(KUBE), {"kpng-py/brain": "kube"})
+    ports = [{p["containerPort"] for p in daemonset_containers(name)["kpng-py"]["ports"]}
+             for name in ("kpng-py.yaml", KUBE)]
+    assert ports[0] == ports[1] == {10249, 10256}
+    assert pod_spec()["hostNetwork"] and pod_spec(KUBE)["hostNetwork"]
+
+
+def test_the_kube_layouts_account_may_list_and_watch_what_the_brain_follows() -> None:
+    objects = {m["kind"]: m for m in manifests(KUBE)}
+    granted = {(group, resource, verb) for rule in objects["ClusterRole"]["rules"]
+               for group in rule["apiGroups"] for resource in rule["resources"]
+               for verb in rule["verbs"]}
+    assert granted == {(group, resource, verb) for group, resource in (
+        ("", "services"), ("", "nodes"), ("discovery.k8s.io", "endpointslices"))
+        for verb in ("list", "watch")}
+    binding = objects["ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == objects["ClusterRole"]["metadata"]["name"]
+    account = objects["ServiceAccount"]["metadata"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["name"],
+                                    "namespace": account["namespace"]}]
+    assert pod_spec(KUBE)["serviceAccountName"] == account["name"]

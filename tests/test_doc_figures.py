@@ -113,9 +113,9 @@ def test_every_link_between_the_bench_and_its_history_names_a_section() -> None:
     assert dangling == []
 
 
-def resources_comment() -> str:
+def resources_comment(manifest: str = "kpng-py.yaml") -> str:
     """The comment right above the kpng-py container's `resources:`."""
-    lines = (DEPLOY / "kpng-py.yaml").read_text().splitlines()
+    lines = (DEPLOY / manifest).read_text().splitlines()
     container = lines.index("        - name: kpng-py")
     at = next(i for i in range(container, len(lines)) if lines[i].strip() == "resources:")
     above = []
@@ -133,8 +133,28 @@ def test_the_memory_request_holds_the_peak_the_current_bench_gives() -> None:
     peaks = [float(n) for n in re.findall(r"([\d.]+) MiB", comment)]
     assert len(peaks) >= 2
     assert all(in_bench(f"{peak:g} MiB", flat(bench_sections()[anchor])) for peak in peaks)
-    resources = daemonset_containers()["kpng-py"]["resources"]
+    request, limit = memory("kpng-py.yaml")
+    assert max(peaks) <= request < limit
+
+
+def memory(manifest: str) -> tuple[int, int]:
+    """The kpng-py container's memory request and limit (MiB)."""
+    resources = daemonset_containers(manifest)["kpng-py"]["resources"]
     mib = {"Mi": 1, "Gi": 1024}
     request, limit = (int(resources[k]["memory"][:-2]) * mib[resources[k]["memory"][-2:]]
                       for k in ("requests", "limits"))
-    assert max(peaks) <= request < limit
+    return request, limit
+
+
+def test_the_one_container_layouts_request_holds_its_brain_and_its_backend() -> None:
+    """Brain and backend in one container: the sum of the two peaks the
+    comment quotes, each from the section it names."""
+    comment = resources_comment("kpng-py-kube.yaml")
+    named = re.findall(r'([\d.]+) MiB[^"]*?docs/bench\.md, "([^"]+)"', comment)
+    assert len(named) == 2
+    sections = bench_sections()
+    for peak, section in named:
+        (anchor,) = [a for a in sections if a.startswith(slug(section))]
+        assert in_bench(f"{float(peak):g} MiB", flat(sections[anchor])), (peak, section)
+    request, limit = memory("kpng-py-kube.yaml")
+    assert sum(float(peak) for peak, _ in named) <= request < limit

@@ -10,6 +10,7 @@ import json
 import re
 
 import promql_parser
+import pytest
 import yaml
 
 from kpng_py.metrics.metrics import Metrics
@@ -184,16 +185,19 @@ def test_a_kube_prometheus_stack_install_selects_the_monitor_and_the_rules() -> 
         assert text in deploy_doc
 
 
-def test_the_pod_monitor_scrapes_the_daemonsets_metrics_port() -> None:
+@pytest.mark.parametrize("manifest", ["kpng-py.yaml", "kpng-py-kube.yaml"])
+def test_the_pod_monitor_scrapes_the_daemonsets_metrics_port(manifest: str) -> None:
+    """Of either layout."""
     monitor = monitoring_doc("podmonitor.yaml")
-    (daemonset,) = [m for m in manifests() if m["kind"] == "DaemonSet"]
+    (daemonset,) = [m for m in manifests(manifest) if m["kind"] == "DaemonSet"]
     pod = daemonset["spec"]["template"]["metadata"]
     assert monitor["kind"] == "PodMonitor"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["labels"].items()
     assert monitor["spec"]["namespaceSelector"]["matchNames"] == [
         daemonset["metadata"]["namespace"]]
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
-    ports = {p["name"]: p["containerPort"] for p in daemonset_containers()["kpng-py"]["ports"]}
+    ports = {p["name"]: p["containerPort"]
+             for p in daemonset_containers(manifest)["kpng-py"]["ports"]}
     assert ports[endpoint["port"]] == int(pod["annotations"]["prometheus.io/port"])
     assert endpoint["path"] == pod["annotations"]["prometheus.io/path"]
 

@@ -1,146 +1,113 @@
 """`kpng-py file convert`: a KPNG state file from what kubectl prints.
 
 Input: `kubectl get nodes,svc,endpointslices -A -o yaml` (a v1 List; single
-objects and `---`-separated documents are read too). Output: the state file
-the built-in brain and `kpng file` read (docs/brain.md), mapped as KPNG's
-kube watcher maps the API objects:
+objects and `---`-separated documents are read too). Each object is mapped
+by `kpng-py kube`'s mapping (kpng_py/brain/apiobjects.py) into the brain's
+values, which are written out as the state file the built-in brain and
+`kpng file` read (docs/brain.md): read back, the file is the very same
+values.
 
-- a Service becomes a localv1 Service: ClusterIPs by family (`None`:
-  headless), externalIPs, LoadBalancer ingress IPs, ports (a named targetPort
-  becomes `targetportname`), ClientIP affinity, the traffic policies,
-  healthCheckNodePort, loadBalancerSourceRanges as an IPFilter on the LB IPs;
-- an EndpointSlice (`kubernetes.io/service-name`) gives its service's
-  endpoints: one per pod, its IPv4 and IPv6 slices merged, with the slice's
-  named ports as port overrides, its conditions (ready, serving,
-  terminating), node, zone, and zone and node hints;
-- a Node gives its name and `topology.kubernetes.io/zone`.
-
-Objects of other kinds are skipped with a count; a Service or EndpointSlice
-that cannot be mapped (a slice's address not of its addressType's family, a
-port out of range...) names the object and what is wrong with it. The
-per-object functions (service_of, slice_service, service_entry, node_of)
-are also `kpng-py kube`'s mapping of the API server's objects, which skips
-such an object instead (kpng_py/brain/kube/cluster.py).
+Objects of other kinds, and what kube-proxy does not program, are skipped
+with a count; an object that cannot be mapped (a slice's address not of its
+addressType's family, a port out of range...) is an ObjectError naming it
+and what is wrong with it.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import yaml
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from kpng_py.api import localv1
-from kpng_py.model import MAX_PORT
-
-PROTOCOLS = {"TCP": localv1.TCP, "UDP": localv1.UDP, "SCTP": localv1.SCTP}
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-ZONE_LABEL = "topology.kubernetes.io/zone"
-_FAMILIES = ("IPv4", "IPv6")
+from kpng_py.brain.apiobjects import Listing, left_out_service, left_out_slice, name_of, \
+    node_of, service_of, slice_endpoints, slice_service, with_endpoints
+from kpng_py.brain.statefile import ClusterState, EndpointInfo, ServiceEntry, endpoint_hash
 
 
 class ConvertError(ValueError):
-    """An object that cannot be mapped; the message names it."""
+    """Input that is not Kubernetes objects; the message says what it is."""
 
 
 @dataclass
 class Conversion:
-    """What was read, by kind; `skipped` counts objects of other kinds."""
+    """The state of what was read; `skipped` counts what was not mapped, by
+    what it is."""
 
-    state: dict[str, list[dict[str, Any]]]
+    state: ClusterState
     skipped: Counter = field(default_factory=Counter)
 
 
-@dataclass
-class _Endpoint:
-    pod: str
-    v4: list[str] = field(default_factory=list)
-    v6: list[str] = field(default_factory=list)
-    ports: dict[str, int] = field(default_factory=dict)
-    # As kube-proxy reads an EndpointSlice: an unknown readiness or serving
-    # counts as true, an unknown terminating as false. A pod listed in several
-    # slices (one per family, or two while it moves) is ready (serving) only
-    # if every slice says so, and terminating if one does.
-    ready: bool = True
-    serving: bool = True
-    terminating: bool = False
-    node: str = ""
-    zone: str = ""
-    hint_zones: list[str] = field(default_factory=list)
-    hint_nodes: list[str] = field(default_factory=list)
-
-    def add(self, item: dict[str, Any], ips: localv1.IPSet, ports: dict[str, int],
-            what: str) -> None:
-        """One more listing of the endpoint (`what`, for errors), in a slice
-        with these ports."""
-        self.v4 += [ip for ip in ips.V4 if ip not in self.v4]
-        self.v6 += [ip for ip in ips.V6 if ip not in self.v6]
-        self.ports.update(ports)
-        conditions = _mapping(item.get("conditions"), f"{what} conditions")
-        self.ready = self.ready and conditions.get("ready") is not False
-        self.serving = self.serving and conditions.get("serving") is not False
-        self.terminating = self.terminating or conditions.get("terminating") is True
-        self.node = item.get("nodeName", self.node)
-        self.zone = item.get("zone", self.zone)
-        hints = _mapping(item.get("hints"), f"{what} hints")
-        self.hint_zones = _names(hints.get("forZones"), f"{what} hints.forZones") \
-            or self.hint_zones
-        self.hint_nodes = _names(hints.get("forNodes"), f"{what} hints.forNodes") \
-            or self.hint_nodes
-
-
-def _mapping(value: Any, what: str) -> dict[str, Any]:
-    if not isinstance(value, (dict, type(None))):
-        raise ConvertError(f"{what}: expected a mapping, found {value!r}")
-    return value or {}
-
-
-def _names(references: Any, what: str) -> list[str]:
-    """The names of a list of `{name: ...}` (forZones, forNodes)."""
-    if not isinstance(references, (list, type(None))):
-        raise ConvertError(f"{what}: expected a list, found {references!r}")
-    names = [_mapping(reference, what).get("name") for reference in references or []]
-    checked = [name for name in names if isinstance(name, str) and name]
-    if len(checked) != len(names):
-        raise ConvertError(f"{what}: each entry needs a name, found {references!r}")
-    return checked
-
-
 def convert(text: str) -> Conversion:
-    services: dict[tuple[str, str], localv1.Service] = {}
-    slices: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    nodes: list[dict[str, Any]] = []
+    services: dict[tuple[str, str], ServiceEntry] = {}
+    left_out: set[tuple[str, str]] = set()  # Services kube-proxy does not program
+    slices: dict[tuple[str, str], list[tuple[Listing, ...]]] = {}
+    nodes = []
     skipped: Counter = Counter()
     for obj in _objects(text):
         kind = obj.get("kind")
-        if kind == "Service":
+        why = (left_out_service(obj) if kind == "Service" else
+               left_out_slice(obj) if kind == "EndpointSlice" else None)
+        if why is not None:
+            skipped[f"{kind} {why.value}"] += 1
+            if kind == "Service":
+                left_out.add(name_of(obj))
+        elif kind == "Service":
             service = service_of(obj)
-            services[(service.Namespace, service.Name)] = service
+            services[(service.namespace, service.name)] = service
         elif kind == "EndpointSlice":
             owner = slice_service(obj)
             if owner is None:
                 skipped["EndpointSlice without a service or of addressType FQDN"] += 1
             else:
-                slices.setdefault(owner, []).append(obj)
+                slices.setdefault(owner, []).append(slice_endpoints(obj))
         elif kind == "Node":
             nodes.append(node_of(obj))
         else:
             skipped[str(kind)] += 1
-    entries = [service_entry(service, slices.get(key, ()))
-               for key, service in sorted(services.items())]
-    orphans = sum(len(found) for key, found in slices.items() if key not in services)
-    if orphans:
-        skipped["EndpointSlice of a Service not in the input"] += orphans
-    return Conversion({"nodes": nodes, "services": entries}, skipped)
+    entries = tuple(with_endpoints(service, slices.get(key, ()))
+                    for key, service in sorted(services.items()))
+    for key, found in slices.items():
+        if key in left_out:
+            skipped["EndpointSlice of a Service left out"] += len(found)
+        elif key not in services:
+            skipped["EndpointSlice of a Service not in the input"] += len(found)
+    return Conversion(ClusterState(tuple(nodes), entries), skipped)
 
 
 def dump(conversion: Conversion) -> str:
-    # The block style: the brain reads it on its fast path (docs/brain.md).
-    return yaml.safe_dump(conversion.state, sort_keys=False)
+    """The state file. The block style: the brain reads it on its fast path
+    (docs/brain.md)."""
+    state = conversion.state
+    return yaml.safe_dump({
+        "nodes": [{"name": n.name, "topology": {"node": n.name, "zone": n.zone}}
+                  for n in state.nodes],
+        "services": [{"service": state_members(localv1.Service.FromString(s.service)),
+                      "endpoints": [_endpoint_entry(e) for e in s.endpoints]}
+                     for s in state.services]}, sort_keys=False)
+
+
+def _endpoint_entry(info: EndpointInfo) -> dict[str, Any]:
+    # The key of an endpoint without a pod is its hash, which the reader
+    # computes again.
+    entry: dict[str, Any] = {} if info.key == endpoint_hash(info.endpoint) else {
+        "podname": info.key}
+    entry["endpoint"] = state_members(localv1.Endpoint.FromString(info.endpoint))
+    # `serving` and `terminating` (kpng-py's extension) only where they are
+    # not the defaults: upstream KPNG reads the file of a cluster without
+    # terminating endpoints.
+    entry["conditions"] = {"ready": info.ready,
+                           **({} if info.serving else {"serving": False}),
+                           **({"terminating": True} if info.terminating else {})}
+    entry["topology"] = {"node": info.node, "zone": info.zone}
+    hints = {"zones": list(info.hint_zones), "nodes": list(info.hint_nodes)}
+    if any(hints.values()):
+        entry["hints"] = {key: names for key, names in hints.items() if names}
+    return entry
 
 
 def _objects(text: str) -> Iterator[dict[str, Any]]:
@@ -162,165 +129,6 @@ def _objects(text: str) -> Iterator[dict[str, Any]]:
             yield from (item for item in document.get("items") or [] if isinstance(item, dict))
         else:
             yield document
-
-
-def _name(obj: dict[str, Any]) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    return meta.get("namespace") or "default", meta.get("name") or ""
-
-
-def _by_family(addresses: Iterable[str], what: str) -> localv1.IPSet:
-    ips = localv1.IPSet()
-    for text in addresses:
-        try:
-            ip = ipaddress.ip_address(text)
-        except ValueError as err:
-            raise ConvertError(f"{what}: {text!r} is not an IP address") from err
-        (ips.V4 if ip.version == 4 else ips.V6).append(str(ip))
-    return ips
-
-
-def _set_ips(target: localv1.IPSet, ips: localv1.IPSet) -> None:
-    """`target` holds `ips`; left unset (not written out) when there are none."""
-    if ips.V4 or ips.V6:
-        target.MergeFrom(ips)
-
-
-def service_of(obj: dict[str, Any]) -> localv1.Service:
-    namespace, name = _name(obj)
-    what = f"Service {namespace}/{name}"
-    if not name:
-        raise ConvertError("a Service without metadata.name")
-    spec, status = obj.get("spec") or {}, obj.get("status") or {}
-    service = localv1.Service(Namespace=namespace, Name=name, Type=spec.get("type", "ClusterIP"))
-    cluster_ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
-    if cluster_ips == ["None"]:
-        service.IPs.Headless = True
-    else:
-        _set_ips(service.IPs.ClusterIPs, _by_family(cluster_ips, f"{what} clusterIPs"))
-    _set_ips(service.IPs.ExternalIPs, _by_family(spec.get("externalIPs") or [],
-                                                 f"{what} externalIPs"))
-    ingress = (status.get("loadBalancer") or {}).get("ingress") or []
-    lb_ips = _by_family([i["ip"] for i in ingress if i.get("ip")], f"{what} LoadBalancer ingress")
-    _set_ips(service.IPs.LoadBalancerIPs, lb_ips)
-    if ranges := spec.get("loadBalancerSourceRanges"):
-        service.IPFilters.add(TargetIPs=lb_ips, SourceRanges=ranges)
-    for port in spec.get("ports") or []:
-        service.Ports.append(_port_mapping(port, what))
-    if spec.get("sessionAffinity") == "ClientIP":
-        config = (spec.get("sessionAffinityConfig") or {}).get("clientIP") or {}
-        service.ClientIP.TimeoutSeconds = int(config.get("timeoutSeconds") or 10800)
-    service.ExternalTrafficToLocal = spec.get("externalTrafficPolicy") == "Local"
-    service.InternalTrafficToLocal = spec.get("internalTrafficPolicy") == "Local"
-    service.HealthCheckNodePort = int(spec.get("healthCheckNodePort") or 0)
-    return service
-
-
-def _port_mapping(port: dict[str, Any], what: str) -> localv1.PortMapping:
-    protocol = port.get("protocol", "TCP")
-    if protocol not in PROTOCOLS:
-        raise ConvertError(f"{what} port {port.get('port')}: protocol {protocol!r} is not one of "
-                           + ", ".join(PROTOCOLS))
-    mapping = localv1.PortMapping(Name=port.get("name", ""), Protocol=PROTOCOLS[protocol],
-                                  Port=int(port.get("port") or 0),
-                                  NodePort=int(port.get("nodePort") or 0))
-    target = port.get("targetPort", mapping.Port)
-    if isinstance(target, str) and not target.isdigit():
-        mapping.TargetPortName = target
-    else:
-        mapping.TargetPort = int(target)
-    return mapping
-
-
-def slice_service(obj: dict[str, Any]) -> tuple[str, str] | None:
-    """The (namespace, name) of the service an EndpointSlice is of; None for
-    a slice without `kubernetes.io/service-name` or of addressType FQDN
-    (which no proxy programs)."""
-    namespace, _ = _name(obj)
-    service = ((obj.get("metadata") or {}).get("labels") or {}).get(SERVICE_NAME_LABEL)
-    if not service or obj.get("addressType") not in _FAMILIES:
-        return None
-    return namespace, service
-
-
-def service_entry(service: localv1.Service, slices: Iterable[dict[str, Any]]
-                  ) -> dict[str, Any]:
-    """A `services` entry of the state file: the service and the endpoints of
-    its EndpointSlices (each a slice of it: slice_service says so)."""
-    return {"service": state_members(service),
-            "endpoints": [_endpoint_entry(e) for e in _endpoints(slices).values()]}
-
-
-def check_slice(obj: dict[str, Any]) -> None:
-    """ConvertError naming the slice if service_entry cannot map it."""
-    _endpoints([obj])
-
-
-def _endpoints(slices: Iterable[dict[str, Any]]) -> dict[str, _Endpoint]:
-    """One service's endpoints by pod (or address, without a pod)."""
-    by_pod: dict[str, _Endpoint] = {}
-    for obj in slices:
-        what = "EndpointSlice {}/{}".format(*_name(obj))
-        ports = _slice_ports(obj, what)
-        for item in obj.get("endpoints") or []:
-            pod = (item.get("targetRef") or {}).get("name", "")
-            addresses = item.get("addresses") or []
-            endpoint = by_pod.setdefault(pod or ",".join(addresses), _Endpoint(pod))
-            ips = _by_family(addresses, what)
-            _check_family(ips, obj["addressType"], what)
-            endpoint.add(item, ips, ports, f"{what} endpoint {pod or ','.join(addresses)}")
-    return by_pod
-
-
-def _slice_ports(obj: dict[str, Any], what: str) -> dict[str, int]:
-    """The slice's port numbers by name; a port without a number (all ports)
-    gives no override."""
-    ports = {}
-    for port in obj.get("ports") or []:
-        number = port.get("port")
-        if number is None:
-            continue
-        if not isinstance(number, int) or not 1 <= number <= MAX_PORT:
-            raise ConvertError(f"{what} port {port.get('name', '')!r}: {number!r} is not a port "
-                               f"number (1..{MAX_PORT})")
-        ports[port.get("name", "")] = number
-    return ports
-
-
-def _check_family(ips: localv1.IPSet, address_type: str, what: str) -> None:
-    """A slice's addresses are all of its addressType's family."""
-    other = ips.V6 if address_type == "IPv4" else ips.V4
-    if other:
-        raise ConvertError(f"{what}: {other[0]} is not an {address_type} address, the slice's "
-                           "addressType")
-
-
-def _endpoint_entry(endpoint: _Endpoint) -> dict[str, Any]:
-    wire = localv1.Endpoint()
-    wire.IPs.V4.extend(endpoint.v4)
-    wire.IPs.V6.extend(endpoint.v6)
-    for name, port in sorted(endpoint.ports.items()):
-        wire.PortOverrides.add(Name=name, Port=port)
-    entry: dict[str, Any] = {"podname": endpoint.pod} if endpoint.pod else {}
-    entry["endpoint"] = state_members(wire)
-    # `serving` and `terminating` (kpng-py's extension) only where they are
-    # not the defaults: upstream KPNG reads the file of a cluster without
-    # terminating endpoints.
-    entry["conditions"] = {"ready": endpoint.ready,
-                           **({} if endpoint.serving else {"serving": False}),
-                           **({"terminating": True} if endpoint.terminating else {})}
-    entry["topology"] = {"node": endpoint.node, "zone": endpoint.zone}
-    hints = {"zones": endpoint.hint_zones, "nodes": endpoint.hint_nodes}
-    if any(hints.values()):
-        entry["hints"] = {key: names for key, names in hints.items() if names}
-    return entry
-
-
-def node_of(obj: dict[str, Any]) -> dict[str, Any]:
-    """A `nodes` entry of the state file."""
-    _, name = _name(obj)
-    zone = ((obj.get("metadata") or {}).get("labels") or {}).get(ZONE_LABEL, "")
-    return {"name": name, "topology": {"node": name, "zone": zone}}
 
 
 def state_members(message: Message) -> dict[str, Any]:

@@ -259,6 +259,32 @@ class Value:
         return value
 
 
+def check_message(message: Message, checks: FieldChecks, blame: Callable[[str], Blame],
+                  path: str = "") -> None:
+    """Apply `checks` to a message built otherwise than by `fill` (from an
+    API object), as `fill` applies them: each set scalar field's values,
+    then each message. `blame(path)` is what a check blames for the field
+    at `path` (lower-cased names, as the state file writes them)."""
+    for field, value in message.ListFields():
+        at = f"{path}.{field.name.lower()}" if path else field.name.lower()
+        if field.message_type is not None:
+            if field.message_type.GetOptions().map_entry:
+                continue
+            if field.is_repeated:
+                for index, item in enumerate(value):
+                    check_message(item, checks, blame, f"{at}[{index}]")
+            else:
+                check_message(value, checks, blame, at)
+            continue
+        check = checks.get(field.full_name)
+        if check is not None:
+            for item in value if field.is_repeated else (value,):
+                check(blame(at), item)
+    check = checks.get(message.DESCRIPTOR.full_name)
+    if check is not None:
+        check(blame(path), message)
+
+
 def enum_choices(enum: EnumDescriptor) -> str:
     """`enum`'s values as a state file may give them: `TCP (1), UDP (2)`."""
     return ", ".join(f"{value.name} ({value.number})" for value in enum.values)

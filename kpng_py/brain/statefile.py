@@ -30,8 +30,6 @@ from functools import cached_property
 from itertools import chain
 from typing import Callable, NamedTuple, TypeVar
 
-import yaml
-
 from kpng_py.api import localv1
 from kpng_py.brain.plainload import Plain, Unchecked, plain_document
 from kpng_py.brain.plainvalue import PlainValue
@@ -80,6 +78,7 @@ class EndpointInfo(NamedTuple):
     serving: bool = True
     terminating: bool = False
     hint_nodes: tuple[str, ...] = ()  # empty: no node hints
+    zone: str = ""  # topology.zone: not used by the view, kept for `file convert`'s output
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,25 +260,6 @@ def _kubernetes_hints(file: str) -> dict[str, str]:
     return dict.fromkeys(_KUBERNETES_KEYS, hint)
 
 
-def read_service_entry(entry: dict, what: str) -> ServiceEntry:
-    """One `services` entry given as plain values (what `file convert` writes
-    of a Service and its EndpointSlices), read as the file's would be;
-    StateFileError naming `what`, the place in the entry and the problem."""
-    return _read_plain(entry, _service_entry, what)
-
-
-def read_node(entry: dict, what: str) -> Node:
-    """One `nodes` entry given as plain values, read as `read_service_entry` reads."""
-    return _read_plain(entry, _node, what)
-
-
-def _read_plain(entry: dict, read: Callable[[Doc], T], what: str) -> T:
-    try:
-        return read(PlainValue(entry))
-    except Unchecked:  # the strict reader names the place and the problem
-        return read(read_document(yaml.safe_dump(entry, sort_keys=False), what))
-
-
 def _unique(values: list[Doc], read: Callable[[Doc], T], key: Callable[[T], str],
             what: str) -> tuple[T, ...]:
     """Read each value; two with the same key are an error naming both."""
@@ -313,17 +293,21 @@ def _service_entry(value: Doc) -> ServiceEntry:
     if members["service"].is_null:
         value.fail("each entry of services needs a `service`")
     service = localv1.Service()
-    members["service"].fill(service, _CHECKS)
+    members["service"].fill(service, CHECKS)
     service.Namespace = service.Namespace or DEFAULT_NAMESPACE
-    for label, name in (("namespace", service.Namespace), ("name", service.Name)):
-        if not name or "/" in name:
-            members["service"].fail(f"the service {label} {name!r} must be non-empty and "
-                                    "without '/'")
+    check_service_path(members["service"], service)
     return ServiceEntry(
         service.Namespace, service.Name, service.SerializeToString(deterministic=True),
         service.InternalTrafficToLocal, service.ExternalTrafficToLocal,
         _unique(members["endpoints"].sequence(), _endpoint_info, lambda e: e.key, "endpoint"),
         service.Labels.get(SERVICE_PROXY_NAME_LABEL, ""))
+
+
+def check_service_path(value: Blame, service: localv1.Service) -> None:
+    """Its namespace and name make a path: non-empty, without '/'."""
+    for label, name in (("namespace", service.Namespace), ("name", service.Name)):
+        if not name or "/" in name:
+            value.fail(f"the service {label} {name!r} must be non-empty and without '/'")
 
 
 _ENDPOINT_INFO_KEYS = ("hash", "namespace", "sourcename", "servicename", "podname",
@@ -339,7 +323,7 @@ def _endpoint_info(value: Doc) -> EndpointInfo:
     if members["endpoint"].is_null:
         value.fail("an endpoint needs `endpoint` (its ips and port overrides)")
     endpoint = localv1.Endpoint()
-    members["endpoint"].fill(endpoint, _CHECKS)
+    members["endpoint"].fill(endpoint, CHECKS)
     for name in _PER_NODE_ENDPOINT_FIELDS:
         endpoint.ClearField(name)
     wire = endpoint.SerializeToString(deterministic=True)
@@ -349,16 +333,18 @@ def _endpoint_info(value: Doc) -> EndpointInfo:
     local_at = endpoint.ByteSize()
     ready, serving, terminating = _conditions(members["conditions"])
     hints = members["hints"].mapping(("zones", "nodes"))
+    topology = members["topology"].mapping(("node", "zone"))
     return EndpointInfo(
         key=members["podname"].string() or endpoint_hash(wire),
         endpoint=wire,
         local_at=local_at,
         ready=ready,
-        node=members["topology"].mapping(("node", "zone"))["node"].string(),
+        node=topology["node"].string(),
         hint_zones=tuple(z.string() for z in hints["zones"].sequence()),
         serving=serving,
         terminating=terminating,
         hint_nodes=tuple(n.string() for n in hints["nodes"].sequence()),
+        zone=topology["zone"].string(),
     )
 
 
@@ -433,7 +419,7 @@ def _port_override(value: Blame, override: localv1.PortName) -> None:
 
 
 _OPTIONAL_PORT = _in_range(0, MAX_PORT, "port (0: none)")
-_CHECKS: FieldChecks = {
+CHECKS: FieldChecks = {
     "localv1.IPSet.V4": _ip_of(4),
     "localv1.IPSet.V6": _ip_of(6),
     "localv1.IPFilter.SourceRanges": _cidr,

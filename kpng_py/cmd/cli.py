@@ -332,6 +332,7 @@ def _add_file_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _convert(args: argparse.Namespace) -> None:
+    from kpng_py.brain.apiobjects import ObjectError
     from kpng_py.brain.convert import ConvertError
     from kpng_py.brain.convert import convert as convert_kubectl
     from kpng_py.brain.convert import dump as dump_state
@@ -341,7 +342,7 @@ def _convert(args: argparse.Namespace) -> None:
     output = OutputFile(args.output, "-o", args.force) if args.output else None
     try:
         conversion = convert_kubectl(_read_input(kubectl_output).decode("utf-8"))
-    except (ConvertError, UnicodeDecodeError) as err:
+    except (ConvertError, ObjectError, UnicodeDecodeError) as err:
         raise UsageError(f"{kubectl_output}: {err}") from err
     text = dump_state(conversion)
     if output is None:
@@ -353,7 +354,7 @@ def _convert(args: argparse.Namespace) -> None:
         except OSError as err:
             raise output.error(err) from err
     for kind, count in sorted(conversion.skipped.items()):
-        print(f"kpng-py: skipped {count} {kind} object(s)", file=sys.stderr)
+        print(f"kpng-py: skipped {count} object(s): {kind}", file=sys.stderr)
 
 
 def _convert_input(args: argparse.Namespace) -> Path:

@@ -45,12 +45,15 @@ def _pod(name: str, node: str) -> dict:
                           {"name": "dns", "containerPort": 5353, "protocol": "UDP"}]}]}}
 
 
-def _service(name: str, spec: dict) -> dict:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}, "spec": spec}
+def _service(name: str, spec: dict, labels: dict | None = None) -> dict:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, **({"labels": labels} if labels else {})}, "spec": spec}
 
 
 def populate(api: KubeApi) -> None:
-    """Two nodes in two zones, four services, three ready pods."""
+    """Two nodes in two zones, seven services (three that kube-proxy does
+    not program: headless, ExternalName, another proxy's; and a load
+    balancer with an ingress IP of each ipMode), three ready pods."""
     api.register_node("node-a", ["10.0.0.1", "fd00::1"], zone="zone-a")
     api.register_node("node-b", ["10.0.0.2", "fd00::2"], zone="zone-b")
     services = "/api/v1/namespaces/default/services"
@@ -66,6 +69,18 @@ def populate(api: KubeApi) -> None:
         "clusterIP": "None", "selector": {"app": "db"}, "ports": [{"port": 5432}]}))
     api.create(services, _service("gone", {
         "selector": {"app": "web"}, "ports": [{"port": 8081, "targetPort": 8080}]}))
+    api.create(services, _service("docs", {"type": "ExternalName",
+                                           "externalName": "docs.example.com"}))
+    # The EndpointSlice controller copies the label onto the service's slices.
+    api.create(services, _service("mesh", {
+        "selector": {"app": "web"}, "ports": [{"port": 8082, "targetPort": 8080}]},
+        labels={"service.kubernetes.io/service-proxy-name": "another-proxy"}))
+    api.create(services, _service("lb", {
+        "type": "LoadBalancer", "selector": {"app": "web"},
+        "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}))
+    api.merge_patch("/api/v1/namespaces/default/services/lb/status", {
+        "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.10", "ipMode": "VIP"},
+                                                {"ip": "192.0.2.11", "ipMode": "Proxy"}]}}})
     for name, (node, ips) in PODS.items():
         api.create("/api/v1/namespaces/default/pods", _pod(name, node))
         api.pod_status("default", name, ips, ready=True)

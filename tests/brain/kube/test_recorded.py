@@ -11,11 +11,15 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+import yaml
 
 from kpng_py.api import localv1
 from kpng_py.brain.convert import convert, dump
 from kpng_py.brain.statefile import ClusterState, parse_state
+from kpng_py.brain.kube.cluster import ClusterBuilder
 from kpng_py.brain.view import node_view
+from kpng_py.metrics.metrics import Metrics
+from kpng_py.state.skips import Skips
 from tests.brain.kube.test_watcher import Following, _kubectl_list
 from tests.support.fake_apiserver import PATHS, FakeApiServer
 from tests.support.process import wait_until
@@ -58,6 +62,22 @@ def test_the_recording_is_what_a_real_server_sends() -> None:
     assert kinds == {"MODIFIED", "DELETED", "BOOKMARK"}
 
 
+def test_the_mapped_state_is_the_state_of_the_file_convert_writes() -> None:
+    """One mapping: the values the kube brain serves are the very values the
+    file brain reads from what `file convert` writes of the same objects."""
+    stores = {resource: {f"{obj['metadata'].get('namespace', '')}/{obj['metadata']['name']}": obj
+                         for obj in recorded_list(resource)["items"]} for resource in PATHS}
+    state = ClusterBuilder(Skips(Metrics())).build(
+        stores["services"], stores["endpointslices"], stores["nodes"])
+    items = [{"kind": kind, **obj} for resource, kind in (
+        ("services", "Service"), ("endpointslices", "EndpointSlice"), ("nodes", "Node"))
+        for obj in recorded_list(resource)["items"]]
+    converted = convert(yaml.safe_dump({"kind": "List", "items": items}))
+    assert converted.state == state
+    assert parse_state(dump(converted).encode(), "converted.yaml") == state
+    assert sum(len(s.endpoints) for s in state.services) == 8
+
+
 def test_the_recorded_lists_are_served_as_the_file_brain_serves_them_converted(
         fake: FakeApiServer) -> None:
     brain = Following(fake)
@@ -75,8 +95,17 @@ def test_the_recorded_lists_are_served_as_the_file_brain_serves_them_converted(
                                   [("dns", 5353), ("http", 8080)]),
             "default/web/web-1": (["10.244.1.7"], ["fd00:10:244:1::7"],
                                   [("dns", 5353), ("http", 8080)])}
-        db = localv1.Service.FromString(brain.view()[(localv1.ServicesSet, "default/db")])
-        assert db.IPs.Headless
+        # Left out as kube-proxy leaves them out: the headless db, the
+        # ExternalName docs, mesh (labelled for another proxy, as its slices
+        # are by the EndpointSlice controller) and lb's ingress IP of ipMode
+        # Proxy.
+        assert sorted(path for kind, path in brain.view() if kind == localv1.ServicesSet) == [
+            "default/gone", "default/kubernetes", "default/lb", "default/web",
+            "default/web-local"]
+        lb = localv1.Service.FromString(brain.view()[(localv1.ServicesSet, "default/lb")])
+        assert list(lb.IPs.LoadBalancerIPs.V4) == ["192.0.2.10"]
+        assert (brain.skipped("headless"), brain.skipped("external-name"),
+                brain.skipped("unknown-service")) == (1, 1, 0)
     finally:
         brain.watcher.stop()
 

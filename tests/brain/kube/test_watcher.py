@@ -182,7 +182,7 @@ def test_what_cannot_be_programmed_is_skipped_once_counted_and_the_rest_served(
     assert sorted(lines) == [
         "skipped EndpointSlice default/ghost-abc: its service default/ghost does not exist",
         "skipped EndpointSlice default/web-port: EndpointSlice default/web-port port 'http': "
-        "70000 is not a port number (1..65535)",
+        "port 70000; set port to a number in 1..65535",
         "skipped EndpointSlice default/web-v6: EndpointSlice default/web-v6: fd00::5 is not an "
         "IPv4 address, the slice's addressType",
         "skipped Service default/quic: Service default/quic port 80: protocol 'QUIC' is not "
@@ -203,3 +203,42 @@ def test_a_node_heartbeat_makes_no_new_version(fake: FakeApiServer,
     fake.bookmark("services")
     fake.wait_for_request(f"watch services@{fake.version}")
     assert following.snapshots.version == 2
+
+
+def _labelled(obj: dict, label: str) -> dict:
+    obj["metadata"].setdefault("labels", {})[label] = "another-proxy"
+    return obj
+
+
+def test_what_kube_proxy_does_not_program_is_left_out(fake: FakeApiServer,
+                                                      following: Following) -> None:
+    """As kube-proxy 1.35: objects labelled for another proxy or headless are
+    not looked at (no count for a slice whose Service is not there), headless
+    and ExternalName Services are skipped with a count, an ingress IP of a
+    proxying load balancer (ipMode Proxy) is not programmed."""
+    proxy_name, headless = "service.kubernetes.io/service-proxy-name", \
+        "service.kubernetes.io/headless"
+    fake.put("services", _labelled(api_service("mesh", "10.96.0.20"), proxy_name))
+    fake.put("endpointslices", _labelled(api_slice("mesh-abc", "mesh", ["10.244.0.20"]),
+                                         proxy_name))
+    fake.put("endpointslices", _labelled(api_slice("gone-abc", "gone", ["10.244.0.21"]),
+                                         headless))
+    fake.put("services", api_service("none", "None", clusterIPs=["None"]))
+    fake.put("services", api_service("docs", "", type="ExternalName", clusterIPs=[],
+                                     externalName="docs.example.com"))
+    lb = api_service("lb", "10.96.0.30", type="LoadBalancer")
+    lb["status"]["loadBalancer"] = {"ingress": [{"ip": "192.0.2.10", "ipMode": "VIP"},
+                                                {"ip": "192.0.2.11", "ipMode": "Proxy"},
+                                                {"ip": "192.0.2.12"}]}
+    fake.put("services", lb)
+    wait_until(lambda: (localv1.ServicesSet, "default/lb") in following.view(), "lb")
+    assert sorted(path for kind, path in following.view() if kind == localv1.ServicesSet) == [
+        "default/db", "default/lb", "default/web"]
+    service = localv1.Service.FromString(following.view()[(localv1.ServicesSet, "default/lb")])
+    assert list(service.IPs.LoadBalancerIPs.V4) == ["192.0.2.10", "192.0.2.12"]
+    assert (following.skipped("headless"), following.skipped("external-name"),
+            following.skipped("unknown-service")) == (1, 1, 0)
+    # Labelled later, a Service is left out with its endpoints.
+    fake.put("services", _labelled(api_service("web", "10.96.0.10"), proxy_name))
+    wait_until(lambda: not following.endpoints("default/web"), "web left out")
+    assert (localv1.ServicesSet, "default/web") not in following.view()
