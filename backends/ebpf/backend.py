@@ -14,7 +14,7 @@ from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps import service_id_maps
 from backends.ebpf.datapath.loader import Datapath, DatapathConfig, mount_holding
 from backends.ebpf.maps.node_addresses import AddressFollower, FollowerFactory, NodeAddressMap
-from backends.ebpf.programmer import Capacity, MapWrites, ServiceProgrammer
+from backends.ebpf.programmer.service_programmer import Capacity, MapWrites, ServiceProgrammer
 from backends.ebpf.stale_udp import StaleUdpTerminator
 from backends.ebpf.maps.usage import CachedCount
 from kpng_py.dataplane.contract import BackendSetupError, DataplaneHealth

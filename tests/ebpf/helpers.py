@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Sequence
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.datapath.loader import Datapath, DatapathConfig, cleanup
 from backends.ebpf.maps.node_addresses import FollowerFactory
-from backends.ebpf.programmer import Capacity, ServiceProgrammer
+from backends.ebpf.programmer.service_programmer import Capacity, ServiceProgrammer
 from kpng_py.node.netns import in_netns
 from kpng_py.api import localv1
 from kpng_py.metrics.metrics import Metrics

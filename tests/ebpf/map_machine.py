@@ -38,7 +38,7 @@ from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps.contents import read_contents
 from backends.ebpf.tools.dump import services_of
 from backends.ebpf.maps.access import MapAccess
-from backends.ebpf.programmer import ROUND_PORTS, Capacity, ServiceProgrammer
+from backends.ebpf.programmer.service_programmer import ROUND_PORTS, Capacity, ServiceProgrammer
 from kpng_py.api import localv1 as L
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges, ServicePort

@@ -17,7 +17,7 @@ from backends.ebpf.maps.contents import (
     packed_slot_ids,
     read_contents,
 )
-from backends.ebpf.programmer import Capacity, ServiceProgrammer
+from backends.ebpf.programmer.service_programmer import Capacity, ServiceProgrammer
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Endpoint, Endpoints, Protocol, ServicePortChanges
 from kpng_py.state.skips import Skips

@@ -20,7 +20,7 @@ from hypothesis.stateful import rule, run_state_machine_as_test
 
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps.contents import FrontendKeys, HostPort
-from backends.ebpf.programmer import ROUND_PORTS, Capacity, ServiceProgrammer
+from backends.ebpf.programmer.service_programmer import ROUND_PORTS, Capacity, ServiceProgrammer
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges, Protocol
 from kpng_py.state.skips import Skips

@@ -24,19 +24,18 @@ change costs what it touches.
 
 from __future__ import annotations
 
-import ctypes as ct
 import itertools
 import logging
 import struct
 import time
 import types
 from array import array
-from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Collection, Iterable, Mapping, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Collection, Iterable, Mapping, Sequence
 
 from backends.ebpf.maps import layout as maps
+from backends.ebpf.maps.access import MapAccess
 from backends.ebpf.maps.contents import (
     SLOT_IDS,
     FrontendKeys,
@@ -47,286 +46,36 @@ from backends.ebpf.maps.contents import (
     packed_slot_ids,
     read_contents,
 )
-from backends.ebpf.maps.access import MapAccess
-from backends.ebpf.maps.layout import L4ADDR_PAD, BackendValue, ServiceKey, ServiceValue
-from kpng_py.runtime.logs import fields
-from kpng_py.model import (
-    ServicePortChanges,
-    Protocol,
-    ServicePort,
-    ServicePortName,
+from backends.ebpf.maps.layout import BackendValue, ServiceKey, ServiceValue
+from backends.ebpf.programmer.frontends import (
+    FrontendSpec,
+    FrontendSpecs,
+    frontend_keys,
+    frontends_of,
 )
+from backends.ebpf.programmer.ids import MAX_ID, IdAllocator
+from backends.ebpf.programmer.slots import MAX_SLOTS, assign_slots
+from backends.ebpf.programmer.writes import (
+    SERVICE_KEY_SIZE,
+    SLOT_VALUE,
+    U32,
+    MapWrites,
+    RoundWrites,
+)
+from kpng_py.model import Protocol, ServicePort, ServicePortChanges, ServicePortName
+from kpng_py.runtime.logs import fields
 from kpng_py.state.skips import SkipReason, Skips
 
 log = logging.getLogger(__name__)
 
-# Slots are 16 bits wide (lb_service_key.slot), slot 0 is the master.
-MAX_SLOTS = 0xFFFF
-MAX_ID = 0xFFFFFFFF
 # Service ports planned and written per round of a change set: the buffers
 # of the two rounds alive at once (one written, the next planned) stay small
 # (about 40 KiB per 100 endpoints each), the syscalls few.
 ROUND_PORTS = 512
 
-
-# Packed values, in the maps' native byte order: a u32 (a backend id, the
-# key of `backends`; a service id) and a slot (lb_service_value, id only).
-_U32 = struct.Struct("=I")
-_SLOT_VALUE = struct.Struct("=IIIII")
-_BACKEND_KEY_SIZE = _U32.size
-_SERVICE_KEY_SIZE = ct.sizeof(ServiceKey)
-
-class FrontendSpec(NamedTuple):
-    """What a frontend's entries hold: its backends (packed lb_l4addr), its
-    affinity timeout and the flag of its kind (maps.KIND_FLAGS)."""
-
-    targets: tuple[bytes, ...]
-    affinity_timeout: int
-    kind_flag: int
-
-
-FrontendSpecs = dict[FrontendKeys, FrontendSpec]
-
-
-def frontend_keys(port: ServicePort) -> tuple[FrontendKeys, ...]:
-    """The keys of each frontend of a service port, in `frontends()` order."""
-    return tuple(FrontendKeys(HostPort(frontend.ip, frontend.port), frontend.protocol)
-                 for frontend in port.frontends())
-
-
-def frontends_of(port: ServicePort, keys: Sequence[FrontendKeys] | None = None) -> FrontendSpecs:
-    """Each frontend (`keys`: `frontend_keys(port)`, when they are known) with
-    its backends (the endpoints of its family that cluster traffic may use),
-    affinity timeout and kind."""
-    # The frontends of a family (ClusterIPs, node port, ExternalIPs, LB IPs)
-    # share their backends' targets: packed once per family.
-    targets: dict[int, tuple[bytes, ...]] = {}
-    specs: FrontendSpecs = {}
-    for frontend, keys_of in zip(port.frontends(), frontend_keys(port) if keys is None else keys):
-        version = keys_of.vip.ip.version
-        if version not in targets:
-            targets[version] = tuple(target + L4ADDR_PAD
-                                     for target in port.endpoints.targets(version))
-        specs[keys_of] = FrontendSpec(targets[version], port.affinity_timeout_seconds,
-                                      maps.KIND_FLAGS[port.frontend_kind(frontend)])
-    return specs
-
-
 # The affinity group of a frontend that leads it (the group is its own
 # service id, allocated when it is programmed; see lb_maps.h).
 LEADS = None
-
-
-def assign_slots(previous: Sequence[int], wanted: Sequence[int]) -> list[int]:
-    """Backend ids in slot order for an update from `previous` to the set
-    `wanted`: ids that stay keep their slot, new ids fill the slots of removed
-    ones, and the tail moves into holes that are left, so an update rewrites
-    few slots and unconnected UDP sockets mostly keep their backend."""
-    wanted_set, kept = set(wanted), set()
-    if len(wanted_set) == len(wanted) and list(previous) == list(wanted):
-        return list(wanted)  # nothing moves (the common case of a full sync)
-    slots: list[int | None] = []
-    for backend_id in previous:
-        keep = backend_id in wanted_set and backend_id not in kept
-        slots.append(backend_id if keep else None)
-        if keep:
-            kept.add(backend_id)
-    fresh = iter([b for b in wanted if b not in kept])
-    slots = [next(fresh, None) if b is None else b for b in slots]
-    slots.extend(fresh)
-    i = 0
-    while i < len(slots):
-        if slots[i] is None:
-            last = slots.pop()
-            if i < len(slots):
-                slots[i] = last
-            continue
-        i += 1
-    return [b for b in slots if b is not None]
-
-
-class IdsExhausted(Exception):
-    """No id is free: the caller checks `IdAllocator.available` first."""
-
-
-# Ids in use are kept as bits, CHUNK_BITS ids per Python int: a full sync
-# allocates its ids in a row, so a few hundred ints hold hundreds of thousands
-# of ids, where a set would hold an object each (about 80 bytes).
-CHUNK_BITS = 256
-
-
-class IdAllocator:
-    """Ids 1..limit (MAX_ID), handed out in increasing order so that a freed
-    id is reused as late as possible (affinity and reverse-NAT entries name
-    ids). Released ids stay taken until `settle`, after the change set that
-    freed them is written, so one change set never deletes an id it reuses."""
-
-    def __init__(self, in_use: Iterable[int] = (), limit: int = MAX_ID) -> None:
-        # chunk index -> the bits of its ids in use (no chunk without one)
-        chunks: dict[int, int] = {}
-        count = cursor = 0
-        for value in in_use:  # each once, however often it comes
-            index, bit = value // CHUNK_BITS, 1 << value % CHUNK_BITS
-            chunk = chunks.get(index, 0)
-            if not chunk & bit:
-                chunks[index] = chunk | bit
-                count += 1
-                if value > cursor:
-                    cursor = value
-        self._chunks, self._count, self._cursor = chunks, count, cursor
-        self._limit = limit
-        self._released: list[int] = []
-
-    @property
-    def limit(self) -> int:
-        return self._limit
-
-    def in_use(self) -> int:
-        """How many ids are taken (released ones until `settle`)."""
-        return self._count
-
-    def available(self) -> int:
-        """How many ids `allocate` can hand out before the next `settle`."""
-        return max(0, self._limit - self._count)
-
-    def allocate(self) -> int:
-        return self.allocate_many(1)[0]
-
-    def allocate_many(self, count: int) -> list[int]:
-        """`count` ids, those `allocate` would hand out one after the other."""
-        if count > self.available():
-            raise IdsExhausted(f"{count} ids wanted, {self.available()} of {self._limit} "
-                               "are free")
-        ids: list[int] = []
-        cursor, chunks = self._cursor, self._chunks
-        while len(ids) < count:
-            first = cursor % self._limit + 1
-            index, bit = divmod(first, CHUNK_BITS)
-            # This chunk's ids from `first` on (up to the limit): which are taken.
-            width = min(CHUNK_BITS - bit, self._limit - first + 1)
-            chunk = chunks.get(index, 0)
-            taken, wanted = chunk >> bit, count - len(ids)
-            if not taken and width <= wanted:  # all free, all wanted: in one go
-                new, cursor = (1 << width) - 1, first + width - 1
-                ids.extend(range(first, first + width))
-            else:
-                new = 0
-                for offset in range(width):
-                    if not taken >> offset & 1:
-                        new |= 1 << offset
-                        ids.append(first + offset)
-                        if len(ids) == count:
-                            break
-                cursor = first + offset
-            chunks[index] = chunk | new << bit
-        self._count += count
-        self._cursor = cursor
-        return ids
-
-    def release(self, value: int) -> None:
-        self._released.append(value)
-
-    def settle(self) -> None:
-        chunks = self._chunks
-        for value in self._released:
-            index, bit = divmod(value, CHUNK_BITS)
-            chunk = chunks.get(index, 0)
-            if chunk >> bit & 1:
-                self._count -= 1
-                chunk &= ~(1 << bit)
-                if chunk:
-                    chunks[index] = chunk
-                else:
-                    del chunks[index]
-        self._released.clear()
-
-
-class RoundWrites(NamedTuple):
-    """One round's packed writes, by step (MapWrites' buffers), and their entries."""
-
-    gone_masters: bytearray
-    gone_slots: bytearray
-    gone_backends: bytearray
-    new_backend_keys: bytearray
-    new_backend_values: bytearray
-    slot_keys: bytearray
-    slot_values: bytearray
-    master_keys: bytearray
-    master_values: bytearray
-    stale_slots: bytearray
-    orphan_backends: bytearray
-    counts: dict[str, int]
-
-
-_ROUND_BUFFERS = RoundWrites._fields[:-1]
-
-
-@dataclass
-class MapWrites:
-    """One change set's writes, by step, packed as the batch calls take them
-    (services keys and values, backends keys (u32) and values)."""
-
-    gone_masters: bytearray = field(default_factory=bytearray)
-    gone_slots: bytearray = field(default_factory=bytearray)  # and strays
-    gone_backends: bytearray = field(default_factory=bytearray)
-    new_backend_keys: bytearray = field(default_factory=bytearray)
-    new_backend_values: bytearray = field(default_factory=bytearray)
-    slot_keys: bytearray = field(default_factory=bytearray)
-    slot_values: bytearray = field(default_factory=bytearray)
-    master_keys: bytearray = field(default_factory=bytearray)
-    master_values: bytearray = field(default_factory=bytearray)
-    stale_slots: bytearray = field(default_factory=bytearray)
-    orphan_backends: bytearray = field(default_factory=bytearray)
-    # (service id, backend) pairs of UDP frontends that are gone: connected
-    # sockets still pointing there must be terminated (S9).
-    removed_udp: set[tuple[int, HostPort]] = field(default_factory=set)
-    # Service ids of the frontends that are gone: their counters and names go too.
-    released_service_ids: list[int] = field(default_factory=list)
-    # Backend ids released (their counters go too).
-    released_backend_ids: list[int] = field(default_factory=list)
-    # Service ids whose frontend got a new owner (new frontends among them):
-    # the name the service_names map is to hold.
-    named_service_ids: list[tuple[int, ServicePortName]] = field(default_factory=list)
-    # Entries of each step in the rounds already written (buffers emptied).
-    written: Counter[str] = field(default_factory=Counter)
-
-    def steps(self) -> Counter[str]:
-        """Entries of each step, written and pending."""
-        return self.written + Counter(self.pending())
-
-    def pending(self) -> dict[str, int]:
-        """Entries of each step in the buffers."""
-        key_size = _SERVICE_KEY_SIZE
-        return {
-            "gone": (len(self.gone_masters) + len(self.gone_slots)) // key_size,
-            "gone_backends": len(self.gone_backends) // _BACKEND_KEY_SIZE,
-            "new_backends": len(self.new_backend_keys) // _BACKEND_KEY_SIZE,
-            "slots": len(self.slot_keys) // key_size,
-            "masters": len(self.master_keys) // key_size,
-            "stale_slots": len(self.stale_slots) // key_size,
-            "orphan_backends": len(self.orphan_backends) // _BACKEND_KEY_SIZE,
-        }
-
-    def take_round(self) -> RoundWrites:
-        """The buffers' entries, counted as written, in new buffers of their
-        own: these are emptied for the next round, planned while they are
-        written."""
-        counts = self.pending()
-        self.written.update(counts)
-        planned = RoundWrites._make([*(getattr(self, name) for name in _ROUND_BUFFERS), counts])
-        for name in _ROUND_BUFFERS:
-            setattr(self, name, bytearray())
-        return planned
-
-    def entries_written(self) -> dict[str, int]:
-        """Entries created, updated or deleted, by map."""
-        steps = self.steps()
-        return {
-            maps.SERVICES.pin: steps["gone"] + steps["slots"] + steps["masters"]
-            + steps["stale_slots"],
-            maps.BACKENDS.pin: steps["gone_backends"] + steps["new_backends"]
-            + steps["orphan_backends"],
-        }
 
 
 @dataclass(frozen=True)
@@ -536,10 +285,10 @@ class ServiceProgrammer:
         # that are gone, and never collide with what this change set writes.
         writes.gone_slots += self._stray_keys
         for backend_id in self._stray_backends:
-            writes.gone_backends += _U32.pack(backend_id)
+            writes.gone_backends += U32.pack(backend_id)
             self._backend_id_pool.release(backend_id)
             writes.released_backend_ids.append(backend_id)
-        self.service_entries -= len(self._stray_keys) // _SERVICE_KEY_SIZE
+        self.service_entries -= len(self._stray_keys) // SERVICE_KEY_SIZE
         self.backend_entries -= len(self._stray_backends)
         self._stray_keys, self._stray_backends = b"", []
 
@@ -587,7 +336,7 @@ class ServiceProgrammer:
         for backend_id, target in targets.items():
             self._backend_id_pool.release(backend_id)
             writes.released_backend_ids.append(backend_id)
-            into += _U32.pack(backend_id)
+            into += U32.pack(backend_id)
             if frontend.protocol is Protocol.UDP:
                 writes.removed_udp.add((service_id, HostPort.of_packed(target)))
 
@@ -762,7 +511,7 @@ class ServiceProgrammer:
         for index, backend_id in enumerate(slots):
             if index >= len(previous) or previous[index] != backend_id:
                 writes.slot_keys += frontend.packed_key(index + 1)
-                writes.slot_values += _SLOT_VALUE.pack(backend_id, 0, 0, 0, 0)
+                writes.slot_values += SLOT_VALUE.pack(backend_id, 0, 0, 0, 0)
         new = Programmed(service_id, packed_slot_ids(slots), targets, spec.affinity_timeout,
                          spec.kind_flag, group)
         if old is None or not old.same_master(new):
