@@ -10,7 +10,7 @@ from backends.ebpf.maps.layout import L4ADDR_PAD
 from kpng_py.model import ServicePort
 
 class FrontendSpec(NamedTuple):
-    """What a frontend's entries hold: its backends (packed lb_l4addr), its
+    """What a frontend's entries hold: its endpoints (packed lb_l4addr), its
     affinity timeout and the flag of its kind (maps.KIND_FLAGS)."""
 
     targets: tuple[bytes, ...]
@@ -29,10 +29,10 @@ def frontend_keys(port: ServicePort) -> tuple[FrontendKeys, ...]:
 
 def frontends_of(port: ServicePort, keys: Sequence[FrontendKeys] | None = None) -> FrontendSpecs:
     """Each frontend (`keys`: `frontend_keys(port)`, when they are known) with
-    its backends (the endpoints of its family that cluster traffic may use),
+    its endpoints (the endpoints of its family that cluster traffic may use),
     affinity timeout and kind."""
     # The frontends of a family (ClusterIPs, node port, ExternalIPs, LB IPs)
-    # share their backends' targets: packed once per family.
+    # share their endpoints' targets: packed once per family.
     targets: dict[int, tuple[bytes, ...]] = {}
     specs: FrontendSpecs = {}
     for frontend, keys_of in zip(port.frontends(), frontend_keys(port) if keys is None else keys):

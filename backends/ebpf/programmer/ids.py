@@ -1,4 +1,4 @@
-"""The ids the programmer hands out: a service id per frontend, a backend
+"""The ids the programmer hands out: a frontend id per frontend, an endpoint
 id per (frontend, endpoint) pair; both are keys of pinned maps."""
 
 from __future__ import annotations

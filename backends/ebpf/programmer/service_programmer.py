@@ -3,19 +3,19 @@
 Every frontend of a service port (its ClusterIPs, ExternalIPs and
 load-balancer IPs at its port; its node port at the wildcard address of each
 family, which the programs look up for node addresses) is a key (address,
-port, protocol): one master entry in `services` (slot 0: service id, backend
-count, affinity, the kind of frontend) and one slot per backend (slots
-1..count: backend id). Clients on the node use the cluster endpoints through
+port, protocol): one master entry in `services` (slot 0: frontend id, endpoint
+count, affinity, the kind of frontend) and one slot per endpoint (slots
+1..count: endpoint id). Clients on the node use the cluster endpoints through
 every kind of frontend. Every (frontend, endpoint)
-pair has its own backend id in `backends`, so services that share an endpoint
+pair has its own endpoint id in `backends`, so services that share an endpoint
 never share an entry.
 
 A change set is written in five steps (Cilium and Calico agree on them):
-new backends, then slots 1..N, then the master with the new count, then the
-slots above N, then the backends no slot names any more. A connect() racing
+new endpoints, then slots 1..N, then the master with the new count, then the
+slots above N, then the endpoints no slot names any more. A connect() racing
 with the update reads either the old or the new master, and every slot and
-backend it can reach exists. Frontends that go away entirely are deleted
-first (master, slots, backends), which frees room for the rest.
+endpoint it can reach exists. Frontends that go away entirely are deleted
+first (master, slots, endpoints), which frees room for the rest.
 
 The programmer keeps a mirror of what the maps hold, recovered from the
 pinned maps at start, so ids stay stable across restarts and an incremental
@@ -41,12 +41,12 @@ from backends.ebpf.maps.contents import (
     FrontendKeys,
     HostPort,
     Programmed,
-    backend_owner,
-    backend_target,
+    endpoint_owner,
+    endpoint_target,
     packed_slot_ids,
     read_contents,
 )
-from backends.ebpf.maps.layout import BackendValue, ServiceKey, ServiceValue
+from backends.ebpf.maps.layout import EndpointValue, ServiceKey, ServiceValue
 from backends.ebpf.programmer.frontends import (
     FrontendSpec,
     FrontendSpecs,
@@ -74,7 +74,7 @@ log = logging.getLogger(__name__)
 ROUND_PORTS = 512
 
 # The affinity group of a frontend that leads it (the group is its own
-# service id, allocated when it is programmed; see lb_maps.h).
+# frontend id, allocated when it is programmed; see lb_maps.h).
 LEADS = None
 
 
@@ -84,7 +84,7 @@ class Capacity:
     (fewer than MAX_ID only in tests of running out)."""
 
     services: int
-    backends: int
+    endpoints: int
     max_id: int = MAX_ID
 
 
@@ -105,14 +105,14 @@ class ServiceProgrammer:
     """Owns the contents of the `services` and `backends` maps."""
 
     def __init__(self, services: MapAccess[ServiceKey, ServiceValue],
-                 backends: MapAccess[int, BackendValue], capacity: Capacity, skips: Skips,
+                 endpoints: MapAccess[int, EndpointValue], capacity: Capacity, skips: Skips,
                  round_ports: int = ROUND_PORTS) -> None:
         if round_ports < 1:
             raise ValueError(f"round_ports is {round_ports}: a round writes at least one "
                              f"service port")
         self._round_ports = round_ports
         self._services = services
-        self._backends_map = backends
+        self._endpoints_map = endpoints
         self._capacity = capacity
         self._skips = skips
         self._recover()
@@ -125,19 +125,19 @@ class ServiceProgrammer:
         (`plan_ms`, `write_ms`)."""
         return self._last_stages
 
-    def backend_targets(self) -> dict[int, tuple[int, HostPort]]:
-        """Every programmed backend id: its service id and its target."""
+    def endpoint_targets(self) -> dict[int, tuple[int, HostPort]]:
+        """Every programmed endpoint id: its frontend id and its target."""
         targets = {}
         for frontend, programmed in self._frontends.items():
-            for backend_id, target in self._backends_of(frontend, programmed).items():
-                targets[backend_id] = (programmed.service_id,
-                                       HostPort.of_packed(target))
+            for endpoint_id, target in self._endpoints_of(frontend, programmed).items():
+                targets[endpoint_id] = (programmed.frontend_id,
+                                        HostPort.of_packed(target))
         return targets
 
-    def backend_ids(self) -> Collection[int]:
-        """Every programmed backend id."""
-        return {backend_id for frontend, programmed in self._frontends.items()
-                for backend_id in self._backends_of(frontend, programmed)}
+    def endpoint_ids(self) -> Collection[int]:
+        """Every programmed endpoint id."""
+        return {endpoint_id for frontend, programmed in self._frontends.items()
+                for endpoint_id in self._endpoints_of(frontend, programmed)}
 
     def not_programmed(self) -> dict[SkipReason, int]:
         """The service ports waiting (their version is not in the maps), by
@@ -148,17 +148,17 @@ class ServiceProgrammer:
         return counts
 
     def service_port_of_ids(self) -> dict[int, ServicePortName | None]:
-        """The service id of every programmed frontend, with the service port
+        """The frontend id of every programmed frontend, with the service port
         that owns it (None: recovered from the maps, not claimed yet)."""
-        return {programmed.service_id: self._owners.get(frontend)
+        return {programmed.frontend_id: self._owners.get(frontend)
                 for frontend, programmed in self._frontends.items()}
 
     def _reset(self) -> None:
-        # Each frontend with its backends (Programmed.targets): a backend is
-        # identified by its value (target, service id, affinity group), as in
-        # the map, and only a frontend's own backends carry its service id.
+        # Each frontend with its endpoints (Programmed.targets): an endpoint is
+        # identified by its value (target, frontend id, affinity group), as in
+        # the map, and only a frontend's own endpoints carry its frontend id.
         self._frontends: dict[FrontendKeys, Programmed] = {}
-        # Backends of a frontend that no slot names (recovered after a failed
+        # Endpoints of a frontend that no slot names (recovered after a failed
         # write), by id with their packed value: reused or deleted when the
         # frontend is next programmed.
         self._unnamed: dict[FrontendKeys, dict[int, bytes]] = {}
@@ -168,39 +168,39 @@ class ServiceProgrammer:
         # crash between two write steps leaves), packed; the next full change
         # set deletes them.
         self._stray_keys = b""
-        self._stray_backends: list[int] = []
+        self._stray_endpoints: list[int] = []
         self.service_entries = 0
-        self.backend_entries = 0
+        self.endpoint_entries = 0
         self._last_stages: Mapping[str, float] = types.MappingProxyType(
             {"plan_ms": 0.0, "write_ms": 0.0})
 
     def _recover(self) -> None:
         """Rebuild the mirror (and the ids in use) from the maps."""
         self._reset()
-        recovered = read_contents(self._services, self._backends_map).recovered()
+        recovered = read_contents(self._services, self._endpoints_map).recovered()
         self._frontends = dict(recovered.frontends)
         self._unnamed = {frontend: dict(by_id) for frontend, by_id in recovered.unnamed.items()}
         self._stray_keys = b"".join(bytes(key) for key in recovered.stray_keys)
-        self._stray_backends = list(recovered.stray_backends)
+        self._stray_endpoints = list(recovered.stray_endpoints)
         self.service_entries = sum(1 + p.slot_count for p in self._frontends.values()) + len(
             recovered.stray_keys)
-        self._service_ids = IdAllocator(
-            (p.service_id for p in self._frontends.values()), self._capacity.max_id)
-        self._backend_id_pool = IdAllocator(
-            itertools.chain(recovered.adopted_backend_ids(), recovered.stray_backends),
+        self._frontend_ids = IdAllocator(
+            (p.frontend_id for p in self._frontends.values()), self._capacity.max_id)
+        self._endpoint_id_pool = IdAllocator(
+            itertools.chain(recovered.adopted_endpoint_ids(), recovered.stray_endpoints),
             self._capacity.max_id)
-        # Strays are no adopted backend's: the ids are the entries.
-        self.backend_entries = self._backend_id_pool.in_use()
+        # Strays are no adopted endpoint's: the ids are the entries.
+        self.endpoint_entries = self._endpoint_id_pool.in_use()
         log.info("recovered the programmed services from the pinned maps", extra=fields(
             frontends=len(self._frontends),
-            backends=self.backend_entries - len(recovered.stray_backends),
-            stray_entries=len(recovered.stray_keys) + len(self._stray_backends)))
+            endpoints=self.endpoint_entries - len(recovered.stray_endpoints),
+            stray_entries=len(recovered.stray_keys) + len(self._stray_endpoints)))
 
     # -- planning --------------------------------------------------------------
 
     def apply(self, changes: ServicePortChanges) -> MapWrites:
         """Write one change set; returns what was written (with the (service
-        id, backend) pairs UDP frontends lost). The service ports are
+        id, endpoint) pairs UDP frontends lost). The service ports are
         planned and written in rounds (of ROUND_PORTS), each in the no-gap
         order, so a full sync never holds all of its writes at once; while a
         round is written (in a thread: the batch calls leave the GIL), the
@@ -255,8 +255,8 @@ class ServiceProgrammer:
             if writer is not None:
                 writer.shutdown()  # after an error elsewhere, the round in flight ends first
             self._last_stages = types.MappingProxyType(stages)
-        self._service_ids.settle()
-        self._backend_id_pool.settle()
+        self._frontend_ids.settle()
+        self._endpoint_id_pool.settle()
         return writes
 
     def _recover_after_failed_write(self, not_retried: Iterable[Waiting | None]) -> None:
@@ -281,16 +281,16 @@ class ServiceProgrammer:
         for frontend in [f for f in self._frontends if f not in wanted]:
             self._remove_frontend(frontend, writes)
         # No connect() can reach a stray (a slot above its master's count, a
-        # backend no valid slot names), so they go first, with the frontends
+        # endpoint no valid slot names), so they go first, with the frontends
         # that are gone, and never collide with what this change set writes.
         writes.gone_slots += self._stray_keys
-        for backend_id in self._stray_backends:
-            writes.gone_backends += U32.pack(backend_id)
-            self._backend_id_pool.release(backend_id)
-            writes.released_backend_ids.append(backend_id)
+        for endpoint_id in self._stray_endpoints:
+            writes.gone_endpoints += U32.pack(endpoint_id)
+            self._endpoint_id_pool.release(endpoint_id)
+            writes.released_endpoint_ids.append(endpoint_id)
         self.service_entries -= len(self._stray_keys) // SERVICE_KEY_SIZE
-        self.backend_entries -= len(self._stray_backends)
-        self._stray_keys, self._stray_backends = b"", []
+        self.endpoint_entries -= len(self._stray_endpoints)
+        self._stray_keys, self._stray_endpoints = b"", []
 
     def _plan_incremental(self, changes: ServicePortChanges,
                           writes: MapWrites) -> list[ServicePort]:
@@ -315,30 +315,30 @@ class ServiceProgrammer:
         for slot in range(1, programmed.slot_count + 1):
             writes.gone_slots += frontend.packed_key(slot)
         self.service_entries -= 1 + programmed.slot_count
-        backends = self._backends_of(frontend, programmed)
+        endpoints = self._endpoints_of(frontend, programmed)
         self._unnamed.pop(frontend, None)
-        self._drop_backends(frontend, programmed.service_id, backends, writes.gone_backends,
-                            writes)
-        self.backend_entries -= len(backends)
-        self._service_ids.release(programmed.service_id)
-        writes.released_service_ids.append(programmed.service_id)
+        self._drop_endpoints(frontend, programmed.frontend_id, endpoints, writes.gone_endpoints,
+                             writes)
+        self.endpoint_entries -= len(endpoints)
+        self._frontend_ids.release(programmed.frontend_id)
+        writes.released_frontend_ids.append(programmed.frontend_id)
 
-    def _backends_of(self, frontend: FrontendKeys, programmed: Programmed) -> dict[int, bytes]:
-        """The frontend's backends, named by a slot or not: id -> packed lb_l4addr."""
-        backends = dict(programmed.backends())
-        for backend_id, value in self._unnamed.get(frontend, {}).items():
-            backends.setdefault(backend_id, backend_target(value))
-        return backends
+    def _endpoints_of(self, frontend: FrontendKeys, programmed: Programmed) -> dict[int, bytes]:
+        """The frontend's endpoints, named by a slot or not: id -> packed lb_l4addr."""
+        endpoints = dict(programmed.endpoints())
+        for endpoint_id, value in self._unnamed.get(frontend, {}).items():
+            endpoints.setdefault(endpoint_id, endpoint_target(value))
+        return endpoints
 
-    def _drop_backends(self, frontend: FrontendKeys, service_id: int,
-                       targets: Mapping[int, bytes], into: bytearray, writes: MapWrites) -> None:
-        """Delete backends of the frontend (id -> packed lb_l4addr) in the step of `into`."""
-        for backend_id, target in targets.items():
-            self._backend_id_pool.release(backend_id)
-            writes.released_backend_ids.append(backend_id)
-            into += U32.pack(backend_id)
+    def _drop_endpoints(self, frontend: FrontendKeys, frontend_id: int,
+                        targets: Mapping[int, bytes], into: bytearray, writes: MapWrites) -> None:
+        """Delete endpoints of the frontend (id -> packed lb_l4addr) in the step of `into`."""
+        for endpoint_id, target in targets.items():
+            self._endpoint_id_pool.release(endpoint_id)
+            writes.released_endpoint_ids.append(endpoint_id)
+            into += U32.pack(endpoint_id)
             if frontend.protocol is Protocol.UDP:
-                writes.removed_udp.add((service_id, HostPort.of_packed(target)))
+                writes.removed_udp.add((frontend_id, HostPort.of_packed(target)))
 
     def _program_port(self, port: ServicePort, specs: FrontendSpecs, writes: MapWrites,
                       reported: frozenset) -> None:
@@ -365,22 +365,22 @@ class ServiceProgrammer:
             for frontend in fitting:
                 self._claim(frontend, port.name, writes)
             return
-        known = {frontend: self._known_backends(frontend, self._frontends[frontend])
+        known = {frontend: self._known_endpoints(frontend, self._frontends[frontend])
                  for frontend in fitting if frontend in self._frontends}
         no_room = self._capacity_problem(fitting, groups, known)
         if no_room:
             self._drop_orphaned_members(fitting, writes)
-        new_leaders: dict[int, int] = {}  # IP version -> the new group's service id
+        new_leaders: dict[int, int] = {}  # IP version -> the new group's frontend id
         for frontend, spec in fitting.items():
             if not no_room:
                 version = frontend.vip.ip.version
                 group = groups[frontend]
                 if group is LEADS:  # a new group: its leader comes first, then its members
                     group = new_leaders.get(version, LEADS)
-                service_id = self._program_frontend(frontend, spec, writes, group,
-                                                    known.get(frontend, {}))
+                frontend_id = self._program_frontend(frontend, spec, writes, group,
+                                                     known.get(frontend, {}))
                 if group is LEADS:
-                    new_leaders[version] = service_id
+                    new_leaders[version] = frontend_id
             elif frontend in self._unnamed:  # kept as it was, without what no slot names
                 self._drop_unnamed(frontend, {}, writes)
             if frontend in self._frontends:  # programmed now, or kept as it was
@@ -400,9 +400,9 @@ class ServiceProgrammer:
             SkipReason.CAPACITY if SkipReason.CAPACITY in reasons else SkipReason.FRONTEND_CONFLICT)
 
     def _claim(self, frontend: FrontendKeys, name: ServicePortName, writes: MapWrites) -> None:
-        """`name` owns the programmed frontend (its service id is named so)."""
+        """`name` owns the programmed frontend (its frontend id is named so)."""
         if self._owners.get(frontend) != name:
-            writes.named_service_ids.append((self._frontends[frontend].service_id, name))
+            writes.named_frontend_ids.append((self._frontends[frontend].frontend_id, name))
         self._owners[frontend] = name
 
     def _as_programmed(self, specs: FrontendSpecs,
@@ -424,13 +424,13 @@ class ServiceProgrammer:
 
     def _drop_orphaned_members(self, frontends: Iterable[FrontendKeys], writes: MapWrites) -> None:
         """Of a port's frontends kept as they were, remove those whose affinity
-        group is no longer the service id of one of them in their family: the
+        group is no longer the frontend id of one of them in their family: the
         leader is gone (the port no longer has it, or the frontends were
         recovered from another port's), its id is free, and a frontend that
         got it would share their affinity."""
         kept = {frontend: self._frontends[frontend] for frontend in frontends
                 if frontend in self._frontends}
-        leaders = {(frontend.vip.ip.version, programmed.service_id)
+        leaders = {(frontend.vip.ip.version, programmed.frontend_id)
                    for frontend, programmed in kept.items()}
         for frontend, programmed in kept.items():
             group = programmed.affinity_group
@@ -439,7 +439,7 @@ class ServiceProgrammer:
 
     def _affinity_groups(self, specs: FrontendSpecs) -> dict[FrontendKeys, int | None]:
         """The affinity group each frontend of a port will have: 0 without
-        affinity; else the service id of the first frontend of its family,
+        affinity; else the frontend id of the first frontend of its family,
         LEADS while that one has none yet (it is new)."""
         leaders: dict[int, int | None] = {}
         groups: dict[FrontendKeys, int | None] = {}
@@ -450,7 +450,7 @@ class ServiceProgrammer:
             version = frontend.vip.ip.version
             if version not in leaders:
                 old = self._frontends.get(frontend)
-                leaders[version] = old.service_id if old else LEADS
+                leaders[version] = old.frontend_id if old else LEADS
             groups[frontend] = leaders[version]
         return groups
 
@@ -458,7 +458,7 @@ class ServiceProgrammer:
                           known: Mapping[FrontendKeys, Mapping[bytes, int]]) -> str:
         """Why the port does not fit, counting every entry this change set adds
         before it deletes any (the maps hold both during the update)."""
-        services_needed = backends_needed = service_ids_needed = 0
+        services_needed = endpoints_needed = frontend_ids_needed = 0
         for frontend, (targets, _, _) in specs.items():
             if len(targets) > MAX_SLOTS:
                 return (f"{frontend} has {len(targets)} endpoints; a frontend holds at most "
@@ -466,23 +466,24 @@ class ServiceProgrammer:
             old = self._frontends.get(frontend)
             old_slots = old.slot_count if old else 0
             services_needed += (0 if old else 1) + max(0, len(targets) - old_slots)
-            service_ids_needed += 0 if old else 1
-            # A new frontend's service id (or a new group's) is not allocated
-            # yet: none of its backends exists.
+            frontend_ids_needed += 0 if old else 1
+            # A new frontend's frontend id (or a new group's) is not allocated
+            # yet: none of its endpoints exists.
             group = groups[frontend]
             if old is None or group is LEADS:
-                backends_needed += len(targets)
+                endpoints_needed += len(targets)
             else:
-                owner, existing = backend_owner(old.service_id, group), known[frontend]
-                backends_needed += sum(1 for t in targets if t + owner not in existing)
+                owner, existing = endpoint_owner(old.frontend_id, group), known[frontend]
+                endpoints_needed += sum(1 for t in targets if t + owner not in existing)
         for spec, used, needed, capacity in (
                 (maps.SERVICES, self.service_entries, services_needed, self._capacity.services),
-                (maps.BACKENDS, self.backend_entries, backends_needed, self._capacity.backends)):
+                (maps.ENDPOINTS, self.endpoint_entries, endpoints_needed,
+                 self._capacity.endpoints)):
             if used + needed > capacity:
                 return (f"map {spec.pin} is full ({used} of {capacity} entries used, "
                         f"{needed} more needed); raise {spec.size_flag}")
-        for kind, pool, needed in (("service", self._service_ids, service_ids_needed),
-                                   ("backend", self._backend_id_pool, backends_needed)):
+        for kind, pool, needed in (("frontend", self._frontend_ids, frontend_ids_needed),
+                                   ("endpoint", self._endpoint_id_pool, endpoints_needed)):
             if needed > pool.available():
                 return (f"no free {kind} id ({needed} needed, {pool.available()} of "
                         f"{pool.limit} free); ids that this change set frees are reused "
@@ -491,15 +492,15 @@ class ServiceProgrammer:
 
     def _program_frontend(self, frontend: FrontendKeys, spec: FrontendSpec, writes: MapWrites,
                           affinity_group: int | None, known: dict[bytes, int]) -> int:
-        """Program one frontend (`affinity_group` LEADS: its own service id;
-        `known`: its backends by packed value); its service id."""
+        """Program one frontend (`affinity_group` LEADS: its own frontend id;
+        `known`: its endpoints by packed value); its frontend id."""
         old = self._frontends.get(frontend)
-        service_id = old.service_id if old else self._service_ids.allocate()
-        group = service_id if affinity_group is LEADS else affinity_group
-        owner = backend_owner(service_id, group)
+        frontend_id = old.frontend_id if old else self._frontend_ids.allocate()
+        group = frontend_id if affinity_group is LEADS else affinity_group
+        owner = endpoint_owner(frontend_id, group)
         values = [target + owner for target in spec.targets]
-        self._add_backends([value for value in dict.fromkeys(values) if value not in known],
-                           known, writes)
+        self._add_endpoints([value for value in dict.fromkeys(values) if value not in known],
+                            known, writes)
         wanted = [known[value] for value in values]
         previous = old.slots if old else ()
         slots = assign_slots(previous, wanted)
@@ -507,12 +508,12 @@ class ServiceProgrammer:
             targets = b"".join(spec.targets)
         else:
             target_of = dict(zip(wanted, spec.targets))
-            targets = b"".join(target_of[backend_id] for backend_id in slots)
-        for index, backend_id in enumerate(slots):
-            if index >= len(previous) or previous[index] != backend_id:
+            targets = b"".join(target_of[endpoint_id] for endpoint_id in slots)
+        for index, endpoint_id in enumerate(slots):
+            if index >= len(previous) or previous[index] != endpoint_id:
                 writes.slot_keys += frontend.packed_key(index + 1)
-                writes.slot_values += SLOT_VALUE.pack(backend_id, 0, 0, 0, 0)
-        new = Programmed(service_id, packed_slot_ids(slots), targets, spec.affinity_timeout,
+                writes.slot_values += SLOT_VALUE.pack(endpoint_id, 0, 0, 0, 0)
+        new = Programmed(frontend_id, packed_slot_ids(slots), targets, spec.affinity_timeout,
                          spec.kind_flag, group)
         if old is None or not old.same_master(new):
             writes.master_keys += frontend.packed_key(0)
@@ -522,47 +523,48 @@ class ServiceProgrammer:
         self.service_entries += (0 if old else 1) + max(0, len(slots) - len(previous))
         self._frontends[frontend] = new
         if old is not None and new.slot_ids != old.slot_ids:
-            dropped = dict(old.backends())
-            for backend_id in slots:
-                dropped.pop(backend_id, None)
+            dropped = dict(old.endpoints())
+            for endpoint_id in slots:
+                dropped.pop(endpoint_id, None)
             self._drop_unnamed(frontend, dropped, writes)
         elif frontend in self._unnamed:
             self._drop_unnamed(frontend, {}, writes)
-        return service_id
+        return frontend_id
 
     def _drop_unnamed(self, frontend: FrontendKeys, also: dict[int, bytes],
                       writes: MapWrites) -> None:
-        """Delete (in step 5) the frontend's backends no slot names: `also`
+        """Delete (in step 5) the frontend's endpoints no slot names: `also`
         (id -> packed lb_l4addr) and those recovered unnamed that no slot
         names now either."""
         programmed = self._frontends[frontend]
         named = set(programmed.slots)
         also = dict(also)
-        for backend_id, value in self._unnamed.pop(frontend, {}).items():
-            if backend_id not in named:
-                also.setdefault(backend_id, backend_target(value))
-        self._drop_backends(frontend, programmed.service_id, also, writes.orphan_backends,
-                            writes)
+        for endpoint_id, value in self._unnamed.pop(frontend, {}).items():
+            if endpoint_id not in named:
+                also.setdefault(endpoint_id, endpoint_target(value))
+        self._drop_endpoints(frontend, programmed.frontend_id, also, writes.orphan_endpoints,
+                             writes)
 
-    def _known_backends(self, frontend: FrontendKeys, old: Programmed) -> dict[bytes, int]:
-        """The frontend's backends by packed value (lb_backend): those its
+    def _known_endpoints(self, frontend: FrontendKeys, old: Programmed) -> dict[bytes, int]:
+        """The frontend's endpoints by packed value (lb_endpoint): those its
         slots name and those recovered unnamed."""
-        known = {value: backend_id for backend_id, value in self._unnamed.get(frontend, {}).items()}
-        owner = backend_owner(old.service_id, old.affinity_group)
-        known.update((target + owner, backend_id) for backend_id, target in old.backends())
+        known = {value: endpoint_id
+                 for endpoint_id, value in self._unnamed.get(frontend, {}).items()}
+        owner = endpoint_owner(old.frontend_id, old.affinity_group)
+        known.update((target + owner, endpoint_id) for endpoint_id, target in old.endpoints())
         return known
 
-    def _add_backends(self, values: list[bytes], known: dict[bytes, int],
-                      writes: MapWrites) -> None:
-        """New backends (packed lb_backend values) of a frontend, added to
-        `known` (its backends by value) with their new ids."""
+    def _add_endpoints(self, values: list[bytes], known: dict[bytes, int],
+                       writes: MapWrites) -> None:
+        """New endpoints (packed lb_endpoint values) of a frontend, added to
+        `known` (its endpoints by value) with their new ids."""
         if not values:
             return
-        ids = self._backend_id_pool.allocate_many(len(values))
+        ids = self._endpoint_id_pool.allocate_many(len(values))
         known.update(zip(values, ids))
-        writes.new_backend_keys += struct.pack(f"={len(ids)}I", *ids)
-        writes.new_backend_values += b"".join(values)
-        self.backend_entries += len(ids)
+        writes.new_endpoint_keys += struct.pack(f"={len(ids)}I", *ids)
+        writes.new_endpoint_values += b"".join(values)
+        self.endpoint_entries += len(ids)
 
     # -- writing ---------------------------------------------------------------
 
@@ -571,19 +573,19 @@ class ServiceProgrammer:
         delete taken off the counts."""
         planned = writes.take_round()
         self.service_entries -= planned.counts["stale_slots"]
-        self.backend_entries -= planned.counts["orphan_backends"]
+        self.endpoint_entries -= planned.counts["orphan_endpoints"]
         return planned
 
     def _write_round(self, planned: RoundWrites) -> None:
         """A round's writes, in the no-gap order."""
-        services, backends = self._services, self._backends_map
+        services, endpoints = self._services, self._endpoints_map
         services.delete_packed(planned.gone_masters + planned.gone_slots)
-        backends.delete_packed(planned.gone_backends)
-        backends.put_packed(planned.new_backend_keys, planned.new_backend_values)
+        endpoints.delete_packed(planned.gone_endpoints)
+        endpoints.put_packed(planned.new_endpoint_keys, planned.new_endpoint_values)
         services.put_packed(planned.slot_keys, planned.slot_values)
         services.put_packed(planned.master_keys, planned.master_values)
         services.delete_packed(planned.stale_slots)
-        backends.delete_packed(planned.orphan_backends)
+        endpoints.delete_packed(planned.orphan_endpoints)
         log.debug("maps written", extra=fields(**planned.counts))
 
 

@@ -14,11 +14,11 @@ from backends.ebpf.maps.contents import HostPort
 from backends.ebpf.maps.layout import ServiceKey
 from kpng_py.model import ServicePortName
 
-# Packed values, in the maps' native byte order: a u32 (a backend id, the
-# key of `backends`; a service id) and a slot (lb_service_value, id only).
+# Packed values, in the maps' native byte order: a u32 (an endpoint id, the
+# key of `backends`; a frontend id) and a slot (lb_service_value, id only).
 U32 = struct.Struct("=I")
 SLOT_VALUE = struct.Struct("=IIIII")
-_BACKEND_KEY_SIZE = U32.size
+_ENDPOINT_KEY_SIZE = U32.size
 SERVICE_KEY_SIZE = ct.sizeof(ServiceKey)
 
 
@@ -27,15 +27,15 @@ class RoundWrites(NamedTuple):
 
     gone_masters: bytearray
     gone_slots: bytearray
-    gone_backends: bytearray
-    new_backend_keys: bytearray
-    new_backend_values: bytearray
+    gone_endpoints: bytearray
+    new_endpoint_keys: bytearray
+    new_endpoint_values: bytearray
     slot_keys: bytearray
     slot_values: bytearray
     master_keys: bytearray
     master_values: bytearray
     stale_slots: bytearray
-    orphan_backends: bytearray
+    orphan_endpoints: bytearray
     counts: dict[str, int]
 
 
@@ -45,29 +45,29 @@ _ROUND_BUFFERS = RoundWrites._fields[:-1]
 @dataclass
 class MapWrites:
     """One change set's writes, by step, packed as the batch calls take them
-    (services keys and values, backends keys (u32) and values)."""
+    (`services` keys and values, `backends` keys (u32) and values)."""
 
     gone_masters: bytearray = field(default_factory=bytearray)
     gone_slots: bytearray = field(default_factory=bytearray)  # and strays
-    gone_backends: bytearray = field(default_factory=bytearray)
-    new_backend_keys: bytearray = field(default_factory=bytearray)
-    new_backend_values: bytearray = field(default_factory=bytearray)
+    gone_endpoints: bytearray = field(default_factory=bytearray)
+    new_endpoint_keys: bytearray = field(default_factory=bytearray)
+    new_endpoint_values: bytearray = field(default_factory=bytearray)
     slot_keys: bytearray = field(default_factory=bytearray)
     slot_values: bytearray = field(default_factory=bytearray)
     master_keys: bytearray = field(default_factory=bytearray)
     master_values: bytearray = field(default_factory=bytearray)
     stale_slots: bytearray = field(default_factory=bytearray)
-    orphan_backends: bytearray = field(default_factory=bytearray)
-    # (service id, backend) pairs of UDP frontends that are gone: connected
+    orphan_endpoints: bytearray = field(default_factory=bytearray)
+    # (frontend id, endpoint) pairs of UDP frontends that are gone: connected
     # sockets still pointing there must be terminated (S9).
     removed_udp: set[tuple[int, HostPort]] = field(default_factory=set)
-    # Service ids of the frontends that are gone: their counters and names go too.
-    released_service_ids: list[int] = field(default_factory=list)
-    # Backend ids released (their counters go too).
-    released_backend_ids: list[int] = field(default_factory=list)
-    # Service ids whose frontend got a new owner (new frontends among them):
+    # Frontend ids of the frontends that are gone: their counters and names go too.
+    released_frontend_ids: list[int] = field(default_factory=list)
+    # Endpoint ids released (their counters go too).
+    released_endpoint_ids: list[int] = field(default_factory=list)
+    # Frontend ids whose frontend got a new owner (new frontends among them):
     # the name the service_names map is to hold.
-    named_service_ids: list[tuple[int, ServicePortName]] = field(default_factory=list)
+    named_frontend_ids: list[tuple[int, ServicePortName]] = field(default_factory=list)
     # Entries of each step in the rounds already written (buffers emptied).
     written: Counter[str] = field(default_factory=Counter)
 
@@ -80,12 +80,12 @@ class MapWrites:
         key_size = SERVICE_KEY_SIZE
         return {
             "gone": (len(self.gone_masters) + len(self.gone_slots)) // key_size,
-            "gone_backends": len(self.gone_backends) // _BACKEND_KEY_SIZE,
-            "new_backends": len(self.new_backend_keys) // _BACKEND_KEY_SIZE,
+            "gone_endpoints": len(self.gone_endpoints) // _ENDPOINT_KEY_SIZE,
+            "new_endpoints": len(self.new_endpoint_keys) // _ENDPOINT_KEY_SIZE,
             "slots": len(self.slot_keys) // key_size,
             "masters": len(self.master_keys) // key_size,
             "stale_slots": len(self.stale_slots) // key_size,
-            "orphan_backends": len(self.orphan_backends) // _BACKEND_KEY_SIZE,
+            "orphan_endpoints": len(self.orphan_endpoints) // _ENDPOINT_KEY_SIZE,
         }
 
     def take_round(self) -> RoundWrites:
@@ -105,6 +105,6 @@ class MapWrites:
         return {
             maps.SERVICES.pin: steps["gone"] + steps["slots"] + steps["masters"]
             + steps["stale_slots"],
-            maps.BACKENDS.pin: steps["gone_backends"] + steps["new_backends"]
-            + steps["orphan_backends"],
+            maps.ENDPOINTS.pin: steps["gone_endpoints"] + steps["new_endpoints"]
+            + steps["orphan_endpoints"],
         }

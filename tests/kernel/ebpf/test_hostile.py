@@ -72,7 +72,7 @@ class Brain:
     def written(self) -> float:
         return sum(self.metrics.registry.get_sample_value(
             "kpng_py_map_writes_total", {"map": pin}) or 0
-            for pin in (maps.SERVICES.pin, maps.BACKENDS.pin))
+            for pin in (maps.SERVICES.pin, maps.ENDPOINTS.pin))
 
     def entries(self, pin: str) -> float:
         return self.metrics.registry.get_sample_value("kpng_py_map_entries", {"map": pin})
@@ -232,7 +232,7 @@ def test_a_failed_map_write_is_counted_right_and_the_next_full_change_set_repair
 
         brain.backend.apply(brain.state.full_changeset())  # what the applier does next
         assert brain.entries(maps.SERVICES.pin) == len(services) == 5
-        assert brain.entries(maps.BACKENDS.pin) == 3
+        assert brain.entries(maps.ENDPOINTS.pin) == 3
         assert programmed_frontends(read_dump(brain.backend._datapath.config.bpffs_dir)) == {
             ("10.96.43.1", 80, "TCP"): ([at(1), at(2)], 0, "ClusterIP"),
             ("10.96.43.2", 80, "TCP"): ([at(3)], 0, "ClusterIP")}

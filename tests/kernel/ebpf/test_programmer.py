@@ -64,9 +64,9 @@ def skipped(metrics: Metrics, reason: str) -> float | None:
     return metrics.registry.get_sample_value("kpng_py_skipped_total", {"reason": reason})
 
 
-def backends_of(datapath: Datapath, service_id: int) -> dict[int, str]:
-    return {int(bid): str(b.addr) for bid, b in datapath.maps[maps.BACKENDS.pin].items()
-            if b.service_id == service_id}
+def endpoints_of(datapath: Datapath, frontend_id: int) -> dict[int, str]:
+    return {int(eid): str(e.addr) for eid, e in datapath.maps[maps.ENDPOINTS.pin].items()
+            if e.frontend_id == frontend_id}
 
 
 def test_shrinking_and_removing_leave_no_stale_entries(datapath: Datapath) -> None:
@@ -75,7 +75,7 @@ def test_shrinking_and_removing_leave_no_stale_entries(datapath: Datapath) -> No
     p.apply(added(big))
     master = frontend_entries(datapath, "10.96.1.1", 80)[0]
     assert master[1] == 4
-    assert sorted(backends_of(datapath, master[0]).values()) == [
+    assert sorted(endpoints_of(datapath, master[0]).values()) == [
         "10.244.0.2:8080", "10.244.0.3:8080", "10.244.0.4:8080", "10.244.0.5:8080"]
 
     small = service_port("shrink", ["10.96.1.1", "fd00:96::1:1"], 80, backends=[3])
@@ -83,12 +83,12 @@ def test_shrinking_and_removing_leave_no_stale_entries(datapath: Datapath) -> No
     for vip, address in (("10.96.1.1", "10.244.0.4:8080"), ("fd00:96::1:1", "[fd00:244::4]:8080")):
         entries = frontend_entries(datapath, vip, 80)
         assert sorted(entries) == [0, 1] and entries[0][1] == 1
-        assert list(backends_of(datapath, entries[0][0]).values()) == [address]
+        assert list(endpoints_of(datapath, entries[0][0]).values()) == [address]
 
     p.apply(removed(small))
     assert frontend_entries(datapath, "10.96.1.1", 80) == {}
     assert frontend_entries(datapath, "fd00:96::1:1", 80) == {}
-    assert backends_of(datapath, master[0]) == {}
+    assert endpoints_of(datapath, master[0]) == {}
 
 
 def test_services_sharing_endpoints_never_share_backend_entries(datapath: Datapath) -> None:
@@ -99,13 +99,13 @@ def test_services_sharing_endpoints_never_share_backend_entries(datapath: Datapa
     id_a = frontend_entries(datapath, "10.96.2.1", 80)[0][0]
     id_b = frontend_entries(datapath, "10.96.2.2", 80)[0][0]
     assert id_a != id_b
-    backends_b = backends_of(datapath, id_b)
-    assert set(backends_b).isdisjoint(backends_of(datapath, id_a))
+    backends_b = endpoints_of(datapath, id_b)
+    assert set(backends_b).isdisjoint(endpoints_of(datapath, id_a))
     before = frontend_entries(datapath, "10.96.2.2", 80)
 
     p.apply(removed(a))
     assert frontend_entries(datapath, "10.96.2.2", 80) == before
-    assert backends_of(datapath, id_b) == backends_b
+    assert endpoints_of(datapath, id_b) == backends_b
     p.apply(removed(b))
 
 
@@ -114,12 +114,12 @@ def test_ids_survive_a_restart_and_a_full_sync_removes_the_rest(datapath: Datapa
     drop = service_port("drop", ["10.96.3.2"], 80, backends=[3], families=(4,))
     programmer(datapath).apply(added(keep, drop))
     master = frontend_entries(datapath, "10.96.3.1", 80)
-    backends = backends_of(datapath, master[0][0])
+    backends = endpoints_of(datapath, master[0][0])
 
     restarted = programmer(datapath)
     restarted.apply(ServicePortChanges(added=(keep,), full=True))
     assert frontend_entries(datapath, "10.96.3.1", 80) == master
-    assert backends_of(datapath, master[0][0]) == backends
+    assert endpoints_of(datapath, master[0][0]) == backends
     assert frontend_entries(datapath, "10.96.3.2", 80) == {}
     # A new service gets an id no earlier one used.
     more = service_port("more", ["10.96.3.3"], 80, backends=[1], families=(4,))
@@ -127,24 +127,24 @@ def test_ids_survive_a_restart_and_a_full_sync_removes_the_rest(datapath: Datapa
     assert frontend_entries(datapath, "10.96.3.3", 80)[0][0] > master[0][0]
     restarted.apply(ServicePortChanges(full=True))
     assert len(datapath.maps[maps.SERVICES.pin]) == 0
-    assert len(datapath.maps[maps.BACKENDS.pin]) == 0
+    assert len(datapath.maps[maps.ENDPOINTS.pin]) == 0
 
 
 def test_a_full_sync_removes_entries_no_frontend_explains(datapath: Datapath) -> None:
     svc = service_port("stray", ["10.96.4.1"], 80, backends=[1], families=(4,))
     programmer(datapath).apply(added(svc))
     frontend = FrontendKeys(HostPort(svc.cluster_ips[0], 80), Protocol.TCP)
-    services, backends = datapath.maps[maps.SERVICES.pin], datapath.maps[maps.BACKENDS.pin]
+    services, backends = datapath.maps[maps.SERVICES.pin], datapath.maps[maps.ENDPOINTS.pin]
     # What a crash between two write steps can leave: slots above the count,
     # a backend no slot names.
     services.put_many([frontend.key(2), frontend.key(5)], [ServiceValue(id=4242)] * 2)
-    backends.put_many([4242], [maps.BackendValue(addr=maps.L4Addr.of(svc.cluster_ips[0], 1))])
+    backends.put_many([4242], [maps.EndpointValue(addr=maps.L4Addr.of(svc.cluster_ips[0], 1))])
 
     grown = service_port("stray", ["10.96.4.1"], 80, backends=[1, 2], families=(4,))
     programmer(datapath).apply(ServicePortChanges(added=(grown,), full=True))
     entries = frontend_entries(datapath, "10.96.4.1", 80)
     assert sorted(entries) == [0, 1, 2]
-    assert sorted(backends_of(datapath, entries[0][0])) == sorted(
+    assert sorted(endpoints_of(datapath, entries[0][0])) == sorted(
         entries[slot][0] for slot in (1, 2))
     assert backends.get(4242) is None
     programmer(datapath).apply(ServicePortChanges(full=True))
@@ -156,12 +156,12 @@ def test_an_incremental_change_writes_only_what_changed(datapath: Datapath) -> N
     p = programmer(datapath)
     p.apply(ServicePortChanges(added=tuple(ports), full=True))
     recording = {pin: RecordingMap(datapath.maps[pin]) for pin in (maps.SERVICES.pin,
-                                                                     maps.BACKENDS.pin)}
-    p._services, p._backends_map = recording[maps.SERVICES.pin], recording[maps.BACKENDS.pin]
+                                                                     maps.ENDPOINTS.pin)}
+    p._services, p._endpoints_map = recording[maps.SERVICES.pin], recording[maps.ENDPOINTS.pin]
     grown = service_port("many-7", ["10.96.5.7"], 80, backends=[1, 2, 3], families=(4,))
     p.apply(updated(ports[6], grown))
     # One new backend, its slot, and the master with the new count.
-    assert len(recording[maps.BACKENDS.pin].touched) == 1
+    assert len(recording[maps.ENDPOINTS.pin].touched) == 1
     assert sorted(k.slot for k in recording[maps.SERVICES.pin].touched) == [0, 3]
     p.apply(ServicePortChanges(full=True))
 
@@ -175,12 +175,12 @@ def test_a_frontend_claimed_twice_stays_with_its_owner(datapath: Datapath) -> No
     p = programmer(datapath, metrics)
     p.apply(added(first, second))
     master = frontend_entries(datapath, "10.96.6.1", 80)[0]
-    assert list(backends_of(datapath, master[0]).values()) == ["10.244.0.2:8080"]
+    assert list(endpoints_of(datapath, master[0]).values()) == ["10.244.0.2:8080"]
     assert skipped(metrics, "frontend-conflict") == 1
     # When the owner goes, the waiting one takes over.
     p.apply(removed(first))
     master = frontend_entries(datapath, "10.96.6.1", 80)[0]
-    assert list(backends_of(datapath, master[0]).values()) == ["10.244.0.3:8080"]
+    assert list(endpoints_of(datapath, master[0]).values()) == ["10.244.0.3:8080"]
     assert skipped(metrics, "frontend-conflict") == 1
     p.apply(ServicePortChanges(full=True))
 
@@ -199,7 +199,7 @@ def test_a_full_change_set_keeps_the_owner_and_reports_nothing_again(
     before = frontend_entries(datapath, "10.96.6.3", 80)
     p.apply(ServicePortChanges(added=(claimant, owner), full=True))
     assert frontend_entries(datapath, "10.96.6.3", 80) == before
-    assert list(backends_of(datapath, before[0][0]).values()) == ["10.244.0.2:8080"]
+    assert list(endpoints_of(datapath, before[0][0]).values()) == ["10.244.0.2:8080"]
     assert skipped(metrics, "frontend-conflict") == 1
     p.apply(ServicePortChanges(full=True))
 
@@ -220,7 +220,7 @@ def test_one_map_key_is_one_frontend_however_its_address_is_spelt(
     p.apply(added(owner))
     canonical = str(ipaddress.ip_address(owned.split("%")[0]))
     before = frontend_entries(datapath, canonical, 80)
-    backends = backends_of(datapath, before[0][0])
+    backends = endpoints_of(datapath, before[0][0])
     recording = RecordingMap(datapath.maps[maps.SERVICES.pin])
     p._services = recording
     p.apply(added(intruder))
@@ -228,7 +228,7 @@ def test_one_map_key_is_one_frontend_however_its_address_is_spelt(
     assert skipped(metrics, "frontend-conflict") == 1
     p.apply(removed(intruder))
     assert frontend_entries(datapath, canonical, 80) == before
-    assert backends_of(datapath, before[0][0]) == backends
+    assert endpoints_of(datapath, before[0][0]) == backends
     p._services = datapath.maps[maps.SERVICES.pin]
     p.apply(ServicePortChanges(full=True))
 
@@ -262,15 +262,15 @@ def test_a_port_that_outgrows_the_maps_keeps_what_it_had() -> None:
     metrics = Metrics()
     with loaded(services=12, backends=64, reverse_nat=16, affinity=16) as small:
         def entries_match_the_maps() -> bool:
-            return (p.service_entries, p.backend_entries) == (
-                len(small.maps[maps.SERVICES.pin]), len(small.maps[maps.BACKENDS.pin]))
+            return (p.service_entries, p.endpoint_entries) == (
+                len(small.maps[maps.SERVICES.pin]), len(small.maps[maps.ENDPOINTS.pin]))
 
         p = programmer(small, metrics)
         grow = service_port("grow", ["10.96.8.1", "fd00:96::8:1"], 80, backends=[1, 2])
         filler = service_port("filler", ["10.96.8.2"], 80, backends=[1, 2, 3], families=(4,))
         p.apply(added(grow, filler))  # 3 + 3 + 4 = 10 of 12 entries
         v4 = frontend_entries(small, "10.96.8.1", 80)
-        v4_backends = backends_of(small, v4[0][0])
+        v4_backends = endpoints_of(small, v4[0][0])
 
         # v4 only, 8 backends: the v6 frontend goes (7 entries left), and
         # the 6 more slots would make 13.
@@ -282,7 +282,7 @@ def test_a_port_that_outgrows_the_maps_keeps_what_it_had() -> None:
         assert {bytes(key)[:20] for key in recording.touched} == {
             bytes(maps.L4Addr.of(ipaddress.ip_address("fd00:96::8:1"), 80))}
         assert frontend_entries(small, "10.96.8.1", 80) == v4
-        assert backends_of(small, v4[0][0]) == v4_backends
+        assert endpoints_of(small, v4[0][0]) == v4_backends
         assert skipped(metrics, "capacity") == 1
         assert entries_match_the_maps()
 
@@ -295,7 +295,7 @@ def test_a_port_that_outgrows_the_maps_keeps_what_it_had() -> None:
         p.apply(removed(filler))  # frees room: grown is programmed by the same apply
         programmed = frontend_entries(small, "10.96.8.1", 80)
         assert programmed[0][:2] == (v4[0][0], 8)
-        assert sorted(backends_of(small, v4[0][0]).values()) == [
+        assert sorted(endpoints_of(small, v4[0][0]).values()) == [
             f"10.244.0.{i + 1}:8080" for i in range(1, 9)]
         assert skipped(metrics, "capacity") == 1
         assert entries_match_the_maps()
