@@ -11,15 +11,14 @@ from hypothesis import given, settings, strategies as st
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps.contents import (
     TARGET_SIZE,
-    FrontendKeys,
-    HostPort,
+    KeyedFrontend,
     Programmed,
     packed_slot_ids,
     read_contents,
 )
 from backends.ebpf.programmer.service_programmer import Capacity, ServiceProgrammer
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import Endpoint, Endpoints, Protocol, ServicePortChanges
+from kpng_py.model import Endpoint, Endpoints, Frontend, Protocol, ServicePortChanges
 from kpng_py.state.skips import Skips
 from tests.ebpf.fake_maps import FakeMap
 from tests.kernel.ebpf.test_dump import BACKENDS, SERVICES, SIZES, write_state
@@ -32,8 +31,8 @@ def fake_maps() -> tuple[FakeMap, FakeMap]:
     return services, backends
 
 
-def frontend(vip: str, port: int, protocol: Protocol) -> FrontendKeys:
-    return FrontendKeys(HostPort(ipaddress.ip_address(vip), port), protocol)
+def frontend(vip: str, port: int, protocol: Protocol) -> KeyedFrontend:
+    return KeyedFrontend(Frontend(ipaddress.ip_address(vip), port, protocol))
 
 
 def target(ip: str, port: int) -> bytes:

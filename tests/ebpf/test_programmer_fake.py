@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import rule, run_state_machine_as_test
 
 from backends.ebpf.maps import layout as maps
-from backends.ebpf.maps.contents import FrontendKeys, HostPort
+from backends.ebpf.maps.contents import KeyedFrontend
 from backends.ebpf.programmer.service_programmer import ROUND_PORTS, Capacity, ServiceProgrammer
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import ServicePortChanges, Protocol
+from kpng_py.model import Frontend, ServicePortChanges, Protocol
 from kpng_py.state.skips import Skips
 from tests.ebpf.fake_maps import FakeMap
 from tests.ebpf.helpers import added, removed, service_port, updated
@@ -77,7 +77,7 @@ def skipped(metrics: Metrics, reason: str) -> float | None:
 
 def programmed(pair: MapPair, vip: str, port: int = 80) -> dict[int, int]:
     """slot -> id (service id of the master, backend id of a slot) of vip:port/TCP."""
-    frontend = FrontendKeys(HostPort(ipaddress.ip_address(vip), port), Protocol.TCP)
+    frontend = KeyedFrontend(Frontend(ipaddress.ip_address(vip), port, Protocol.TCP))
     return {key.slot: value.id for key, value in pair.services.items()
             if bytes(key) == bytes(frontend.key(key.slot))}
 
@@ -272,7 +272,7 @@ def test_a_frontend_that_changes_kind_keeps_its_id_and_gets_its_master_rewritten
     external_ip = service_port("k", ["10.96.9.2"], 80, backends=[1], families=(4,),
                                external_ips=["10.96.9.1"])
     p.apply(added(cluster_ip))
-    key = FrontendKeys(HostPort(ipaddress.ip_address("10.96.9.1"), 80), Protocol.TCP).key(0)
+    key = KeyedFrontend(Frontend(ipaddress.ip_address("10.96.9.1"), 80, Protocol.TCP)).key(0)
     before = pair.services.get(key)
     assert before.flags == 0
     writes = p.apply(updated(cluster_ip, external_ip))

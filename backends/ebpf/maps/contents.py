@@ -29,7 +29,7 @@ from backends.ebpf.maps.layout import (
     ServiceKey,
     ServiceValue,
 )
-from kpng_py.model import FrontendKind, IPAddress, Protocol, format_host_port
+from kpng_py.model import Frontend, FrontendKind, IPAddress, Protocol, format_host_port
 
 IPPROTO = {Protocol.TCP: socket.IPPROTO_TCP, Protocol.UDP: socket.IPPROTO_UDP}
 PROTOCOL_OF = {number: protocol for protocol, number in IPPROTO.items()}
@@ -56,6 +56,13 @@ def packed_slot_ids(endpoint_ids: Iterable[int]) -> bytes:
 
 @dataclass(frozen=True, order=True)
 class HostPort:
+    """An address and port as an lb_l4addr holds them, without a protocol:
+    an endpoint's target (the model's `Endpoint` without its flags), the
+    address and port of a frontend as its key holds them
+    (`StoredFrontend.vip`), or a VIP as a client dialled it (`ebpf trace`).
+    A frontend with its protocol is a `KeyedFrontend`, which holds the
+    model's `Frontend`."""
+
     ip: IPAddress
     port: int
     # ipaddress hashes through hex(), too slowly for dicts of every endpoint
@@ -85,29 +92,41 @@ class HostPort:
 
 
 @dataclass(frozen=True)
-class FrontendKeys:
-    """What a socket dials: a frontend's address (ClusterIP, ExternalIP,
-    load-balancer IP, or the wildcard of a node port), port, protocol.
+class KeyedFrontend:
+    """A frontend (the model's `Frontend`: the address, port and protocol a
+    socket dials) as the `services` map keys it: its address and port as an
+    lb_l4addr, its protocol, then a slot.
 
-    Two frontends are the same exactly when their map keys are: 10.96.0.10
-    and ::ffff:10.96.0.10, or fd00::1%a and fd00::1%b, are different
-    addresses to Python but one key to the datapath, so one frontend here,
-    which one service port at a time may own."""
+    Two are equal exactly when their keys are: 10.96.0.10 and
+    ::ffff:10.96.0.10, or fd00::1%a and fd00::1%b, are different Frontends
+    to Python but one key to the datapath, so one KeyedFrontend here, which
+    one service port at a time may own. (The state model refuses those
+    spellings, and the maps hold none: in practice the two agree.)"""
 
-    vip: HostPort = field(compare=False)
-    protocol: Protocol = field(compare=False)
+    frontend: Frontend = field(compare=False)
     # What every key of this frontend starts with (computed once: a frontend
     # has a key per slot, and a full sync makes hundreds of thousands).
     _key_prefix: bytes = field(init=False, repr=False)
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        prefix = ServiceKey.frontend_prefix(self.vip.l4addr(), IPPROTO[self.protocol])
+        frontend = self.frontend
+        prefix = ServiceKey.frontend_prefix(L4Addr.of(frontend.ip, frontend.port),
+                                            IPPROTO[frontend.protocol])
         object.__setattr__(self, "_key_prefix", prefix)
         object.__setattr__(self, "_hash", hash(prefix))
 
     def __hash__(self) -> int:
         return self._hash
+
+    @property
+    def protocol(self) -> Protocol:
+        return self.frontend.protocol
+
+    @property
+    def ip_version(self) -> int:
+        """The IP version of its address (the family of its endpoints)."""
+        return self.frontend.ip.version
 
     def key(self, slot: int) -> ServiceKey:
         return ServiceKey.at_slot(self._key_prefix, slot)
@@ -117,7 +136,7 @@ class FrontendKeys:
         return self._key_prefix + _SLOT.pack(slot)
 
     def __str__(self) -> str:
-        return f"{self.vip}/{self.protocol.value}"
+        return str(self.frontend)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,12 +260,13 @@ class StoredFrontend:
         """The endpoint id of slots 1..count; None where a slot is missing."""
         return [self.slots.get(slot) for slot in range(1, self.master.count + 1)]
 
-    def frontend(self) -> FrontendKeys | None:
+    def frontend(self) -> KeyedFrontend | None:
         """The frontend of these keys; None when no frontend has such keys
         (a protocol the programs do not serve, pad bytes that are not 0)."""
-        if self.protocol is None or self.master_key.pad or self.master_key.vip.pad:
+        protocol = self.protocol
+        if protocol is None or self.master_key.pad or self.master_key.vip.pad:
             return None
-        return FrontendKeys(self.vip, self.protocol)
+        return KeyedFrontend(Frontend(self.vip.ip, self.vip.port, protocol))
 
     def keys(self) -> Iterator[ServiceKey]:
         yield self.master_key
@@ -265,13 +285,13 @@ class StoredFrontend:
 class Recovered:
     """What a connect() can reach, as the programmer adopts it, and the rest."""
 
-    frontends: Mapping[FrontendKeys, Programmed]
+    frontends: Mapping[KeyedFrontend, Programmed]
     # The endpoints no slot names yet (or any more) that carry the frontend id
     # of a recovered frontend (what a write that failed between steps 1 and
     # 5 left), by id with their packed values, which the next change set
     # that programs the frontend reuses or deletes. Those a slot names are
     # in its Programmed (id and target): nothing is kept per endpoint twice.
-    unnamed: Mapping[FrontendKeys, Mapping[int, bytes]]
+    unnamed: Mapping[KeyedFrontend, Mapping[int, bytes]]
     stray_keys: tuple[ServiceKey, ...]
     stray_endpoints: tuple[int, ...]
 
@@ -304,10 +324,10 @@ class Contents:
         endpoint of that frontend (one with its frontend id and affinity
         group); an endpoint with the frontend id of an adopted master is adopted
         with it. Every other entry is a stray."""
-        frontends: dict[FrontendKeys, Programmed] = {}
+        frontends: dict[KeyedFrontend, Programmed] = {}
         named: set[int] = set()
         strays = list(self.masterless_slots)
-        frontend_ids: dict[int, FrontendKeys] = {}
+        frontend_ids: dict[int, KeyedFrontend] = {}
         for stored in self.frontends:
             frontend, frontend_id = stored.frontend(), stored.master.id
             if frontend is None or frontend_id == 0 or frontend_id in frontend_ids:
@@ -319,7 +339,7 @@ class Contents:
             frontends[frontend] = Programmed(frontend_id, slots, targets, stored.affinity_timeout,
                                              stored.master.flags & maps.SVC_F_KINDS,
                                              stored.affinity_group)
-        unnamed: dict[FrontendKeys, dict[int, bytes]] = {}
+        unnamed: dict[KeyedFrontend, dict[int, bytes]] = {}
         stray_endpoints = []
         for endpoint_id, raw in self.endpoints.items():
             if endpoint_id in named:

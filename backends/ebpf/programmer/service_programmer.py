@@ -38,8 +38,8 @@ from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps.access import MapAccess
 from backends.ebpf.maps.contents import (
     SLOT_IDS,
-    FrontendKeys,
     HostPort,
+    KeyedFrontend,
     Programmed,
     endpoint_owner,
     endpoint_target,
@@ -50,8 +50,8 @@ from backends.ebpf.maps.layout import EndpointValue, ServiceKey, ServiceValue
 from backends.ebpf.programmer.frontends import (
     FrontendSpec,
     FrontendSpecs,
-    frontend_keys,
     frontends_of,
+    keyed_frontends,
 )
 from backends.ebpf.programmer.ids import MAX_ID, IdAllocator
 from backends.ebpf.programmer.slots import MAX_SLOTS, assign_slots
@@ -97,7 +97,7 @@ class Waiting:
     keeps it out now (capacity over a conflict: its own version is out)."""
 
     port: ServicePort
-    reported: frozenset[tuple[SkipReason, FrontendKeys | None]]
+    reported: frozenset[tuple[SkipReason, KeyedFrontend | None]]
     reason: SkipReason
 
 
@@ -157,12 +157,12 @@ class ServiceProgrammer:
         # Each frontend with its endpoints (Programmed.targets): an endpoint is
         # identified by its value (target, frontend id, affinity group), as in
         # the map, and only a frontend's own endpoints carry its frontend id.
-        self._frontends: dict[FrontendKeys, Programmed] = {}
+        self._frontends: dict[KeyedFrontend, Programmed] = {}
         # Endpoints of a frontend that no slot names (recovered after a failed
         # write), by id with their packed value: reused or deleted when the
         # frontend is next programmed.
-        self._unnamed: dict[FrontendKeys, dict[int, bytes]] = {}
-        self._owners: dict[FrontendKeys, ServicePortName] = {}
+        self._unnamed: dict[KeyedFrontend, dict[int, bytes]] = {}
+        self._owners: dict[KeyedFrontend, ServicePortName] = {}
         self._waiting: dict[ServicePortName, Waiting] = {}
         # Entries recovered from the maps that no frontend explains (what a
         # crash between two write steps leaves), packed; the next full change
@@ -210,7 +210,7 @@ class ServiceProgrammer:
         the maps."""
         started = time.perf_counter()
         writes, stages = MapWrites(), {"plan_ms": 0.0, "write_ms": 0.0}
-        todo: list[tuple[ServicePort, tuple[FrontendKeys, ...], Waiting | None]] = []
+        todo: list[tuple[ServicePort, tuple[KeyedFrontend, ...], Waiting | None]] = []
         done = 0  # the ports of the rounds written or being written
         writer: ThreadPoolExecutor | None = None
         in_flight: Future | None = None
@@ -218,20 +218,20 @@ class ServiceProgrammer:
             # Removed and updated ports stop waiting in _plan_incremental.
             ports = changes.added if changes.full else self._plan_incremental(changes, writes)
             waiting, self._waiting = self._waiting, {}
-            todo = [(port, frontend_keys(port), waiting.pop(port.name, None)) for port in ports]
+            todo = [(port, keyed_frontends(port), waiting.pop(port.name, None)) for port in ports]
             if changes.full:
                 self._plan_full(todo, writes)
             else:
                 # Ports still waiting from earlier change sets, retried after
                 # these (a full change set lists every port there is).
-                todo += [(earlier.port, frontend_keys(earlier.port), earlier)
+                todo += [(earlier.port, keyed_frontends(earlier.port), earlier)
                          for earlier in sorted(waiting.values(),
                                                key=lambda w: w.port.name.sort_key())]
             if len(todo) > self._round_ports:
                 writer = ThreadPoolExecutor(1, thread_name_prefix="kpng-map-writer")
             while True:
-                for port, keys, earlier in todo[done:done + self._round_ports]:
-                    self._program_port(port, frontends_of(port, keys), writes,
+                for port, keyed, earlier in todo[done:done + self._round_ports]:
+                    self._program_port(port, frontends_of(port, keyed), writes,
                                        _reported(earlier, port))
                 flushing = time.perf_counter()
                 stages["plan_ms"] += (flushing - started) * 1000
@@ -271,9 +271,9 @@ class ServiceProgrammer:
             if earlier is not None:
                 self._waiting.setdefault(earlier.port.name, earlier)
 
-    def _plan_full(self, todo: Sequence[tuple[ServicePort, tuple[FrontendKeys, ...], object]],
+    def _plan_full(self, todo: Sequence[tuple[ServicePort, tuple[KeyedFrontend, ...], object]],
                    writes: MapWrites) -> None:
-        claims = {(frontend, port.name) for port, keys, _ in todo for frontend in keys}
+        claims = {(frontend, port.name) for port, keyed, _ in todo for frontend in keyed}
         wanted = {frontend for frontend, _ in claims}
         # An owner keeps its frontend through a full change set (a reconnect)
         # while it still claims it: no churn, whatever the order of claimants.
@@ -297,18 +297,18 @@ class ServiceProgrammer:
         for port in changes.removed:
             self._remove_port(port, keep=(), writes=writes)
         for old, new in changes.updated:
-            self._remove_port(old, keep=frontend_keys(new), writes=writes)
+            self._remove_port(old, keep=keyed_frontends(new), writes=writes)
         return list(changes.current())
 
-    def _remove_port(self, port: ServicePort, keep: Iterable[FrontendKeys],
+    def _remove_port(self, port: ServicePort, keep: Iterable[KeyedFrontend],
                      writes: MapWrites) -> None:
         self._waiting.pop(port.name, None)
-        for frontend in set(frontend_keys(port)) - set(keep):
+        for frontend in set(keyed_frontends(port)) - set(keep):
             # Unowned: recovered from the maps, not yet claimed by a full change set.
             if frontend in self._frontends and self._owners.get(frontend, port.name) == port.name:
                 self._remove_frontend(frontend, writes)
 
-    def _remove_frontend(self, frontend: FrontendKeys, writes: MapWrites) -> None:
+    def _remove_frontend(self, frontend: KeyedFrontend, writes: MapWrites) -> None:
         programmed = self._frontends.pop(frontend)
         self._owners.pop(frontend, None)
         writes.gone_masters += frontend.packed_key(0)
@@ -323,14 +323,14 @@ class ServiceProgrammer:
         self._frontend_ids.release(programmed.frontend_id)
         writes.released_frontend_ids.append(programmed.frontend_id)
 
-    def _endpoints_of(self, frontend: FrontendKeys, programmed: Programmed) -> dict[int, bytes]:
+    def _endpoints_of(self, frontend: KeyedFrontend, programmed: Programmed) -> dict[int, bytes]:
         """The frontend's endpoints, named by a slot or not: id -> packed lb_l4addr."""
         endpoints = dict(programmed.endpoints())
         for endpoint_id, value in self._unnamed.get(frontend, {}).items():
             endpoints.setdefault(endpoint_id, endpoint_target(value))
         return endpoints
 
-    def _drop_endpoints(self, frontend: FrontendKeys, frontend_id: int,
+    def _drop_endpoints(self, frontend: KeyedFrontend, frontend_id: int,
                         targets: Mapping[int, bytes], into: bytearray, writes: MapWrites) -> None:
         """Delete endpoints of the frontend (id -> packed lb_l4addr) in the step of `into`."""
         for endpoint_id, target in targets.items():
@@ -350,7 +350,7 @@ class ServiceProgrammer:
         lost its leader (`_drop_orphaned_members`). Either way the port waits, retried with
         every later change set, and each problem is reported once per
         version of the port."""
-        problems: list[tuple[SkipReason, FrontendKeys | None, str]] = []
+        problems: list[tuple[SkipReason, KeyedFrontend | None, str]] = []
         fitting: FrontendSpecs = {}
         for frontend, spec in specs.items():
             owner = self._owners.get(frontend, port.name)
@@ -373,7 +373,7 @@ class ServiceProgrammer:
         new_leaders: dict[int, int] = {}  # IP version -> the new group's frontend id
         for frontend, spec in fitting.items():
             if not no_room:
-                version = frontend.vip.ip.version
+                version = frontend.ip_version
                 group = groups[frontend]
                 if group is LEADS:  # a new group: its leader comes first, then its members
                     group = new_leaders.get(version, LEADS)
@@ -399,14 +399,14 @@ class ServiceProgrammer:
             (reason, frontend) for reason, frontend, _ in problems},
             SkipReason.CAPACITY if SkipReason.CAPACITY in reasons else SkipReason.FRONTEND_CONFLICT)
 
-    def _claim(self, frontend: FrontendKeys, name: ServicePortName, writes: MapWrites) -> None:
+    def _claim(self, frontend: KeyedFrontend, name: ServicePortName, writes: MapWrites) -> None:
         """`name` owns the programmed frontend (its frontend id is named so)."""
         if self._owners.get(frontend) != name:
             writes.named_frontend_ids.append((self._frontends[frontend].frontend_id, name))
         self._owners[frontend] = name
 
     def _as_programmed(self, specs: FrontendSpecs,
-                       groups: Mapping[FrontendKeys, int | None]) -> bool:
+                       groups: Mapping[KeyedFrontend, int | None]) -> bool:
         """Whether every frontend is in the maps as `specs` and `groups` want
         it, every slot named and nothing unnamed to drop: what programming
         it would leave as it is. A restart's first change set, or a
@@ -422,7 +422,7 @@ class ServiceProgrammer:
                 return False
         return True
 
-    def _drop_orphaned_members(self, frontends: Iterable[FrontendKeys], writes: MapWrites) -> None:
+    def _drop_orphaned_members(self, frontends: Iterable[KeyedFrontend], writes: MapWrites) -> None:
         """Of a port's frontends kept as they were, remove those whose affinity
         group is no longer the frontend id of one of them in their family: the
         leader is gone (the port no longer has it, or the frontends were
@@ -430,32 +430,32 @@ class ServiceProgrammer:
         got it would share their affinity."""
         kept = {frontend: self._frontends[frontend] for frontend in frontends
                 if frontend in self._frontends}
-        leaders = {(frontend.vip.ip.version, programmed.frontend_id)
+        leaders = {(frontend.ip_version, programmed.frontend_id)
                    for frontend, programmed in kept.items()}
         for frontend, programmed in kept.items():
             group = programmed.affinity_group
-            if group and (frontend.vip.ip.version, group) not in leaders:
+            if group and (frontend.ip_version, group) not in leaders:
                 self._remove_frontend(frontend, writes)
 
-    def _affinity_groups(self, specs: FrontendSpecs) -> dict[FrontendKeys, int | None]:
+    def _affinity_groups(self, specs: FrontendSpecs) -> dict[KeyedFrontend, int | None]:
         """The affinity group each frontend of a port will have: 0 without
         affinity; else the frontend id of the first frontend of its family,
         LEADS while that one has none yet (it is new)."""
         leaders: dict[int, int | None] = {}
-        groups: dict[FrontendKeys, int | None] = {}
+        groups: dict[KeyedFrontend, int | None] = {}
         for frontend, spec in specs.items():
             if not spec.affinity_timeout:
                 groups[frontend] = 0
                 continue
-            version = frontend.vip.ip.version
+            version = frontend.ip_version
             if version not in leaders:
                 old = self._frontends.get(frontend)
                 leaders[version] = old.frontend_id if old else LEADS
             groups[frontend] = leaders[version]
         return groups
 
-    def _capacity_problem(self, specs: FrontendSpecs, groups: Mapping[FrontendKeys, int | None],
-                          known: Mapping[FrontendKeys, Mapping[bytes, int]]) -> str:
+    def _capacity_problem(self, specs: FrontendSpecs, groups: Mapping[KeyedFrontend, int | None],
+                          known: Mapping[KeyedFrontend, Mapping[bytes, int]]) -> str:
         """Why the port does not fit, counting every entry this change set adds
         before it deletes any (the maps hold both during the update)."""
         services_needed = endpoints_needed = frontend_ids_needed = 0
@@ -490,7 +490,7 @@ class ServiceProgrammer:
                         f"from the next one, which retries the port")
         return ""
 
-    def _program_frontend(self, frontend: FrontendKeys, spec: FrontendSpec, writes: MapWrites,
+    def _program_frontend(self, frontend: KeyedFrontend, spec: FrontendSpec, writes: MapWrites,
                           affinity_group: int | None, known: dict[bytes, int]) -> int:
         """Program one frontend (`affinity_group` LEADS: its own frontend id;
         `known`: its endpoints by packed value); its frontend id."""
@@ -531,7 +531,7 @@ class ServiceProgrammer:
             self._drop_unnamed(frontend, {}, writes)
         return frontend_id
 
-    def _drop_unnamed(self, frontend: FrontendKeys, also: dict[int, bytes],
+    def _drop_unnamed(self, frontend: KeyedFrontend, also: dict[int, bytes],
                       writes: MapWrites) -> None:
         """Delete (in step 5) the frontend's endpoints no slot names: `also`
         (id -> packed lb_l4addr) and those recovered unnamed that no slot
@@ -545,7 +545,7 @@ class ServiceProgrammer:
         self._drop_endpoints(frontend, programmed.frontend_id, also, writes.orphan_endpoints,
                              writes)
 
-    def _known_endpoints(self, frontend: FrontendKeys, old: Programmed) -> dict[bytes, int]:
+    def _known_endpoints(self, frontend: KeyedFrontend, old: Programmed) -> dict[bytes, int]:
         """The frontend's endpoints by packed value (lb_endpoint): those its
         slots name and those recovered unnamed."""
         known = {value: endpoint_id

@@ -11,12 +11,12 @@ from typing import Iterator
 import pytest
 
 from backends.ebpf.maps import layout as maps
-from backends.ebpf.maps.contents import FrontendKeys, HostPort
+from backends.ebpf.maps.contents import KeyedFrontend
 from backends.ebpf.maps.libbpf import BpfMap
 from backends.ebpf.datapath.loader import Datapath
 from backends.ebpf.maps.layout import ServiceValue
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import ServicePortChanges, Protocol
+from kpng_py.model import Frontend, ServicePortChanges, Protocol
 from tests.ebpf.helpers import added, loaded, programmer, removed, service_port, updated
 
 pytestmark = pytest.mark.kernel
@@ -52,7 +52,7 @@ class RecordingMap(BpfMap):
 def frontend_entries(datapath: Datapath, vip: str, port: int,
                      protocol: Protocol = Protocol.TCP) -> dict[int, tuple]:
     """slot -> (id, count, timeout, flags) of one frontend, as the map holds it."""
-    frontend = FrontendKeys(HostPort(ipaddress.ip_address(vip), port), protocol)
+    frontend = KeyedFrontend(Frontend(ipaddress.ip_address(vip), port, protocol))
     result = {}
     for key, value in datapath.maps[maps.SERVICES.pin].items():
         if bytes(key) == bytes(frontend.key(key.slot)):
@@ -133,7 +133,7 @@ def test_ids_survive_a_restart_and_a_full_sync_removes_the_rest(datapath: Datapa
 def test_a_full_sync_removes_entries_no_frontend_explains(datapath: Datapath) -> None:
     svc = service_port("stray", ["10.96.4.1"], 80, backends=[1], families=(4,))
     programmer(datapath).apply(added(svc))
-    frontend = FrontendKeys(HostPort(svc.cluster_ips[0], 80), Protocol.TCP)
+    frontend = KeyedFrontend(Frontend(svc.cluster_ips[0], 80, Protocol.TCP))
     services, backends = datapath.maps[maps.SERVICES.pin], datapath.maps[maps.ENDPOINTS.pin]
     # What a crash between two write steps can leave: slots above the count,
     # a backend no slot names.
