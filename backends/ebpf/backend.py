@@ -325,8 +325,9 @@ class EbpfBackend:
         return self._programmer.last_stages if self._programmer is not None else {}
 
     def not_programmed(self) -> Mapping[str, int]:
-        """The service ports waiting for room in the maps (capacity) or for a
-        frontend another port holds (frontend-conflict)."""
+        """The service ports waiting for room in the maps (capacity). Which
+        port owns a frontend is the state's to decide, and counts there
+        (frontend-conflict)."""
         with self._lock:
             if self._programmer is None:
                 return {}

@@ -4,7 +4,9 @@ checked against the kernel's by test_fake_maps.py): no root, no BPF.
 The property machine of map_machine.py (maps == `to-print`, ownership,
 restarts adopting the maps), with writes that fail part-way; and on maps
 too small for the streams (a port that does not fit keeps its old
-version). Then the cases a stream cannot reach: ids running out.
+version). Then the cases a stream cannot reach: ids running out, and
+change sets that break the state's contract (a frontend given to two
+service ports).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import ctypes as ct
 import ipaddress
 import os
 import threading
+import time
 
 import pytest
 from hypothesis import strategies as st
@@ -20,7 +23,12 @@ from hypothesis.stateful import rule, run_state_machine_as_test
 
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps.contents import KeyedFrontend
-from backends.ebpf.programmer.service_programmer import ROUND_PORTS, Capacity, ServiceProgrammer
+from backends.ebpf.programmer.service_programmer import (
+    ROUND_PORTS,
+    Capacity,
+    FrontendClaimedTwice,
+    ServiceProgrammer,
+)
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Frontend, ServicePortChanges, Protocol
 from kpng_py.state.skips import Skips
@@ -324,3 +332,76 @@ def test_a_kept_frontend_whose_affinity_leader_is_gone_is_removed() -> None:
     assert skipped(metrics, "capacity") == 1
     assert not programmed(pair, "10.96.9.1") and not programmed(pair, "0.0.0.0", 30080)
     assert (len(pair.services), len(pair.endpoints)) == (0, 0)
+
+
+def test_a_frontend_given_to_a_second_service_port_is_a_broken_contract() -> None:
+    """The state gives each frontend one owner: a change set that gives an
+    owned frontend to another service port raises, naming both, writes
+    nothing of it and leaves it waiting for nothing; the owner keeps its
+    entries. Once the owner lets go, the other takes it (as the state hands
+    it over)."""
+    pair = fake_pair(100, 100)
+    p = ServiceProgrammer(pair.services, pair.endpoints, pair.capacity, Skips(Metrics()))
+    owner = service_port("owner", ["10.96.9.1"], 80, backends=[1], families=(4,))
+    claimant = service_port("claimant", ["10.96.9.1"], 80, backends=[2], families=(4,))
+    p.apply(added(owner))
+    before = pair.snapshot()
+    with pytest.raises(FrontendClaimedTwice,
+                       match="10.96.9.1:80/TCP .* default/claimant .* default/owner owns"):
+        p.apply(added(claimant))
+    assert pair.snapshot() == before
+    assert p.not_programmed() == {}
+    assert (p.service_entries, p.endpoint_entries) == (len(pair.services), len(pair.endpoints))
+    p.apply(removed(owner))
+    p.apply(added(claimant))
+    slots = programmed(pair, "10.96.9.1")
+    assert [pair.endpoints.get(slots[1]).addr.ip] == [backend_ip(2)]
+    assert p.service_port_of_ids() == {slots[0]: claimant.name}
+
+
+@pytest.mark.parametrize("names", [("a-claimant", "b-owner"), ("b-claimant", "a-owner")])
+def test_a_full_change_set_with_two_claimants_of_a_frontend_is_refused(
+        names: tuple[str, str]) -> None:
+    """A reconnect's full state that lists the owner and another claimant
+    of its frontend (before or after it) raises; the maps and the mirror
+    stay as they were."""
+    pair = fake_pair(100, 100)
+    p = ServiceProgrammer(pair.services, pair.endpoints, pair.capacity, Skips(Metrics()))
+    claimant, owner = (service_port(name, ["10.96.9.1"], 80, backends=[i], families=(4,))
+                       for i, name in enumerate(names, start=1))
+    p.apply(added(owner, full=True))
+    before = pair.snapshot()
+    with pytest.raises(FrontendClaimedTwice, match=f"default/{names[0]}"):
+        p.apply(added(*sorted((claimant, owner), key=lambda sp: sp.name.sort_key()),
+                      full=True))
+    assert pair.snapshot() == before
+    assert (p.service_entries, p.endpoint_entries) == (len(pair.services), len(pair.endpoints))
+    assert p.apply(added(owner, full=True)).entries_written() == {
+        maps.SERVICES.pin: 0, maps.ENDPOINTS.pin: 0}
+
+
+class SlowWrites(FakeMap):
+    """A fake map whose batched writes take a while."""
+
+    def put_packed(self, keys, values) -> None:
+        time.sleep(0.1)
+        super().put_packed(keys, values)
+
+
+def test_a_refused_change_set_rereads_the_maps_after_the_round_being_written() -> None:
+    """Rounds of one port: the first round (a new port) is being written by
+    the writer thread when the second (a claimant of an owned frontend) is
+    planned and refused; the maps are re-read once that write has ended, so
+    the mirror counts what they hold."""
+    services = SlowWrites(maps.SERVICES.key, maps.SERVICES.value, 100, maps.SERVICES.pin)
+    endpoints = FakeMap(maps.ENDPOINTS.key, maps.ENDPOINTS.value, 100, maps.ENDPOINTS.pin)
+    p = ServiceProgrammer(services, endpoints, Capacity(100, 100), Skips(Metrics()),
+                          round_ports=1)
+    p.apply(added(service_port("owner", ["10.96.9.9"], 80, backends=[1], families=(4,))))
+    first = service_port("first", ["10.96.9.1"], 80, backends=[1], families=(4,))
+    claimant = service_port("second", ["10.96.9.9"], 80, backends=[2], families=(4,))
+    with pytest.raises(FrontendClaimedTwice):
+        p.apply(added(first, claimant))
+    assert (p.service_entries, p.endpoint_entries) == (len(services), len(endpoints)) == (4, 2)
+    assert sorted(programmed(MapPair(services, endpoints, Capacity(100, 100)), "10.96.9.1")) == [
+        0, 1]

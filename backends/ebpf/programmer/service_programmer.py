@@ -20,6 +20,11 @@ first (master, slots, endpoints), which frees room for the rest.
 The programmer keeps a mirror of what the maps hold, recovered from the
 pinned maps at start, so ids stay stable across restarts and an incremental
 change costs what it touches.
+
+Who owns a frontend is the state's decision (kpng_py/state/owners.py): a
+change set gives each frontend to one service port. The programmer
+enforces it, with one dict lookup per frontend: a frontend given to a
+second service port while another owns it raises FrontendClaimedTwice.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import struct
 import time
 import types
 from array import array
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Collection, Iterable, Mapping, Sequence
 
@@ -88,17 +93,21 @@ class Capacity:
     max_id: int = MAX_ID
 
 
-@dataclass(frozen=True)
-class Waiting:
-    """A service port not (fully) programmed: a frontend of it belongs to
-    another service port, or its new version does not fit the maps. It is
-    retried with every later change set; `reported` holds the problems
-    already logged and counted for this version of it, `reason` the one that
-    keeps it out now (capacity over a conflict: its own version is out)."""
+class FrontendClaimedTwice(Exception):
+    """A change set gives a frontend that one service port owns to another
+    (or lets another remove it). The state decides one owner per frontend
+    and publishes each port with the frontends it owns only, so this is a
+    broken contract, not an input to skip: the change set is refused from
+    that port on, and the applier counts it and retries with a full one."""
 
-    port: ServicePort
-    reported: frozenset[tuple[SkipReason, KeyedFrontend | None]]
-    reason: SkipReason
+    def __init__(self, frontend: KeyedFrontend, owner: ServicePortName,
+                 claimant: ServicePortName) -> None:
+        super().__init__(
+            f"frontend {frontend} is given to service port {claimant} while service port "
+            f"{owner} owns it: a change set must give each frontend to one service port "
+            f"(kpng_py.state.owners decides which); the rest of this change set is not "
+            f"applied, and the maps are re-read")
+        self.frontend, self.owner, self.claimant = frontend, owner, claimant
 
 
 class ServiceProgrammer:
@@ -140,12 +149,9 @@ class ServiceProgrammer:
                 for endpoint_id in self._endpoints_of(frontend, programmed)}
 
     def not_programmed(self) -> dict[SkipReason, int]:
-        """The service ports waiting (their version is not in the maps), by
-        the reason that keeps each out."""
-        counts: dict[SkipReason, int] = {}
-        for waiting in self._waiting.values():
-            counts[waiting.reason] = counts.get(waiting.reason, 0) + 1
-        return counts
+        """The service ports waiting for room (their version is not in the
+        maps), by the reason that keeps them out: capacity."""
+        return {SkipReason.CAPACITY: len(self._waiting)} if self._waiting else {}
 
     def service_port_of_ids(self) -> dict[int, ServicePortName | None]:
         """The frontend id of every programmed frontend, with the service port
@@ -162,8 +168,12 @@ class ServiceProgrammer:
         # write), by id with their packed value: reused or deleted when the
         # frontend is next programmed.
         self._unnamed: dict[KeyedFrontend, dict[int, bytes]] = {}
+        # Who owns each programmed frontend, as the change sets said (none:
+        # recovered from the maps, not claimed yet).
         self._owners: dict[KeyedFrontend, ServicePortName] = {}
-        self._waiting: dict[ServicePortName, Waiting] = {}
+        # The service ports whose version does not fit the maps, retried with
+        # every later change set (their problem reported once per version).
+        self._waiting: dict[ServicePortName, ServicePort] = {}
         # Entries recovered from the maps that no frontend explains (what a
         # crash between two write steps leaves), packed; the next full change
         # set deletes them.
@@ -199,18 +209,20 @@ class ServiceProgrammer:
     # -- planning --------------------------------------------------------------
 
     def apply(self, changes: ServicePortChanges) -> MapWrites:
-        """Write one change set; returns what was written (with the (service
+        """Write one change set; returns what was written (with the (frontend
         id, endpoint) pairs UDP frontends lost). The service ports are
         planned and written in rounds (of ROUND_PORTS), each in the no-gap
         order, so a full sync never holds all of its writes at once; while a
         round is written (in a thread: the batch calls leave the GIL), the
-        next is planned, and written only after it. On a failed write the
-        mirror is re-read from the maps (so the entry counts are what the
-        maps hold) and the error raised; the next full change set repairs
-        the maps."""
+        next is planned, and written only after it. On a failed write, or a
+        change set that gives an owned frontend to another port
+        (FrontendClaimedTwice), the mirror is re-read from the maps once the
+        round being written has ended (so the entry counts are what the maps
+        hold) and the error raised; the next full change set repairs the
+        maps."""
         started = time.perf_counter()
         writes, stages = MapWrites(), {"plan_ms": 0.0, "write_ms": 0.0}
-        todo: list[tuple[ServicePort, tuple[KeyedFrontend, ...], Waiting | None]] = []
+        todo: list[tuple[ServicePort, tuple[KeyedFrontend, ...], ServicePort | None]] = []
         done = 0  # the ports of the rounds written or being written
         writer: ThreadPoolExecutor | None = None
         in_flight: Future | None = None
@@ -224,15 +236,15 @@ class ServiceProgrammer:
             else:
                 # Ports still waiting from earlier change sets, retried after
                 # these (a full change set lists every port there is).
-                todo += [(earlier.port, keyed_frontends(earlier.port), earlier)
+                todo += [(earlier, keyed_frontends(earlier), earlier)
                          for earlier in sorted(waiting.values(),
-                                               key=lambda w: w.port.name.sort_key())]
+                                               key=lambda w: w.name.sort_key())]
             if len(todo) > self._round_ports:
                 writer = ThreadPoolExecutor(1, thread_name_prefix="kpng-map-writer")
             while True:
                 for port, keyed, earlier in todo[done:done + self._round_ports]:
                     self._program_port(port, frontends_of(port, keyed), writes,
-                                       _reported(earlier, port))
+                                       reported=earlier == port)
                 flushing = time.perf_counter()
                 stages["plan_ms"] += (flushing - started) * 1000
                 planned = self._take_round(writes)
@@ -248,8 +260,10 @@ class ServiceProgrammer:
                 stages["write_ms"] += (started - flushing) * 1000
                 if done == len(todo):
                     break
-        except OSError:
-            self._recover_after_failed_write(earlier for _, _, earlier in todo[done:])
+        except (OSError, FrontendClaimedTwice):
+            if in_flight is not None:
+                wait([in_flight])  # the maps are read once the round being written has ended
+            self._recover_after_failure(earlier for _, _, earlier in todo[done:])
             raise
         finally:
             if writer is not None:
@@ -259,9 +273,9 @@ class ServiceProgrammer:
         self._endpoint_id_pool.settle()
         return writes
 
-    def _recover_after_failed_write(self, not_retried: Iterable[Waiting | None]) -> None:
-        """Re-read the maps; who owns which frontend and what was already
-        reported stay known (the maps cannot say), for the ports the change
+    def _recover_after_failure(self, not_retried: Iterable[ServicePort | None]) -> None:
+        """Re-read the maps; who owns which frontend and which ports wait
+        for room stay known (the maps cannot say), for the ports the change
         set did not reach too."""
         owners, waiting = self._owners, self._waiting
         self._recover()
@@ -269,14 +283,14 @@ class ServiceProgrammer:
         self._waiting = waiting
         for earlier in not_retried:
             if earlier is not None:
-                self._waiting.setdefault(earlier.port.name, earlier)
+                self._waiting.setdefault(earlier.name, earlier)
 
     def _plan_full(self, todo: Sequence[tuple[ServicePort, tuple[KeyedFrontend, ...], object]],
                    writes: MapWrites) -> None:
         claims = {(frontend, port.name) for port, keyed, _ in todo for frontend in keyed}
         wanted = {frontend for frontend, _ in claims}
-        # An owner keeps its frontend through a full change set (a reconnect)
-        # while it still claims it: no churn, whatever the order of claimants.
+        # The owners a full change set no longer names let go of their
+        # frontends (the state handed them over); those it names keep them.
         self._owners = {f: owner for f, owner in self._owners.items() if (f, owner) in claims}
         for frontend in [f for f in self._frontends if f not in wanted]:
             self._remove_frontend(frontend, writes)
@@ -304,8 +318,8 @@ class ServiceProgrammer:
                      writes: MapWrites) -> None:
         self._waiting.pop(port.name, None)
         for frontend in set(keyed_frontends(port)) - set(keep):
-            # Unowned: recovered from the maps, not yet claimed by a full change set.
-            if frontend in self._frontends and self._owners.get(frontend, port.name) == port.name:
+            if frontend in self._frontends:
+                self._check_owner(frontend, port.name)
                 self._remove_frontend(frontend, writes)
 
     def _remove_frontend(self, frontend: KeyedFrontend, writes: MapWrites) -> None:
@@ -341,37 +355,28 @@ class ServiceProgrammer:
                 writes.removed_udp.add((frontend_id, HostPort.of_packed(target)))
 
     def _program_port(self, port: ServicePort, specs: FrontendSpecs, writes: MapWrites,
-                      reported: frozenset) -> None:
-        """Program the frontends of a service port. A frontend that another
-        service port owns stays with its owner (`frontend-conflict`; the
-        state model already decides so, this is the datapath's own guard).
-        When the rest does not fit the maps (`capacity`), what the port had
-        stays programmed, untouched, but for frontends whose affinity group
-        lost its leader (`_drop_orphaned_members`). Either way the port waits, retried with
-        every later change set, and each problem is reported once per
-        version of the port."""
-        problems: list[tuple[SkipReason, KeyedFrontend | None, str]] = []
-        fitting: FrontendSpecs = {}
-        for frontend, spec in specs.items():
-            owner = self._owners.get(frontend, port.name)
-            if owner == port.name:
-                fitting[frontend] = spec
-            else:
-                problems.append((SkipReason.FRONTEND_CONFLICT, frontend,
-                                 f"frontend {frontend} is already programmed for service port "
-                                 f"{owner}, which keeps it"))
-        groups = self._affinity_groups(fitting)
-        if not problems and self._as_programmed(fitting, groups):
-            for frontend in fitting:
+                      reported: bool) -> None:
+        """Program the frontends of a service port, which the change set gives
+        it (FrontendClaimedTwice when another port owns one). When they do
+        not fit the maps (`capacity`), what the port had stays programmed,
+        untouched, but for frontends whose affinity group lost its leader
+        (`_drop_orphaned_members`); the port waits, retried with every later
+        change set, and the problem is reported once per version of the port
+        (`reported`: already, for this version)."""
+        for frontend in specs:
+            self._check_owner(frontend, port.name)
+        groups = self._affinity_groups(specs)
+        if self._as_programmed(specs, groups):
+            for frontend in specs:
                 self._claim(frontend, port.name, writes)
             return
         known = {frontend: self._known_endpoints(frontend, self._frontends[frontend])
-                 for frontend in fitting if frontend in self._frontends}
-        no_room = self._capacity_problem(fitting, groups, known)
+                 for frontend in specs if frontend in self._frontends}
+        no_room = self._capacity_problem(specs, groups, known)
         if no_room:
-            self._drop_orphaned_members(fitting, writes)
+            self._drop_orphaned_members(specs, writes)
         new_leaders: dict[int, int] = {}  # IP version -> the new group's frontend id
-        for frontend, spec in fitting.items():
+        for frontend, spec in specs.items():
             if not no_room:
                 version = frontend.ip_version
                 group = groups[frontend]
@@ -385,19 +390,20 @@ class ServiceProgrammer:
                 self._drop_unnamed(frontend, {}, writes)
             if frontend in self._frontends:  # programmed now, or kept as it was
                 self._claim(frontend, port.name, writes)
-        if no_room:
-            kept = any(frontend in self._frontends for frontend in fitting)
-            problems.append((SkipReason.CAPACITY, None, no_room + (
-                "; its previous version stays programmed" if kept else "")))
-        if not problems:
+        if not no_room:
             return
-        for reason, problem_frontend, detail in problems:
-            if (reason, problem_frontend) not in reported:
-                self._skips.skip(reason, f"service port {port.name}", detail)
-        reasons = {reason for reason, _, _ in problems}
-        self._waiting[port.name] = Waiting(port, reported | {
-            (reason, frontend) for reason, frontend, _ in problems},
-            SkipReason.CAPACITY if SkipReason.CAPACITY in reasons else SkipReason.FRONTEND_CONFLICT)
+        if not reported:
+            kept = any(frontend in self._frontends for frontend in specs)
+            self._skips.skip(SkipReason.CAPACITY, f"service port {port.name}", no_room + (
+                "; its previous version stays programmed" if kept else ""))
+        self._waiting[port.name] = port
+
+    def _check_owner(self, frontend: KeyedFrontend, name: ServicePortName) -> None:
+        """`name` may program or remove `frontend` unless another service port
+        owns it: the state gave it to one (FrontendClaimedTwice otherwise)."""
+        owner = self._owners.get(frontend)
+        if owner is not None and owner != name:
+            raise FrontendClaimedTwice(frontend, owner, name)
 
     def _claim(self, frontend: KeyedFrontend, name: ServicePortName, writes: MapWrites) -> None:
         """`name` owns the programmed frontend (its frontend id is named so)."""
@@ -588,8 +594,3 @@ class ServiceProgrammer:
         endpoints.delete_packed(planned.orphan_endpoints)
         log.debug("maps written", extra=fields(**planned.counts))
 
-
-def _reported(earlier: Waiting | None, port: ServicePort) -> frozenset:
-    """What was already reported for this version of a port (nothing for a
-    new version: it is a new input)."""
-    return earlier.reported if earlier is not None and earlier.port == port else frozenset()

@@ -1,5 +1,6 @@
 """Map programming against the real kernel maps (no traffic): no-gap writes,
-no stale entries, stable ids across restarts, full maps, conflicts."""
+no stale entries, stable ids across restarts, full maps, a frontend given to
+two service ports refused."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from backends.ebpf.maps.contents import KeyedFrontend
 from backends.ebpf.maps.libbpf import BpfMap
 from backends.ebpf.datapath.loader import Datapath
 from backends.ebpf.maps.layout import ServiceValue
+from backends.ebpf.programmer.service_programmer import FrontendClaimedTwice
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import Frontend, ServicePortChanges, Protocol
+from kpng_py.model import Frontend, ServicePortChanges, Protocol, format_host_port
+from lab.socket_lab import backend_ip
 from tests.ebpf.helpers import added, loaded, programmer, removed, service_port, updated
 
 pytestmark = pytest.mark.kernel
@@ -166,70 +169,42 @@ def test_an_incremental_change_writes_only_what_changed(datapath: Datapath) -> N
     p.apply(ServicePortChanges(full=True))
 
 
-def test_a_frontend_claimed_twice_stays_with_its_owner(datapath: Datapath) -> None:
-    """The state model never gives two service ports one frontend; the
-    programmer guards the maps all the same, with the same policy."""
-    metrics = Metrics()
-    first = service_port("first", ["10.96.6.1"], 80, backends=[1], families=(4,))
-    second = service_port("second", ["10.96.6.1"], 80, backends=[2], families=(4,))
-    p = programmer(datapath, metrics)
-    p.apply(added(first, second))
-    master = frontend_entries(datapath, "10.96.6.1", 80)[0]
-    assert list(endpoints_of(datapath, master[0]).values()) == ["10.244.0.2:8080"]
-    assert skipped(metrics, "frontend-conflict") == 1
-    # When the owner goes, the waiting one takes over.
-    p.apply(removed(first))
-    master = frontend_entries(datapath, "10.96.6.1", 80)[0]
-    assert list(endpoints_of(datapath, master[0]).values()) == ["10.244.0.3:8080"]
-    assert skipped(metrics, "frontend-conflict") == 1
-    p.apply(ServicePortChanges(full=True))
-
-
-def test_a_full_change_set_keeps_the_owner_and_reports_nothing_again(
-        datapath: Datapath) -> None:
-    """A reconnect's full state lists the claimant before the owner (name
-    order): the owner keeps its frontend, and the conflict, already
-    reported, is not reported again."""
-    metrics = Metrics()
-    owner = service_port("b-owner", ["10.96.6.3"], 80, backends=[1], families=(4,))
-    claimant = service_port("a-claimant", ["10.96.6.3"], 80, backends=[2], families=(4,))
-    p = programmer(datapath, metrics)
-    p.apply(added(owner))
-    p.apply(added(claimant))
-    before = frontend_entries(datapath, "10.96.6.3", 80)
-    p.apply(ServicePortChanges(added=(claimant, owner), full=True))
-    assert frontend_entries(datapath, "10.96.6.3", 80) == before
-    assert list(endpoints_of(datapath, before[0][0]).values()) == ["10.244.0.2:8080"]
-    assert skipped(metrics, "frontend-conflict") == 1
-    p.apply(ServicePortChanges(full=True))
-
-
 @pytest.mark.parametrize("owned, intruding", [
+    ("10.96.6.1", "10.96.6.1"),
     ("10.96.6.4", "::ffff:10.96.6.4"),
     ("fd00:96::6:5", "fd00:96::6:5%b"),
     ("fd00:96::6:6%a", "fd00:96::6:6%b"),
 ])
-def test_one_map_key_is_one_frontend_however_its_address_is_spelt(
+def test_a_frontend_given_to_a_second_service_port_is_refused_however_it_is_spelt(
         datapath: Datapath, owned: str, intruding: str) -> None:
-    """Two spellings of one 16-byte key are one frontend: the second claim
-    writes nothing, and its removal leaves the owner's entries alone."""
-    metrics = Metrics()
+    """Two spellings of one 16-byte key are one frontend. The state gives
+    each frontend one owner (and refuses the other spellings): a change set
+    that gives an owned frontend to another service port raises, naming
+    both, and writes nothing; the owner's entries stay. Once the owner lets
+    go, the other takes it."""
     owner = service_port("spelt-owner", [owned], 80, backends=[1])
     intruder = service_port("spelt-intruder", [intruding], 80, backends=[2])
-    p = programmer(datapath, metrics)
+    p = programmer(datapath)
     p.apply(added(owner))
-    canonical = str(ipaddress.ip_address(owned.split("%")[0]))
-    before = frontend_entries(datapath, canonical, 80)
-    backends = endpoints_of(datapath, before[0][0])
-    recording = RecordingMap(datapath.maps[maps.SERVICES.pin])
-    p._services = recording
+    canonical = ipaddress.ip_address(owned.split("%")[0])
+    before = frontend_entries(datapath, str(canonical), 80)
+    endpoints = endpoints_of(datapath, before[0][0])
+    pins = (maps.SERVICES.pin, maps.ENDPOINTS.pin)
+    recording = [RecordingMap(datapath.maps[pin]) for pin in pins]
+    p._services, p._endpoints_map = recording
+    with pytest.raises(FrontendClaimedTwice,
+                       match="default/spelt-intruder while service port default/spelt-owner"):
+        p.apply(added(intruder))
+    assert [written.touched for written in recording] == [[], []]
+    assert frontend_entries(datapath, str(canonical), 80) == before
+    assert endpoints_of(datapath, before[0][0]) == endpoints
+    p._services, p._endpoints_map = (datapath.maps[pin] for pin in pins)
+    p.apply(removed(owner))
     p.apply(added(intruder))
-    assert recording.touched == []
-    assert skipped(metrics, "frontend-conflict") == 1
-    p.apply(removed(intruder))
-    assert frontend_entries(datapath, canonical, 80) == before
-    assert endpoints_of(datapath, before[0][0]) == backends
-    p._services = datapath.maps[maps.SERVICES.pin]
+    after = frontend_entries(datapath, str(canonical), 80)
+    assert list(endpoints_of(datapath, after[0][0]).values()) == [
+        format_host_port(backend_ip(2, ipaddress.ip_address(intruding.split("%")[0]).version),
+                         8080)]
     p.apply(ServicePortChanges(full=True))
 
 
