@@ -135,7 +135,7 @@ class Frontend:
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """One backend address for one service port, with the brain's view flags.
+    """One endpoint address for one service port, with the brain's view flags.
 
     `internal`/`external` are KPNG's EndpointScopes: ClusterIP traffic may use
     only endpoints with `internal`; NodePort/LoadBalancer traffic only those

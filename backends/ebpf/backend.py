@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
 
 from backends.ebpf.maps import counters
 from backends.ebpf.maps import layout as maps
-from backends.ebpf.maps import service_id_maps
+from backends.ebpf.maps import id_maps
 from backends.ebpf.datapath.loader import Datapath, DatapathConfig, mount_holding
 from backends.ebpf.maps.node_addresses import AddressFollower, FollowerFactory, NodeAddressMap
-from backends.ebpf.programmer import Capacity, MapWrites, ServiceProgrammer
+from backends.ebpf.programmer.service_programmer import Capacity, MapWrites, ServiceProgrammer
 from backends.ebpf.stale_udp import StaleUdpTerminator
 from backends.ebpf.maps.usage import CachedCount
 from kpng_py.dataplane.contract import BackendSetupError, DataplaneHealth
@@ -104,7 +104,7 @@ class EbpfBackend:
         self._check = RetryTimer(self._check_datapath, name="datapath-check")
         self._collector = ServiceCountersCollector(
             self._counts_per_service_port,
-            self._counts_per_endpoint if config.backend_counters else None)
+            self._counts_per_endpoint if config.endpoint_counters else None)
 
     def use_health(self, health: DataplaneHealth) -> None:
         """What /healthz says, for the healthCheckNodePort answers, and told
@@ -116,7 +116,7 @@ class EbpfBackend:
         self._datapath = Datapath.load(self._config)
         self._metrics.registry.register(self._collector)  # unregistered with the datapath
         services = self._datapath.maps[maps.SERVICES.pin]
-        backends = self._datapath.maps[maps.BACKENDS.pin]
+        endpoints = self._datapath.maps[maps.ENDPOINTS.pin]
         config = self._datapath.config  # with its paths resolved: use no other
         self._terminator = StaleUdpTerminator(
             config.cgroup, self._datapath.maps[maps.REVERSE_NAT.pin],
@@ -124,14 +124,14 @@ class EbpfBackend:
         for spec in maps.MAP_SPECS:
             self._metrics.map_capacity.labels(spec.pin).set(
                 self._datapath.maps[spec.pin].info().max_entries)
-        for spec in (maps.SERVICES, maps.BACKENDS, maps.NODE_ADDRESSES,
+        for spec in (maps.SERVICES, maps.ENDPOINTS, maps.NODE_ADDRESSES,
                      maps.SERVICE_NAMES):  # written here
             self._metrics.map_writes.labels(spec.pin)
         for part in (*DATAPATH_PARTS, *((NETFILTER_PART,) if self._netfilter else ())):
             self._metrics.datapath_missing.labels(part).set(0)
             self._metrics.datapath_restored.labels(part)
         # Made by the datapath, or not counted by the programmer: walked.
-        for spec in (maps.REVERSE_NAT, maps.AFFINITY, maps.COUNTERS, maps.BACKEND_COUNTERS,
+        for spec in (maps.REVERSE_NAT, maps.AFFINITY, maps.COUNTERS, maps.ENDPOINT_COUNTERS,
                      maps.SERVICE_NAMES):
             self._metrics.map_entries.labels(spec.pin).set_function(
                 CachedCount(self._datapath.maps[spec.pin].count))
@@ -141,8 +141,8 @@ class EbpfBackend:
         self._node_addresses = NodeAddressMap(self._datapath.maps[maps.NODE_ADDRESSES.pin])
         self._follow_node_addresses()
         self._programmer = ServiceProgrammer(
-            services, backends,
-            Capacity(services.info().max_entries, backends.info().max_entries), self._skips)
+            services, endpoints,
+            Capacity(services.info().max_entries, endpoints.info().max_entries), self._skips)
         log.info("eBPF datapath loaded", extra=fields(
             bpffs_dir=config.bpffs_dir, cgroup=config.cgroup,
             nodeport_addresses=str(self._nodeport_addresses),
@@ -217,7 +217,7 @@ class EbpfBackend:
             self._check.arm(self._check_seconds)
         if writes.removed_udp:
             self._terminate_stale_udp(terminator, writes.removed_udp)
-        self._follow_service_ids(datapath, programmer, writes, changes.full)
+        self._follow_frontend_ids(datapath, programmer, writes, changes.full)
         if self._netfilter is not None:
             self._netfilter.apply(changes)
         self._health_checks.apply(changes)
@@ -271,34 +271,34 @@ class EbpfBackend:
             self._health.dataplane_complete()
         log.info("the eBPF datapath is whole again", extra=fields(restored=summary))
 
-    def _follow_service_ids(self, datapath: Datapath, programmer: ServiceProgrammer,
-                            writes: MapWrites, full: bool) -> None:
-        """Names and counters follow the frontends' service ids
-        (service_id_maps): a full change set writes every name and deletes
+    def _follow_frontend_ids(self, datapath: Datapath, programmer: ServiceProgrammer,
+                             writes: MapWrites, full: bool) -> None:
+        """Names and counters follow the frontends' ids
+        (id_maps): a full change set writes every name and deletes
         what no frontend has, a partial one only what it changed. The
         datapath does not read them: a failure is logged and counted, and
         the next full change set repairs both."""
-        names, counter_map, backend_counters = (datapath.maps[maps.SERVICE_NAMES.pin],
-                                                datapath.maps[maps.COUNTERS.pin],
-                                                datapath.maps[maps.BACKEND_COUNTERS.pin])
+        names, counter_map, endpoint_counters = (datapath.maps[maps.SERVICE_NAMES.pin],
+                                                 datapath.maps[maps.COUNTERS.pin],
+                                                 datapath.maps[maps.ENDPOINT_COUNTERS.pin])
         try:
             for bpf_map in (names, counter_map):
-                service_id_maps.forget(bpf_map, writes.released_service_ids)
-            service_id_maps.forget(backend_counters, writes.released_backend_ids)
+                id_maps.forget(bpf_map, writes.released_frontend_ids)
+            id_maps.forget(endpoint_counters, writes.released_endpoint_ids)
             if full:
                 owners = programmer.service_port_of_ids()
                 for bpf_map in (names, counter_map):
-                    service_id_maps.keep_only(bpf_map, owners.keys())
-                service_id_maps.keep_only(backend_counters, programmer.backend_ids())
-                named = [(service_id, name) for service_id, name in owners.items() if name]
+                    id_maps.keep_only(bpf_map, owners.keys())
+                id_maps.keep_only(endpoint_counters, programmer.endpoint_ids())
+                named = [(frontend_id, name) for frontend_id, name in owners.items() if name]
             else:
-                named = writes.named_service_ids
-            written = service_id_maps.write_names(names, named)
+                named = writes.named_frontend_ids
+            written = id_maps.write_names(names, named)
             self._metrics.map_writes.labels(maps.SERVICE_NAMES.pin).inc(
-                written + len(writes.released_service_ids))
+                written + len(writes.released_frontend_ids))
         except OSError as err:
             self._metrics.dataplane_errors.labels("service-ids").inc()
-            log.error("cannot write the names or delete the counters of service ids; the next "
+            log.error("cannot write the names or delete the counters of frontend ids; the next "
                       "full change set tries again", extra=fields(error=err))
 
     def _counts_per_service_port(self) -> dict[ServicePortName, ServiceCounts]:
@@ -310,8 +310,8 @@ class EbpfBackend:
     def _counts_per_endpoint(self) -> dict[tuple[ServicePortName, str], int]:
         """With --endpoint-counters, at a scrape: per (service port, endpoint)."""
         return self._scraped(lambda datapath, programmer: counters.per_endpoint(
-            counters.read_backend_counts(datapath.maps[maps.BACKEND_COUNTERS.pin]),
-            programmer.backend_targets(), programmer.service_port_of_ids()))
+            counters.read_endpoint_counts(datapath.maps[maps.ENDPOINT_COUNTERS.pin]),
+            programmer.endpoint_targets(), programmer.service_port_of_ids()))
 
     def _scraped(self, read: Callable[[Datapath, ServiceProgrammer], dict[K, V]]) -> dict[K, V]:
         """`read` of the datapath and the programmer, between two applies
@@ -325,8 +325,9 @@ class EbpfBackend:
         return self._programmer.last_stages if self._programmer is not None else {}
 
     def not_programmed(self) -> Mapping[str, int]:
-        """The service ports waiting for room in the maps (capacity) or for a
-        frontend another port holds (frontend-conflict)."""
+        """The service ports waiting for room in the maps (capacity). Which
+        port owns a frontend is the state's to decide, and counts there
+        (frontend-conflict)."""
         with self._lock:
             if self._programmer is None:
                 return {}
@@ -343,13 +344,13 @@ class EbpfBackend:
 
     def _publish_entries(self, programmer: ServiceProgrammer) -> None:
         self._metrics.map_entries.labels(maps.SERVICES.pin).set(programmer.service_entries)
-        self._metrics.map_entries.labels(maps.BACKENDS.pin).set(programmer.backend_entries)
+        self._metrics.map_entries.labels(maps.ENDPOINTS.pin).set(programmer.endpoint_entries)
 
     def _terminate_stale_udp(self, terminator: StaleUdpTerminator, removed_udp: set) -> None:
         destroyed = terminator.terminate(removed_udp)  # counts and warns its own failures
         if destroyed:
-            log.info("terminated connected UDP sockets of removed backends",
-                     extra=fields(sockets=destroyed, backends=len(removed_udp)))
+            log.info("terminated connected UDP sockets of removed endpoints",
+                     extra=fields(sockets=destroyed, endpoints=len(removed_udp)))
 
     def close(self) -> None:
         self._check.close()  # outside the lock: a check in progress holds it

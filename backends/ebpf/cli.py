@@ -94,7 +94,7 @@ def create(args: argparse.Namespace, metrics: Metrics) -> Backend:
         bpffs_dir=args.bpffs_dir,
         cgroup=args.cgroup or default_cgroup(),
         map_sizes={spec.pin: getattr(args, f"map_size_{spec.pin}") for spec in SIZED_SPECS},
-        backend_counters=args.endpoint_counters)
+        endpoint_counters=args.endpoint_counters)
     skips = Skips(metrics)
     netfilter = None
     if args.nodeport_netfilter:

@@ -1,15 +1,15 @@
-"""Terminate connected UDP sockets whose backend was removed
+"""Terminate connected UDP sockets whose endpoint was removed
 (docs/spec/service-behaviours.md, S9: the socket-level counterpart of
 kube-proxy's UDP conntrack flush).
 
 A connected UDP socket went through connect4/6 once and keeps sending to the
-backend chosen then, even after that backend left the service. We find such
+endpoint chosen then, even after that endpoint left the service. We find such
 sockets and destroy them with sock_diag SOCK_DESTROY (what `ss -K` does): the
-application gets ECONNABORTED and reconnects, which picks a live backend.
+application gets ECONNABORTED and reconnects, which picks a live endpoint.
 
 Which sockets: the network namespaces of the processes in the attached cgroup
 (and its descendants), deduplicated; in each, connected UDP sockets whose peer
-is a removed backend and whose reverse-NAT entry says they reached it through
+is a removed endpoint and whose reverse-NAT entry says they reached it through
 the service that lost it. Sockets an application pointed at a pod IP itself,
 or that reached the same endpoint through another service, are left alone.
 
@@ -159,7 +159,7 @@ class Failures(Protocol):
 
 
 class StaleUdpTerminator:
-    """Destroys connected UDP sockets of the cgroup whose backend is gone.
+    """Destroys connected UDP sockets of the cgroup whose endpoint is gone.
 
     A namespace that cannot be checked (its pod is going away, or a security
     module refuses) is usually refused again with every following change set:
@@ -176,12 +176,12 @@ class StaleUdpTerminator:
         self._failing: set[tuple[int, int]] = set()  # namespaces warned about
 
     def terminate(self, removed: Iterable[tuple[int, HostPort]]) -> int:
-        """Destroy the sockets that reached a removed (service id, backend)
+        """Destroy the sockets that reached a removed (frontend id, endpoint)
         pair; returns how many."""
-        by_backend: dict[HostPort, set[int]] = {}
-        for service_id, backend in removed:
-            by_backend.setdefault(backend, set()).add(service_id)
-        if not by_backend:
+        by_endpoint: dict[HostPort, set[int]] = {}
+        for frontend_id, endpoint in removed:
+            by_endpoint.setdefault(endpoint, set()).add(frontend_id)
+        if not by_endpoint:
             return 0
         destroyed = 0
         namespaces = namespaces_of_cgroup(self._cgroup)
@@ -189,7 +189,7 @@ class StaleUdpTerminator:
         for key, netns in namespaces.items():
             try:
                 with self._open_socket(netns) as sock:
-                    destroyed += self._terminate_in(sock, by_backend)
+                    destroyed += self._terminate_in(sock, by_endpoint)
             except OSError as err:  # the namespace went away, or no permission
                 self._failed(key, netns, err)
             else:
@@ -205,10 +205,10 @@ class StaleUdpTerminator:
                     "kpng_py_dataplane_errors{kind=\"udp-socket-termination\"}, not warned "
                     "again until it can be checked", extra=fields(netns=netns, error=err))
 
-    def _terminate_in(self, sock: socket.socket, by_backend: dict[HostPort, set[int]]) -> int:
+    def _terminate_in(self, sock: socket.socket, by_endpoint: dict[HostPort, set[int]]) -> int:
         stale = [s for s in connected_udp_sockets(sock)
-                 if s.peer in by_backend and self._reached_through(s, by_backend[s.peer])]
+                 if s.peer in by_endpoint and self._reached_through(s, by_endpoint[s.peer])]
         return sum(destroy(sock, s) for s in stale)
 
-    def _reached_through(self, target: ConnectedSocket, service_ids: set[int]) -> bool:
-        return reached_through(self._reverse_nat, target.cookie, target.peer) in service_ids
+    def _reached_through(self, target: ConnectedSocket, frontend_ids: set[int]) -> bool:
+        return reached_through(self._reverse_nat, target.cookie, target.peer) in frontend_ids

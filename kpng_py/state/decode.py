@@ -1,4 +1,4 @@
-"""localv1 bytes -> validated records.
+"""localv1 bytes -> validated, decoded values.
 
 Decoding happens once per distinct value (the state store compares raw bytes
 first), so each problem is reported once per version of the object. A value
@@ -42,7 +42,7 @@ _NODE_PORT_TYPES = frozenset({"NodePort", "LoadBalancer"})
 
 
 @dataclass(frozen=True)
-class ServiceRecord:
+class DecodedService:
     """A decoded Service: its programmable ports (without endpoints yet)."""
 
     namespace: str
@@ -64,7 +64,7 @@ class EndpointTail(NamedTuple):
     scopes: tuple[bool, bool] | None
 
 
-class EndpointRecord(NamedTuple):
+class DecodedEndpoint(NamedTuple):
     """A decoded Endpoint of one service. Its addresses are packed
     (`packed_address`, PACKED_ADDRESS_SIZE bytes each), its tail shared with
     the service's other endpoints."""
@@ -314,7 +314,7 @@ def _affinity_timeout(svc: localv1.Service, owner: str, skips: Skips) -> int:
     return timeout
 
 
-def decode_service(path: str, data: bytes, skips: Skips, limits: Limits) -> ServiceRecord | None:
+def decode_service(path: str, data: bytes, skips: Skips, limits: Limits) -> DecodedService | None:
     names = split_service_path(path)
     if names is None:
         skips.skip(SkipReason.BAD_PATH, f"service {path!r}", "path is not <namespace>/<name>")
@@ -332,20 +332,20 @@ def decode_service(path: str, data: bytes, skips: Skips, limits: Limits) -> Serv
                    "its previous version, if any, stays in force (raise --max-service-ports)")
         return None
 
-    record = ServiceRecord(namespace, name, (), svc.InternalTrafficToLocal,
-                           svc.ExternalTrafficToLocal)
+    decoded = DecodedService(namespace, name, (), svc.InternalTrafficToLocal,
+                             svc.ExternalTrafficToLocal)
     if svc.Type == "ExternalName":
         skips.skip(SkipReason.EXTERNAL_NAME, owner, "ExternalName services are resolved by DNS")
-        return record
+        return decoded
     if svc.IPs.Headless:
         skips.skip(SkipReason.HEADLESS, owner, "headless services have no ClusterIP")
-        return record
+        return decoded
     cluster_ips = _cluster_ips(svc.IPs.ClusterIPs, owner, skips)
     if not cluster_ips:
         # ClusterIPs that were listed but bad have had their line already.
         if not (svc.IPs.ClusterIPs.V4 or svc.IPs.ClusterIPs.V6):
             skips.skip(SkipReason.NO_CLUSTER_IP, owner, "no ClusterIP")
-        return record
+        return decoded
 
     common = dict(
         type=svc.Type or "ClusterIP",
@@ -370,8 +370,8 @@ def decode_service(path: str, data: bytes, skips: Skips, limits: Limits) -> Serv
                        "name and protocol")
             continue
         ports[port.name] = port
-    return ServiceRecord(namespace, name, tuple(ports.values()), svc.InternalTrafficToLocal,
-                         svc.ExternalTrafficToLocal)
+    return DecodedService(namespace, name, tuple(ports.values()), svc.InternalTrafficToLocal,
+                          svc.ExternalTrafficToLocal)
 
 
 def _decode_port(namespace: str, name: str, mapping: localv1.PortMapping, common: dict,
@@ -404,12 +404,12 @@ def _decode_port(namespace: str, name: str, mapping: localv1.PortMapping, common
     )
 
 
-def fast_endpoint(data: bytes, tails: EndpointTails) -> EndpointRecord | None:
-    """The record of an endpoint whose bytes after its IPs were decoded
+def fast_endpoint(data: bytes, tails: EndpointTails) -> DecodedEndpoint | None:
+    """The decoded value of an endpoint whose bytes after its IPs were decoded
     before (and needed no skip) and whose IPs are ordinary IPv4 addresses
     (`_ordinary_v4`), decoded without protobuf; None for any other, which
     `decode_endpoint` decodes and checks. What it returns needs no report:
-    the same bytes decode to the same record every time. A full sync reads
+    the same bytes decode to the same value every time. A full sync reads
     each endpoint through here twice (staged, then computed), most of them
     with one address: that case is read without a loop."""
     end = _ips_end(data)
@@ -422,11 +422,11 @@ def fast_endpoint(data: bytes, tails: EndpointTails) -> EndpointRecord | None:
         addresses = _ordinary_v4_entry(data[4:end])
     else:
         addresses = _ordinary_v4(data[2:end])
-    return None if addresses is None else EndpointRecord(addresses, tail, data)
+    return None if addresses is None else DecodedEndpoint(addresses, tail, data)
 
 
 def decode_endpoint(service_path: str, key: str, data: bytes, skips: Skips,
-                    tails: EndpointTails | None = None) -> EndpointRecord | None:
+                    tails: EndpointTails | None = None) -> DecodedEndpoint | None:
     """With `tails`, an endpoint whose bytes after its IPs were decoded
     before (and needed no skip) decodes only its IPs and shares the rest."""
     fast = fast_endpoint(data, tails) if tails is not None else None
@@ -456,7 +456,7 @@ def decode_endpoint(service_path: str, key: str, data: bytes, skips: Skips,
     ips = parse_ips(v4, 4, owner, skips)
     if v6:
         ips += parse_ips(v6, 6, owner, skips)
-    return EndpointRecord(b"".join(map(packed_address, ips)), tail, data)
+    return DecodedEndpoint(b"".join(map(packed_address, ips)), tail, data)
 
 
 def _ips_with_known_tail(parts: tuple[bytes, bytes] | None, tails: EndpointTails | None

@@ -25,9 +25,9 @@ from typing import Iterable, NamedTuple
 
 from kpng_py.api import localv1
 from kpng_py.state.decode import (
-    EndpointRecord,
+    DecodedEndpoint,
     EndpointTails,
-    ServiceRecord,
+    DecodedService,
     decode_endpoint,
     decode_service,
     fast_endpoint,
@@ -70,16 +70,16 @@ class _Undecodable(NamedTuple):
 # An endpoint's value as the state keeps it: the bytes alone when
 # `fast_endpoint` decodes them (most endpoints of a full sync: decoded again,
 # as fast, when their service is computed, so that they cost no objects in
-# between), else the record decoded from them.
-_StoredEndpoint = bytes | EndpointRecord | _Undecodable
+# between), else the value decoded from them.
+_StoredEndpoint = bytes | DecodedEndpoint | _Undecodable
 
 
 @dataclass(slots=True)
-class _ServiceEntry:
+class _TrackedService:
     """Everything known about one service path (`namespace/name`)."""
 
     raw: bytes | None = None
-    record: ServiceRecord | None = None
+    decoded: DecodedService | None = None
     # endpoint key -> its value (which holds the bytes it came in)
     endpoints: dict[str, _StoredEndpoint] = field(default_factory=dict)
     # The version in force: the service's ports with their endpoints and
@@ -138,7 +138,7 @@ class NodeState:
         # Services refused for --max-endpoints, with the endpoints their new
         # version holds: tried again when that much room is made.
         self._over_node_limit: dict[str, int] = {}
-        self._services: dict[str, _ServiceEntry] = {}
+        self._services: dict[str, _TrackedService] = {}
         self._dirty: set[str] = set()
         self._counts = _Counts()
         # Refs (set, path) re-sent since a Reset; None outside a resync.
@@ -235,11 +235,11 @@ class NodeState:
         entry = self._services.get(path)
         if entry is not None and entry.raw == data:
             return True
-        record = decode_service(path, data, self._skips, self._limits)
-        if record is None:
+        decoded = decode_service(path, data, self._skips, self._limits)
+        if decoded is None:
             return False
-        entry = self._services.setdefault(path, _ServiceEntry())
-        entry.raw, entry.record = data, record
+        entry = self._services.setdefault(path, _TrackedService())
+        entry.raw, entry.decoded = data, decoded
         entry.new_version()
         self._touch(path, services=1)
         return True
@@ -259,12 +259,12 @@ class NodeState:
             return True
         stored: _StoredEndpoint = data
         if fast_endpoint(data, self._tails) is None:
-            record = decode_endpoint(service_path, key, data, self._skips, self._tails)
-            if record is None and previous is not None:
+            decoded = decode_endpoint(service_path, key, data, self._skips, self._tails)
+            if decoded is None and previous is not None:
                 return False
-            stored = _Undecodable(data) if record is None else record
+            stored = _Undecodable(data) if decoded is None else decoded
         if entry is None:
-            entry = self._services[service_path] = _ServiceEntry()
+            entry = self._services[service_path] = _TrackedService()
         entry.endpoints[key] = stored
         entry.forget_reports(key)
         self._touch(service_path, endpoints=1)
@@ -276,7 +276,7 @@ class NodeState:
         if ref_set == _SERVICES:
             entry = self._services.get(path)
             if entry is not None and entry.raw is not None:
-                entry.raw, entry.record = None, None
+                entry.raw, entry.decoded = None, None
                 self._touch(path, services=1)
                 return
         elif ref_set == _ENDPOINTS:
@@ -343,9 +343,9 @@ class NodeState:
         if entry is not None:
             if len(entry.published) < len(entry.claiming):
                 counts[SkipReason.FRONTEND_CONFLICT] = len(entry.claiming) - len(entry.published)
-            if entry.record is not None and entry.record.ports and not entry.claiming:
+            if entry.decoded is not None and entry.decoded.ports and not entry.claiming:
                 # Computed ports are always put in force but for a limit.
-                counts[SkipReason.LIMIT] = len(entry.record.ports)
+                counts[SkipReason.LIMIT] = len(entry.decoded.ports)
         if counts:
             self._unpublished[path] = counts
         else:
@@ -465,50 +465,50 @@ class NodeState:
                 del entry.endpoints[key]
                 self._touch(path, endpoints=1)
             if entry.raw is not None and (_SERVICES, path) not in seen:
-                entry.raw, entry.record = None, None
+                entry.raw, entry.decoded = None, None
                 self._touch(path, services=1)
 
-    def _compute_ports(self, entry: _ServiceEntry) -> dict[ServicePortName, ServicePort] | None:
+    def _compute_ports(self, entry: _TrackedService) -> dict[ServicePortName, ServicePort] | None:
         """The service's ports with their endpoints; None (reported once) when
         that would be over --max-service-endpoints, checked before any
         endpoint is resolved."""
-        record = entry.record
-        if record is None:
+        decoded = entry.decoded
+        if decoded is None:
             return {}
-        endpoints = self._records(f"{record.namespace}/{record.name}", entry)
+        endpoints = self._decoded_endpoints(f"{decoded.namespace}/{decoded.name}", entry)
         addresses = sum(ep.address_count for _, ep in endpoints)
-        size, limit = len(record.ports) * addresses, self._limits.max_service_endpoints
+        size, limit = len(decoded.ports) * addresses, self._limits.max_service_endpoints
         marker = (SkipReason.LIMIT, "--max-service-endpoints", "")
         if size > limit:
             self._report_once(
-                entry, marker, f"service {record.namespace}/{record.name}",
-                f"{len(record.ports)} ports x {addresses} endpoint addresses = {size} "
+                entry, marker, f"service {decoded.namespace}/{decoded.name}",
+                f"{len(decoded.ports)} ports x {addresses} endpoint addresses = {size} "
                 f"endpoints, over --max-service-endpoints {limit}; its previous version, if "
                 "any, stays in force (raise --max-service-endpoints)")
             return None
         entry.forget_report(marker)
         return {
-            port.name: replace(port, endpoints=self._resolve(entry, record, port, endpoints))
-            for port in record.ports
+            port.name: replace(port, endpoints=self._resolve(entry, decoded, port, endpoints))
+            for port in decoded.ports
         }
 
-    def _records(self, service_path: str, entry: _ServiceEntry
-                 ) -> list[tuple[str, EndpointRecord]]:
+    def _decoded_endpoints(self, service_path: str, entry: _TrackedService
+                           ) -> list[tuple[str, DecodedEndpoint]]:
         """The decoded endpoints of a service, in key order, so that of two
         endpoints with one address the same one wins whatever order they
         came in (a resync may reorder them)."""
-        records = []
+        found = []
         for key, value in sorted(entry.endpoints.items()):
             # Read by its fast path (bytes); if its tail has left the cache
             # since, decoded whole, to the same value, which needed no report.
-            record = (decode_endpoint(service_path, key, value, self._skips, self._tails)
-                      if isinstance(value, bytes) else value)
-            if isinstance(record, EndpointRecord):
-                records.append((key, record))
-        return records
+            decoded = (decode_endpoint(service_path, key, value, self._skips, self._tails)
+                       if isinstance(value, bytes) else value)
+            if isinstance(decoded, DecodedEndpoint):
+                found.append((key, decoded))
+        return found
 
-    def _resolve(self, entry: _ServiceEntry, record: ServiceRecord, port: ServicePort,
-                 endpoints: list[tuple[str, EndpointRecord]]) -> Endpoints:
+    def _resolve(self, entry: _TrackedService, decoded: DecodedService, port: ServicePort,
+                 endpoints: list[tuple[str, DecodedEndpoint]]) -> Endpoints:
         # Packed address and port -> the packed endpoint: sorted, the keys
         # are in Endpoint.sort_key order.
         resolved: dict[bytes, bytes] = {}
@@ -521,8 +521,8 @@ class NodeState:
                 last_tail, target = tail, resolve_endpoint_port(port, ep)
                 local = tail.local
                 internal, external = tail.scopes if tail.scopes is not None else (
-                    local or not record.internal_traffic_local,
-                    local or not record.external_traffic_local)
+                    local or not decoded.internal_traffic_local,
+                    local or not decoded.external_traffic_local)
                 flag = endpoint_flag_byte(local, internal, external)
                 port_bytes = target.to_bytes(2, "big") if target is not None else b""
             if target is None:
@@ -537,14 +537,14 @@ class NodeState:
                 if where in resolved:
                     self._report_once(
                         entry, (SkipReason.DUPLICATE_ENDPOINT, "", key),
-                        f"endpoint {record.namespace}/{record.name}/{key}",
+                        f"endpoint {decoded.namespace}/{decoded.name}/{key}",
                         f"{format_host_port(unpacked_address(where), target)} is already an "
                         f"endpoint of {port.name}; it is programmed once")
                     continue
                 resolved[where] = where + flag
         return Endpoints(b"".join(resolved[where] for where in sorted(resolved)))
 
-    def _report_orphans(self, path: str, entry: _ServiceEntry) -> None:
+    def _report_orphans(self, path: str, entry: _TrackedService) -> None:
         """Endpoints whose service is not known are kept (the service may come
         later), and reported once each; not when the service was sent but
         refused (its own report says why)."""
@@ -556,7 +556,7 @@ class NodeState:
                               f"no service {path} is known (not sent yet, or deleted); "
                               "the endpoint waits for it")
 
-    def _report_once(self, entry: _ServiceEntry, marker: _Report, obj: str,
+    def _report_once(self, entry: _TrackedService, marker: _Report, obj: str,
                      detail: str) -> None:
         if entry.first_report(marker):
             self._skips.skip(marker[0], obj, detail)
@@ -575,7 +575,7 @@ def _service_path(name: ServicePortName) -> str:
     return f"{name.namespace}/{name.name}"
 
 
-def resolve_endpoint_port(port: ServicePort, endpoint: EndpointRecord) -> int | None:
+def resolve_endpoint_port(port: ServicePort, endpoint: DecodedEndpoint) -> int | None:
     """The endpoint's port for a service port: the override named like the
     service port; else the override named like the target port name; else the
     numeric target port; else none (docs/architecture.md)."""

@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Sequence
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.datapath.loader import Datapath, DatapathConfig, cleanup
 from backends.ebpf.maps.node_addresses import FollowerFactory
-from backends.ebpf.programmer import Capacity, ServiceProgrammer
+from backends.ebpf.programmer.service_programmer import Capacity, ServiceProgrammer
 from kpng_py.node.netns import in_netns
 from kpng_py.api import localv1
 from kpng_py.metrics.metrics import Metrics
@@ -75,7 +75,7 @@ def programmer(datapath: Datapath, metrics: Metrics | None = None,
                skips: Skips | None = None) -> ServiceProgrammer:
     """A programmer as a fresh process would make one: recovering from the maps."""
     services = datapath.maps[maps.SERVICES.pin]
-    backends = datapath.maps[maps.BACKENDS.pin]
+    backends = datapath.maps[maps.ENDPOINTS.pin]
     return ServiceProgrammer(services, backends, Capacity(
         services.info().max_entries, backends.info().max_entries),
         skips or Skips(metrics or Metrics()))
@@ -178,5 +178,5 @@ def programmed_frontends(dump: dict) -> dict[tuple, tuple]:
     entries = {pin: counts["entries"] for pin, counts in dump["maps"].items()}
     assert entries[maps.SERVICES.pin] == sum(1 + svc["count"] for svc in dump["services"]), (
         "services entries that no master explains")
-    assert entries[maps.BACKENDS.pin] == len(backend_ids), "backends no slot names"
+    assert entries[maps.ENDPOINTS.pin] == len(backend_ids), "backends no slot names"
     return frontends

@@ -38,7 +38,7 @@ from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps.contents import read_contents
 from backends.ebpf.tools.dump import services_of
 from backends.ebpf.maps.access import MapAccess
-from backends.ebpf.programmer import ROUND_PORTS, Capacity, ServiceProgrammer
+from backends.ebpf.programmer.service_programmer import ROUND_PORTS, Capacity, ServiceProgrammer
 from kpng_py.api import localv1 as L
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges, ServicePort
@@ -130,24 +130,24 @@ class SizedMap(MapAccess, Sized, Protocol):
 @dataclass(frozen=True)
 class MapPair:
     services: SizedMap
-    backends: SizedMap
+    endpoints: SizedMap
     capacity: Capacity
 
     def clear(self) -> None:
-        for bpf_map in (self.services, self.backends):
+        for bpf_map in (self.services, self.endpoints):
             bpf_map.delete_many([key for key, _ in bpf_map.items()])
 
     def dump(self) -> dict:
         """The parts of an `ebpf dump` that `lab.programmed_frontends` reads
         (no counters: only programs count)."""
-        return {"services": services_of(read_contents(self.services, self.backends)),
+        return {"services": services_of(read_contents(self.services, self.endpoints)),
                 "maps": {maps.SERVICES.pin: {"entries": len(self.services)},
-                         maps.BACKENDS.pin: {"entries": len(self.backends)}}}
+                         maps.ENDPOINTS.pin: {"entries": len(self.endpoints)}}}
 
     def snapshot(self) -> tuple[frozenset, frozenset]:
         """Every entry of both maps, as bytes."""
         return tuple(frozenset((_raw(key), bytes(value)) for key, value in bpf_map.items())
-                     for bpf_map in (self.services, self.backends))
+                     for bpf_map in (self.services, self.endpoints))
 
 
 def _raw(key: object) -> bytes:
@@ -216,7 +216,7 @@ class MapMachine(StreamMachine):
 
     def _new_programmer(self) -> ServiceProgrammer:
         """A programmer as a fresh process makes one: recovering from the maps."""
-        return ServiceProgrammer(self.maps.services, self.maps.backends, self.maps.capacity,
+        return ServiceProgrammer(self.maps.services, self.maps.endpoints, self.maps.capacity,
                                  self.skips, self.round_ports)
 
     @initialize(svcs=st.lists(services, max_size=3),
@@ -260,7 +260,7 @@ class MapMachine(StreamMachine):
         self.to_print = NodeState(self.skips)
         self.sync()
         if unchanged:
-            assert self._written == {maps.SERVICES.pin: 0, maps.BACKENDS.pin: 0}
+            assert self._written == {maps.SERVICES.pin: 0, maps.ENDPOINTS.pin: 0}
             assert self.maps.snapshot() == before
 
     def _program(self, changes: ServicePortChanges) -> None:
@@ -286,10 +286,10 @@ class MapMachine(StreamMachine):
         self.check_entry_counts()
 
     def check_entry_counts(self) -> None:
-        counted = (self.programmer.service_entries, self.programmer.backend_entries)
-        assert counted == (len(self.maps.services), len(self.maps.backends))
+        counted = (self.programmer.service_entries, self.programmer.endpoint_entries)
+        assert counted == (len(self.maps.services), len(self.maps.endpoints))
         capacity = self.maps.capacity
-        assert counted[0] <= capacity.services and counted[1] <= capacity.backends
+        assert counted[0] <= capacity.services and counted[1] <= capacity.endpoints
 
     def check_maps(self) -> None:
         line = json.loads(self.printed.getvalue().splitlines()[-1])

@@ -11,15 +11,14 @@ from hypothesis import given, settings, strategies as st
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps.contents import (
     TARGET_SIZE,
-    FrontendKeys,
-    HostPort,
+    KeyedFrontend,
     Programmed,
     packed_slot_ids,
     read_contents,
 )
-from backends.ebpf.programmer import Capacity, ServiceProgrammer
+from backends.ebpf.programmer.service_programmer import Capacity, ServiceProgrammer
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import Endpoint, Endpoints, Protocol, ServicePortChanges
+from kpng_py.model import Endpoint, Endpoints, Frontend, Protocol, ServicePortChanges
 from kpng_py.state.skips import Skips
 from tests.ebpf.fake_maps import FakeMap
 from tests.kernel.ebpf.test_dump import BACKENDS, SERVICES, SIZES, write_state
@@ -27,13 +26,13 @@ from tests.kernel.ebpf.test_dump import BACKENDS, SERVICES, SIZES, write_state
 
 def fake_maps() -> tuple[FakeMap, FakeMap]:
     services = FakeMap(maps.SERVICES.key, maps.SERVICES.value, SIZES["services"], "services")
-    backends = FakeMap(maps.BACKENDS.key, maps.BACKENDS.value, SIZES["backends"], "backends")
+    backends = FakeMap(maps.ENDPOINTS.key, maps.ENDPOINTS.value, SIZES["backends"], "backends")
     write_state(services, backends)
     return services, backends
 
 
-def frontend(vip: str, port: int, protocol: Protocol) -> FrontendKeys:
-    return FrontendKeys(HostPort(ipaddress.ip_address(vip), port), protocol)
+def frontend(vip: str, port: int, protocol: Protocol) -> KeyedFrontend:
+    return KeyedFrontend(Frontend(ipaddress.ip_address(vip), port, protocol))
 
 
 def target(ip: str, port: int) -> bytes:
@@ -73,8 +72,8 @@ def test_a_master_is_adopted_with_its_slots_and_everything_else_is_a_stray() -> 
             17, b"", b"", 0, maps.SVC_F_NODE_PORT),
         frontend("::", 30081, Protocol.UDP): Programmed(18, b"", b"", 0),
     }
-    assert sorted(set(recovered.adopted_backend_ids())) == [101, 102, 111, 201]
-    assert recovered.stray_backends == (300,)
+    assert sorted(set(recovered.adopted_endpoint_ids())) == [101, 102, 111, 201]
+    assert recovered.stray_endpoints == (300,)
     assert sorted(map(slot_of, recovered.stray_keys)) == sorted([
         ("10.96.0.10", 80, 6, 5),  # above the count
         ("10.96.0.12", 80, 132, 0), ("10.96.0.12", 80, 132, 1),  # SCTP
@@ -90,25 +89,25 @@ def test_the_programmer_counts_what_it_recovered_and_a_full_sync_deletes_it_all(
                           Skips(Metrics()))
     # Counted with the missing slot 2 of fd00::10, which the next change set
     # that keeps the frontend writes: room for it is kept.
-    assert (p.service_entries, p.backend_entries) == (len(SERVICES) + 1, len(BACKENDS))
+    assert (p.service_entries, p.endpoint_entries) == (len(SERVICES) + 1, len(BACKENDS))
     p.apply(ServicePortChanges(full=True))
-    assert (len(services), len(backends)) == (0, 0) == (p.service_entries, p.backend_entries)
+    assert (len(services), len(backends)) == (0, 0) == (p.service_entries, p.endpoint_entries)
 
 
 def test_a_backend_of_an_adopted_service_that_no_slot_names_is_adopted_with_it() -> None:
     """What a write that failed between steps 1 and 5 leaves: the next change
     set that programs the frontend reuses the backend or deletes it."""
     services, backends = fake_maps()
-    backends.put_many([400], [maps.BackendValue(
-        addr=maps.L4Addr.of(ipaddress.ip_address("10.244.0.7"), 8080), service_id=11)])
+    backends.put_many([400], [maps.EndpointValue(
+        addr=maps.L4Addr.of(ipaddress.ip_address("10.244.0.7"), 8080), frontend_id=11)])
     recovered = read_contents(services, backends).recovered()
     assert recovered.unnamed == {frontend("10.96.0.10", 80, Protocol.UDP): {400: bytes(
         backends.get(400))}}
-    assert 400 in recovered.adopted_backend_ids() and recovered.stray_backends == (300,)
+    assert 400 in recovered.adopted_endpoint_ids() and recovered.stray_endpoints == (300,)
     p = ServiceProgrammer(services, backends, Capacity(SIZES["services"], SIZES["backends"]),
                           Skips(Metrics()))
     p.apply(ServicePortChanges(full=True))
-    assert (len(services), len(backends)) == (0, 0) == (p.service_entries, p.backend_entries)
+    assert (len(services), len(backends)) == (0, 0) == (p.service_entries, p.endpoint_entries)
 
 
 def test_a_slot_naming_a_backend_of_another_affinity_group_is_missing() -> None:
@@ -116,8 +115,8 @@ def test_a_slot_naming_a_backend_of_another_affinity_group_is_missing() -> None:
     leaves: the slot is rewritten, the backend is reused or deleted by the
     value it holds."""
     services, backends = fake_maps()
-    backends.put_many([101], [maps.BackendValue(
-        addr=maps.L4Addr.of(ipaddress.ip_address("10.244.0.2"), 8080), service_id=7,
+    backends.put_many([101], [maps.EndpointValue(
+        addr=maps.L4Addr.of(ipaddress.ip_address("10.244.0.2"), 8080), frontend_id=7,
         affinity_group=7)])
     recovered = read_contents(services, backends).recovered()
     tcp = frontend("10.96.0.10", 80, Protocol.TCP)
@@ -125,7 +124,7 @@ def test_a_slot_naming_a_backend_of_another_affinity_group_is_missing() -> None:
     assert list(recovered.unnamed[tcp]) == [101] and len(recovered.unnamed) == 1
     p = ServiceProgrammer(services, backends, Capacity(SIZES["services"], SIZES["backends"]),
                           Skips(Metrics()))
-    assert 101 in p.backend_ids() and p.backend_targets()[101][0] == 7
+    assert 101 in p.endpoint_ids() and p.endpoint_targets()[101][0] == 7
 
 
 _ORDINARY_IPS = st.ip_addresses(v=4) | st.ip_addresses(v=6).filter(

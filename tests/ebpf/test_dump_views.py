@@ -19,11 +19,11 @@ BPFFS_DIR = "/sys/fs/bpf/kpng-py-test"
 NAMES = {7: "default/web:http", 14: "default/web"}  # as test_dump.write_names
 
 
-def dump_of(backend_counts: dict[int, int] | None) -> dict:
+def dump_of(endpoint_counts: dict[int, int] | None) -> dict:
     """A dump as read_dump makes it, of the maps' services only."""
-    return {"bpffsDir": BPFFS_DIR, "endpointCounters": backend_counts is not None,
+    return {"bpffsDir": BPFFS_DIR, "endpointCounters": endpoint_counts is not None,
             "services": services_of(read_contents(*fake_maps()),
-                                    ByIds(names=NAMES, backend_counts=backend_counts)),
+                                    ByIds(names=NAMES, endpoint_counts=endpoint_counts)),
             "nodeAddresses": ["10.0.0.5"], "maps": {}, "links": []}
 
 

@@ -4,7 +4,9 @@ checked against the kernel's by test_fake_maps.py): no root, no BPF.
 The property machine of map_machine.py (maps == `to-print`, ownership,
 restarts adopting the maps), with writes that fail part-way; and on maps
 too small for the streams (a port that does not fit keeps its old
-version). Then the cases a stream cannot reach: ids running out.
+version). Then the cases a stream cannot reach: ids running out, and
+change sets that break the state's contract (a frontend given to two
+service ports).
 """
 
 from __future__ import annotations
@@ -13,16 +15,22 @@ import ctypes as ct
 import ipaddress
 import os
 import threading
+import time
 
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import rule, run_state_machine_as_test
 
 from backends.ebpf.maps import layout as maps
-from backends.ebpf.maps.contents import FrontendKeys, HostPort
-from backends.ebpf.programmer import ROUND_PORTS, Capacity, ServiceProgrammer
+from backends.ebpf.maps.contents import KeyedFrontend
+from backends.ebpf.programmer.service_programmer import (
+    ROUND_PORTS,
+    Capacity,
+    FrontendClaimedTwice,
+    ServiceProgrammer,
+)
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import ServicePortChanges, Protocol
+from kpng_py.model import Frontend, ServicePortChanges, Protocol
 from kpng_py.state.skips import Skips
 from tests.ebpf.fake_maps import FakeMap
 from tests.ebpf.helpers import added, removed, service_port, updated
@@ -36,7 +44,7 @@ FAKE_PROFILE = PROFILES[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
 
 def fake_pair(services: int, backends: int, max_id: int | None = None) -> MapPair:
     return MapPair(FakeMap(maps.SERVICES.key, maps.SERVICES.value, services, maps.SERVICES.pin),
-                   FakeMap(maps.BACKENDS.key, maps.BACKENDS.value, backends, maps.BACKENDS.pin),
+                   FakeMap(maps.ENDPOINTS.key, maps.ENDPOINTS.value, backends, maps.ENDPOINTS.pin),
                    Capacity(services, backends, *(() if max_id is None else (max_id,))))
 
 
@@ -44,11 +52,11 @@ class FakeMapMachine(MapMachine):
     # A round per service port: writes fail between rounds too.
     round_ports = 1
 
-    @rule(pin=st.sampled_from([maps.SERVICES.pin, maps.BACKENDS.pin]),
+    @rule(pin=st.sampled_from([maps.SERVICES.pin, maps.ENDPOINTS.pin]),
           after=st.integers(0, 12))
     def fail_a_write(self, pin: str, after: int) -> None:
         """The next write to a map but `after` entries fails (EIO)."""
-        bpf_map = self.maps.services if pin == maps.SERVICES.pin else self.maps.backends
+        bpf_map = self.maps.services if pin == maps.SERVICES.pin else self.maps.endpoints
         bpf_map.fail_after(after)
 
 
@@ -77,7 +85,7 @@ def skipped(metrics: Metrics, reason: str) -> float | None:
 
 def programmed(pair: MapPair, vip: str, port: int = 80) -> dict[int, int]:
     """slot -> id (service id of the master, backend id of a slot) of vip:port/TCP."""
-    frontend = FrontendKeys(HostPort(ipaddress.ip_address(vip), port), Protocol.TCP)
+    frontend = KeyedFrontend(Frontend(ipaddress.ip_address(vip), port, Protocol.TCP))
     return {key.slot: value.id for key, value in pair.services.items()
             if bytes(key) == bytes(frontend.key(key.slot))}
 
@@ -91,7 +99,7 @@ def test_running_out_of_ids_skips_that_port_once_and_programs_the_rest(
     free from the change set after the one that frees them."""
     metrics = Metrics()
     pair = fake_pair(100, 100, max_id=max_id)
-    p = ServiceProgrammer(pair.services, pair.backends, pair.capacity, Skips(metrics))
+    p = ServiceProgrammer(pair.services, pair.endpoints, pair.capacity, Skips(metrics))
     a, b, c = (service_port(name, [f"10.96.9.{i}"], 80, backends=backends, families=(4,))
                for i, name in enumerate("abc", start=1))
     for _ in range(2):  # a reconnect: the same full change set again
@@ -104,7 +112,7 @@ def test_running_out_of_ids_skips_that_port_once_and_programs_the_rest(
     p.apply(ServicePortChanges())  # any later change set retries c
     assert sorted(programmed(pair, "10.96.9.3")) == [0, *range(1, len(backends) + 1)]
     assert skipped(metrics, "capacity") == 1
-    assert (p.service_entries, p.backend_entries) == (len(pair.services), len(pair.backends))
+    assert (p.service_entries, p.endpoint_entries) == (len(pair.services), len(pair.endpoints))
 
 
 class BatchSizes(FakeMap):
@@ -126,16 +134,16 @@ def test_a_full_sync_is_written_in_rounds_of_service_ports() -> None:
     ports = [service_port(f"p{i}", [f"10.96.{i // 200}.{i % 200 + 1}"], 80,
                           backends=[1, 2], families=(4,)) for i in range(ROUND_PORTS * 2 + 1)]
     services = BatchSizes(maps.SERVICES.key, maps.SERVICES.value, 10000, maps.SERVICES.pin)
-    backends = BatchSizes(maps.BACKENDS.key, maps.BACKENDS.value, 10000, maps.BACKENDS.pin)
+    backends = BatchSizes(maps.ENDPOINTS.key, maps.ENDPOINTS.value, 10000, maps.ENDPOINTS.pin)
     p = ServiceProgrammer(services, backends, Capacity(10000, 10000), Skips(Metrics()))
     writes = p.apply(added(*ports, full=True))
     # Per round: slots, then masters (services); new backends (backends).
     assert max(services.batches) == 2 * ROUND_PORTS and max(backends.batches) == 2 * ROUND_PORTS
     assert sorted(b for b in backends.batches if b) == [2, 2 * ROUND_PORTS, 2 * ROUND_PORTS]
     assert writes.entries_written() == {maps.SERVICES.pin: 3 * len(ports),
-                                        maps.BACKENDS.pin: 2 * len(ports)}
+                                        maps.ENDPOINTS.pin: 2 * len(ports)}
     assert (len(services), len(backends)) == (3 * len(ports), 2 * len(ports))
-    assert (p.service_entries, p.backend_entries) == (len(services), len(backends))
+    assert (p.service_entries, p.endpoint_entries) == (len(services), len(backends))
     # The port planned first in the second round (p1024 is 10.96.5.25) took
     # the first service id and backend ids of that round.
     assert programmed(MapPair(services, backends, Capacity(10000, 10000)),
@@ -164,7 +172,7 @@ def test_the_rounds_before_the_last_are_written_beside_the_planning() -> None:
     the next is planned), the last by the caller; a change set of one round
     never leaves the caller's thread."""
     services = WritingThreads(maps.SERVICES.key, maps.SERVICES.value, 100, maps.SERVICES.pin)
-    backends = FakeMap(maps.BACKENDS.key, maps.BACKENDS.value, 100, maps.BACKENDS.pin)
+    backends = FakeMap(maps.ENDPOINTS.key, maps.ENDPOINTS.value, 100, maps.ENDPOINTS.pin)
     p = ServiceProgrammer(services, backends, Capacity(100, 100), Skips(Metrics()),
                           round_ports=2)
     ports = rounds_of_ports(5)
@@ -183,22 +191,22 @@ def test_a_round_that_fails_in_the_writer_thread_fails_the_apply_and_is_repaired
     second round is planned, nothing after the failed write is written, the
     mirror is what the maps hold, and the next full change set writes it all."""
     pair = fake_pair(100, 100)
-    p = ServiceProgrammer(pair.services, pair.backends, pair.capacity, Skips(Metrics()),
+    p = ServiceProgrammer(pair.services, pair.endpoints, pair.capacity, Skips(Metrics()),
                           round_ports=2)
     ports = rounds_of_ports(5)
-    pair.backends.fail_after(1)
+    pair.endpoints.fail_after(1)
     with pytest.raises(OSError):
         p.apply(added(*ports, full=True))
-    assert (len(pair.services), len(pair.backends)) == (0, 1)
-    assert (p.service_entries, p.backend_entries) == (0, 1)
+    assert (len(pair.services), len(pair.endpoints)) == (0, 1)
+    assert (p.service_entries, p.endpoint_entries) == (0, 1)
     p.apply(added(*ports, full=True))
-    assert (len(pair.services), len(pair.backends)) == (2 * len(ports), len(ports))
-    assert (p.service_entries, p.backend_entries) == (len(pair.services), len(pair.backends))
+    assert (len(pair.services), len(pair.endpoints)) == (2 * len(ports), len(ports))
+    assert (p.service_entries, p.endpoint_entries) == (len(pair.services), len(pair.endpoints))
 
 
 def test_last_stages_name_the_plan_and_the_write_of_the_last_apply() -> None:
     pair = fake_pair(100, 100)
-    p = ServiceProgrammer(pair.services, pair.backends, pair.capacity, Skips(Metrics()))
+    p = ServiceProgrammer(pair.services, pair.endpoints, pair.capacity, Skips(Metrics()))
     assert dict(p.last_stages) == {"plan_ms": 0.0, "write_ms": 0.0}
     p.apply(added(service_port("a", ["10.96.9.1"], 80, backends=[1], families=(4,))))
     assert set(p.last_stages) == {"plan_ms", "write_ms"}
@@ -213,7 +221,7 @@ def test_a_failed_round_keeps_what_later_rounds_had_reported() -> None:
     repair report it again."""
     metrics = Metrics()
     pair = fake_pair(4, 100)
-    p = ServiceProgrammer(pair.services, pair.backends, pair.capacity, Skips(metrics),
+    p = ServiceProgrammer(pair.services, pair.endpoints, pair.capacity, Skips(metrics),
                           round_ports=1)
     a, c = (service_port(name, [f"10.96.9.{i}"], 80, backends=[1], families=(4,))
             for i, name in ((1, "a"), (3, "c")))
@@ -222,13 +230,13 @@ def test_a_failed_round_keeps_what_later_rounds_had_reported() -> None:
     p.apply(added(big))  # does not fit: waits
     assert skipped(metrics, "capacity") == 1
     moved = service_port("a", ["10.96.9.1"], 80, backends=[2], families=(4,))
-    pair.backends.fail_after(0)  # a's new backend: the first round fails
+    pair.endpoints.fail_after(0)  # a's new backend: the first round fails
     with pytest.raises(OSError):
         p.apply(updated(a, moved))
     p.apply(added(moved, big, c, full=True))  # the repair; b still does not fit
     assert skipped(metrics, "capacity") == 1
     assert programmed(pair, "10.96.9.2") == {}
-    assert (p.service_entries, p.backend_entries) == (len(pair.services), len(pair.backends))
+    assert (p.service_entries, p.endpoint_entries) == (len(pair.services), len(pair.endpoints))
 
 
 def test_the_repair_of_a_failed_write_reuses_the_backends_it_wrote() -> None:
@@ -239,7 +247,7 @@ def test_the_repair_of_a_failed_write_reuses_the_backends_it_wrote() -> None:
     left half-way (found by the cramped property machine)."""
     metrics = Metrics()
     pair = fake_pair(10, 5)
-    p = ServiceProgrammer(pair.services, pair.backends, pair.capacity, Skips(metrics))
+    p = ServiceProgrammer(pair.services, pair.endpoints, pair.capacity, Skips(metrics))
 
     def port(name: str, octet: int, backends: list[int]):
         return service_port(name, [f"10.96.9.{octet}"], 80, backends=backends, families=(4,))
@@ -256,23 +264,23 @@ def test_the_repair_of_a_failed_write_reuses_the_backends_it_wrote() -> None:
         p.apply(ServicePortChanges(updated=((p1, p2),), removed=(r,)))
     p.apply(added(a2, p2, full=True))
     slots = programmed(pair, "10.96.9.2")
-    assert sorted(pair.backends.get(slots[slot]).addr.ip for slot in (1, 2)) == [
+    assert sorted(pair.endpoints.get(slots[slot]).addr.ip for slot in (1, 2)) == [
         backend_ip(2), backend_ip(3)]
     assert len(slots) == 3
     assert sorted(programmed(pair, "10.96.9.1")) == [0, 1]  # a still waits, as it was
-    assert (p.service_entries, p.backend_entries) == (len(pair.services), len(pair.backends))
+    assert (p.service_entries, p.endpoint_entries) == (len(pair.services), len(pair.endpoints))
 
 
 def test_a_frontend_that_changes_kind_keeps_its_id_and_gets_its_master_rewritten() -> None:
     """10.96.9.1 moves from the ClusterIPs to the ExternalIPs of one port: one
     key, so the same service id and slots, and the master's kind flag."""
     pair = fake_pair(100, 100)
-    p = ServiceProgrammer(pair.services, pair.backends, pair.capacity, Skips(Metrics()))
+    p = ServiceProgrammer(pair.services, pair.endpoints, pair.capacity, Skips(Metrics()))
     cluster_ip = service_port("k", ["10.96.9.1"], 80, backends=[1], families=(4,))
     external_ip = service_port("k", ["10.96.9.2"], 80, backends=[1], families=(4,),
                                external_ips=["10.96.9.1"])
     p.apply(added(cluster_ip))
-    key = FrontendKeys(HostPort(ipaddress.ip_address("10.96.9.1"), 80), Protocol.TCP).key(0)
+    key = KeyedFrontend(Frontend(ipaddress.ip_address("10.96.9.1"), 80, Protocol.TCP)).key(0)
     before = pair.services.get(key)
     assert before.flags == 0
     writes = p.apply(updated(cluster_ip, external_ip))
@@ -289,20 +297,20 @@ def test_service_ids_are_named_when_their_frontend_gets_an_owner_and_released_wh
     set claims; the ids of the frontends a change set removes."""
     pair = fake_pair(100, 100)
     web = service_port("web", ["10.96.9.1", "fd00:96::9:1"], 80, backends=[1], port_name="http")
-    p = ServiceProgrammer(pair.services, pair.backends, pair.capacity, Skips(Metrics()))
+    p = ServiceProgrammer(pair.services, pair.endpoints, pair.capacity, Skips(Metrics()))
     first = p.apply(added(web, full=True))
-    ids = {service_id for service_id, _ in first.named_service_ids}
-    assert [name for _, name in first.named_service_ids] == [web.name, web.name]
+    ids = {service_id for service_id, _ in first.named_frontend_ids}
+    assert [name for _, name in first.named_frontend_ids] == [web.name, web.name]
     assert p.service_port_of_ids() == {service_id: web.name for service_id in ids}
     moved = service_port("web", ["10.96.9.1", "fd00:96::9:1"], 80, backends=[2],
                          port_name="http")
-    assert p.apply(updated(web, moved)).named_service_ids == []
-    restarted = ServiceProgrammer(pair.services, pair.backends, pair.capacity, Skips(Metrics()))
+    assert p.apply(updated(web, moved)).named_frontend_ids == []
+    restarted = ServiceProgrammer(pair.services, pair.endpoints, pair.capacity, Skips(Metrics()))
     assert restarted.service_port_of_ids() == {service_id: None for service_id in ids}
     claimed = restarted.apply(added(moved, full=True))
-    assert {service_id for service_id, _ in claimed.named_service_ids} == ids
+    assert {service_id for service_id, _ in claimed.named_frontend_ids} == ids
     gone = restarted.apply(removed(moved))
-    assert sorted(gone.released_service_ids) == sorted(ids)
+    assert sorted(gone.released_frontend_ids) == sorted(ids)
     assert restarted.service_port_of_ids() == {}
 
 
@@ -313,7 +321,7 @@ def test_a_kept_frontend_whose_affinity_leader_is_gone_is_removed() -> None:
     would share its affinity); the port waits for room."""
     pair = fake_pair(6, 100)
     metrics = Metrics()
-    p = ServiceProgrammer(pair.services, pair.backends, pair.capacity, Skips(metrics))
+    p = ServiceProgrammer(pair.services, pair.endpoints, pair.capacity, Skips(metrics))
     before = service_port("web", ["10.96.9.1"], 80, backends=[1, 2], affinity=30,
                           families=(4,), node_port=30080)
     p.apply(added(before, full=True))
@@ -323,4 +331,77 @@ def test_a_kept_frontend_whose_affinity_leader_is_gone_is_removed() -> None:
     p.apply(updated(before, after))
     assert skipped(metrics, "capacity") == 1
     assert not programmed(pair, "10.96.9.1") and not programmed(pair, "0.0.0.0", 30080)
-    assert (len(pair.services), len(pair.backends)) == (0, 0)
+    assert (len(pair.services), len(pair.endpoints)) == (0, 0)
+
+
+def test_a_frontend_given_to_a_second_service_port_is_a_broken_contract() -> None:
+    """The state gives each frontend one owner: a change set that gives an
+    owned frontend to another service port raises, naming both, writes
+    nothing of it and leaves it waiting for nothing; the owner keeps its
+    entries. Once the owner lets go, the other takes it (as the state hands
+    it over)."""
+    pair = fake_pair(100, 100)
+    p = ServiceProgrammer(pair.services, pair.endpoints, pair.capacity, Skips(Metrics()))
+    owner = service_port("owner", ["10.96.9.1"], 80, backends=[1], families=(4,))
+    claimant = service_port("claimant", ["10.96.9.1"], 80, backends=[2], families=(4,))
+    p.apply(added(owner))
+    before = pair.snapshot()
+    with pytest.raises(FrontendClaimedTwice,
+                       match="10.96.9.1:80/TCP .* default/claimant .* default/owner owns"):
+        p.apply(added(claimant))
+    assert pair.snapshot() == before
+    assert p.not_programmed() == {}
+    assert (p.service_entries, p.endpoint_entries) == (len(pair.services), len(pair.endpoints))
+    p.apply(removed(owner))
+    p.apply(added(claimant))
+    slots = programmed(pair, "10.96.9.1")
+    assert [pair.endpoints.get(slots[1]).addr.ip] == [backend_ip(2)]
+    assert p.service_port_of_ids() == {slots[0]: claimant.name}
+
+
+@pytest.mark.parametrize("names", [("a-claimant", "b-owner"), ("b-claimant", "a-owner")])
+def test_a_full_change_set_with_two_claimants_of_a_frontend_is_refused(
+        names: tuple[str, str]) -> None:
+    """A reconnect's full state that lists the owner and another claimant
+    of its frontend (before or after it) raises; the maps and the mirror
+    stay as they were."""
+    pair = fake_pair(100, 100)
+    p = ServiceProgrammer(pair.services, pair.endpoints, pair.capacity, Skips(Metrics()))
+    claimant, owner = (service_port(name, ["10.96.9.1"], 80, backends=[i], families=(4,))
+                       for i, name in enumerate(names, start=1))
+    p.apply(added(owner, full=True))
+    before = pair.snapshot()
+    with pytest.raises(FrontendClaimedTwice, match=f"default/{names[0]}"):
+        p.apply(added(*sorted((claimant, owner), key=lambda sp: sp.name.sort_key()),
+                      full=True))
+    assert pair.snapshot() == before
+    assert (p.service_entries, p.endpoint_entries) == (len(pair.services), len(pair.endpoints))
+    assert p.apply(added(owner, full=True)).entries_written() == {
+        maps.SERVICES.pin: 0, maps.ENDPOINTS.pin: 0}
+
+
+class SlowWrites(FakeMap):
+    """A fake map whose batched writes take a while."""
+
+    def put_packed(self, keys, values) -> None:
+        time.sleep(0.1)
+        super().put_packed(keys, values)
+
+
+def test_a_refused_change_set_rereads_the_maps_after_the_round_being_written() -> None:
+    """Rounds of one port: the first round (a new port) is being written by
+    the writer thread when the second (a claimant of an owned frontend) is
+    planned and refused; the maps are re-read once that write has ended, so
+    the mirror counts what they hold."""
+    services = SlowWrites(maps.SERVICES.key, maps.SERVICES.value, 100, maps.SERVICES.pin)
+    endpoints = FakeMap(maps.ENDPOINTS.key, maps.ENDPOINTS.value, 100, maps.ENDPOINTS.pin)
+    p = ServiceProgrammer(services, endpoints, Capacity(100, 100), Skips(Metrics()),
+                          round_ports=1)
+    p.apply(added(service_port("owner", ["10.96.9.9"], 80, backends=[1], families=(4,))))
+    first = service_port("first", ["10.96.9.1"], 80, backends=[1], families=(4,))
+    claimant = service_port("second", ["10.96.9.9"], 80, backends=[2], families=(4,))
+    with pytest.raises(FrontendClaimedTwice):
+        p.apply(added(first, claimant))
+    assert (p.service_entries, p.endpoint_entries) == (len(services), len(endpoints)) == (4, 2)
+    assert sorted(programmed(MapPair(services, endpoints, Capacity(100, 100)), "10.96.9.1")) == [
+        0, 1]

@@ -17,8 +17,8 @@ from hypothesis import given, settings, strategies as st
 
 from kpng_py.api import localv1 as L
 from kpng_py.watch.client import ClientConfig
-from kpng_py.state.decode import (EndpointRecord, EndpointTails, decode_endpoint, decode_service,
-                            split_endpoint_path)
+from kpng_py.state.decode import (DecodedEndpoint, EndpointTails, decode_endpoint, decode_service,
+                                  split_endpoint_path)
 from kpng_py.state.limits import Limits
 from kpng_py.model import MAX_PORT, IPAddress
 from kpng_py.metrics.metrics import Metrics
@@ -87,7 +87,7 @@ def test_any_bytes_decode_or_are_skipped(data: bytes) -> None:
         assert decoded is None or all(0 < p <= MAX_PORT for _, p in decoded.port_overrides)
 
 
-def _decoded_value(record: EndpointRecord | None) -> EndpointRecord | None:
+def _decoded_value(record: DecodedEndpoint | None) -> DecodedEndpoint | None:
     """The record without the bytes it came from (a re-encoding may differ)."""
     return None if record is None else record._replace(raw=b"")
 

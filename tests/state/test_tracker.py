@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from kpng_py.api import localv1 as L
-from kpng_py.state.decode import EndpointRecord, EndpointTail
+from kpng_py.state.decode import DecodedEndpoint, EndpointTail
 from kpng_py.state.limits import Limits, add_limit_flags, limits_from_args
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges, Protocol, ServicePort, ServicePortName
@@ -119,7 +119,7 @@ def test_work_is_proportional_to_what_changed(monkeypatch: pytest.MonkeyPatch) -
     original = NodeState._compute_ports
 
     def spy(self, entry):
-        computed.append(entry.record.name if entry.record else "?")
+        computed.append(entry.decoded.name if entry.decoded else "?")
         return original(self, entry)
 
     monkeypatch.setattr(NodeState, "_compute_ports", spy)
@@ -220,8 +220,8 @@ def _port(name: str = "http", target: int = 0, target_name: str = "") -> Service
                        port=80, target_port=target, target_port_name=target_name)
 
 
-def _ep(*overrides: tuple[str, int]) -> EndpointRecord:
-    return EndpointRecord((), EndpointTail(overrides, False, None))
+def _ep(*overrides: tuple[str, int]) -> DecodedEndpoint:
+    return DecodedEndpoint((), EndpointTail(overrides, False, None))
 
 
 @pytest.mark.parametrize("sp, ep, expected", [
@@ -231,7 +231,7 @@ def _ep(*overrides: tuple[str, int]) -> EndpointRecord:
     (_port("http", 7070, ""), _ep(("other", 1)), 7070),  # 3. numeric target port
     (_port("http", 0, "web"), _ep(("other", 1)), None),  # 4. none
 ])
-def test_port_rule(sp: ServicePort, ep: EndpointRecord, expected: int | None) -> None:
+def test_port_rule(sp: ServicePort, ep: DecodedEndpoint, expected: int | None) -> None:
     assert resolve_endpoint_port(sp, ep) == expected
 
 

@@ -5,10 +5,10 @@
  * ClusterIP, ExternalIP or load-balancer IP at its port (an exact key), or a
  * node port at every node address (a wildcard key, see find_master).
  *
- *   connect4/6   TCP and connected UDP: VIP -> backend
- *   sendmsg4/6   unconnected UDP (sendto): VIP -> backend
- *   recvmsg4/6   unconnected UDP replies: backend -> VIP (recvfrom)
- *   getpeername4/6  backend -> VIP for the application
+ *   connect4/6   TCP and connected UDP: VIP -> endpoint
+ *   sendmsg4/6   unconnected UDP (sendto): VIP -> endpoint
+ *   recvmsg4/6   unconnected UDP replies: endpoint -> VIP (recvfrom)
+ *   getpeername4/6  endpoint -> VIP for the application
  *
  * The v6 hooks see IPv4 traffic of dual-stack AF_INET6 sockets as
  * ::ffff:a.b.c.d; maps store IPv4 v4-mapped, so both families share entries.
@@ -17,10 +17,10 @@
  * Compiled by BCC at run time (backends/ebpf/datapath/loader.py) with:
  *   KPNG_PIN_DIR        bpffs directory holding the pinned maps
  *   KPNG_MAPS_HEADER    the absolute path of lb_maps.h, as a string
- *   KPNG_SERVICES_MAX, KPNG_BACKENDS_MAX, KPNG_REVNAT_MAX, KPNG_AFFINITY_MAX,
+ *   KPNG_SERVICES_MAX, KPNG_ENDPOINTS_MAX, KPNG_REVNAT_MAX, KPNG_AFFINITY_MAX,
  *   KPNG_NODE_ADDRESSES_MAX, KPNG_COUNTERS_MAX, KPNG_SERVICE_NAMES_MAX,
  *   KPNG_TRACE_CONFIG_MAX, KPNG_EVENTS_MAX (bytes)
- *   KPNG_BACKEND_COUNTERS   count per backend too (--backend-counters)
+ *   KPNG_ENDPOINT_COUNTERS   count per endpoint too (--endpoint-counters)
  *   KPNG_REJECT_WITH_EPERM  older kernels: no bpf_set_retval (before 5.18), and
  *                           trace events without the client's pid and command
  */
@@ -48,15 +48,15 @@
  * a recycled element. */
 BPF_TABLE_PINNED("hash", struct lb_service_key, struct lb_service_value, kpng_services,
 		 KPNG_SERVICES_MAX, KPNG_PIN_DIR "/services", BPF_F_NO_PREALLOC);
-BPF_TABLE_PINNED("hash", __u32, struct lb_backend, kpng_backends,
-		 KPNG_BACKENDS_MAX, KPNG_PIN_DIR "/backends", BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED("hash", __u32, struct lb_endpoint, kpng_endpoints,
+		 KPNG_ENDPOINTS_MAX, KPNG_PIN_DIR "/backends", BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED("hash", struct lb_node_address_key, struct lb_node_address_value,
 		 kpng_node_addresses, KPNG_NODE_ADDRESSES_MAX, KPNG_PIN_DIR "/node_addresses",
 		 BPF_F_NO_PREALLOC);
 /* Declared always, so that the pins do not depend on the flag; only
- * counted into with KPNG_BACKEND_COUNTERS. */
-BPF_TABLE_PINNED("percpu_hash", __u32, struct lb_backend_counters, kpng_backend_counters,
-		 KPNG_BACKEND_COUNTERS_MAX, KPNG_PIN_DIR "/backend_counters", BPF_F_NO_PREALLOC);
+ * counted into with KPNG_ENDPOINT_COUNTERS. */
+BPF_TABLE_PINNED("percpu_hash", __u32, struct lb_endpoint_counters, kpng_endpoint_counters,
+		 KPNG_ENDPOINT_COUNTERS_MAX, KPNG_PIN_DIR "/backend_counters", BPF_F_NO_PREALLOC);
 /* Read by `ebpf trace` and `ebpf dump` only. */
 BPF_TABLE_PINNED("hash", __u32, struct lb_service_name, kpng_service_names,
 		 KPNG_SERVICE_NAMES_MAX, KPNG_PIN_DIR "/service_names", BPF_F_NO_PREALLOC);
@@ -98,8 +98,8 @@ BPF_TABLE_PINNED("lru_hash", struct lb_affinity_key, struct lb_affinity_value, k
 
 enum lb_verdict {
 	LB_NOT_A_SERVICE,	/* leave the address alone */
-	LB_TRANSLATED,		/* the address now names a backend */
-	LB_NO_BACKEND,		/* a service without usable endpoints: reject */
+	LB_TRANSLATED,		/* the address now names an endpoint */
+	LB_NO_ENDPOINT,		/* a service without usable endpoints: reject */
 };
 
 static __always_inline __u32 v4_mapped_prefix(void)
@@ -126,37 +126,37 @@ static __always_inline bool l4addr_equal(const struct lb_l4addr *a, const struct
 	       a->addr[2] == b->addr[2] && a->addr[3] == b->addr[3] && a->port == b->port;
 }
 
-/* This CPU's counters of a service, made at its first translation here or
- * anywhere (a full map leaves the service uncounted, never untranslated). */
-static __always_inline struct lb_counters *counters_of(__u32 service_id)
+/* This CPU's counters of a frontend, made at its first translation here or
+ * anywhere (a full map leaves the frontend uncounted, never untranslated). */
+static __always_inline struct lb_counters *counters_of(__u32 frontend_id)
 {
-	struct lb_counters *counters = kpng_counters.lookup(&service_id);
+	struct lb_counters *counters = kpng_counters.lookup(&frontend_id);
 	struct lb_counters zero = {};
 
 	if (counters)
 		return counters;
 	/* Another CPU may create it first: then ours fails, the lookup finds it. */
-	kpng_counters.insert(&service_id, &zero);
-	return kpng_counters.lookup(&service_id);
+	kpng_counters.insert(&frontend_id, &zero);
+	return kpng_counters.lookup(&frontend_id);
 }
 
-static __always_inline void count_translated(__u32 service_id)
+static __always_inline void count_translated(__u32 frontend_id)
 {
-	struct lb_counters *counters = counters_of(service_id);
+	struct lb_counters *counters = counters_of(frontend_id);
 
 	if (counters)
 		counters->translated++;
 }
 
-static __always_inline void count_backend(__u32 backend_id)
+static __always_inline void count_endpoint(__u32 endpoint_id)
 {
-#ifdef KPNG_BACKEND_COUNTERS
-	struct lb_backend_counters *counters = kpng_backend_counters.lookup(&backend_id);
-	struct lb_backend_counters zero = {};
+#ifdef KPNG_ENDPOINT_COUNTERS
+	struct lb_endpoint_counters *counters = kpng_endpoint_counters.lookup(&endpoint_id);
+	struct lb_endpoint_counters zero = {};
 
 	if (!counters) {
-		kpng_backend_counters.insert(&backend_id, &zero);
-		counters = kpng_backend_counters.lookup(&backend_id);
+		kpng_endpoint_counters.insert(&endpoint_id, &zero);
+		counters = kpng_endpoint_counters.lookup(&endpoint_id);
 		if (!counters)
 			return;
 	}
@@ -164,9 +164,9 @@ static __always_inline void count_backend(__u32 backend_id)
 #endif
 }
 
-static __always_inline void count_rejected(__u32 service_id)
+static __always_inline void count_rejected(__u32 frontend_id)
 {
-	struct lb_counters *counters = counters_of(service_id);
+	struct lb_counters *counters = counters_of(frontend_id);
 
 	if (counters)
 		counters->rejected++;
@@ -174,10 +174,10 @@ static __always_inline void count_rejected(__u32 service_id)
 
 /* While a trace is attached, the translation as an event; an event the
  * ring buffer has no room for is lost and counted (the tracer is behind),
- * never the connect. `backend` is NULL when refused. */
+ * never the connect. `endpoint` is NULL when refused. */
 static __always_inline void trace_translation(__u8 hook, __u8 proto, __u8 verdict,
-					      const struct lb_l4addr *vip, __u32 service_id,
-					      const struct lb_backend *backend, __u32 backend_id)
+					      const struct lb_l4addr *vip, __u32 frontend_id,
+					      const struct lb_endpoint *endpoint, __u32 endpoint_id)
 {
 	__u32 first = 0;
 	struct lb_trace_config *config = kpng_trace_config.lookup(&first);
@@ -198,14 +198,14 @@ static __always_inline void trace_translation(__u8 hook, __u8 proto, __u8 verdic
 	event->pid = bpf_get_current_pid_tgid() >> 32;
 	bpf_get_current_comm(event->comm, sizeof(event->comm));
 #endif
-	event->service_id = service_id;
+	event->frontend_id = frontend_id;
 	event->hook = hook;
 	event->proto = proto;
 	event->verdict = verdict;
 	event->vip = *vip;
-	if (backend) {
-		event->backend_id = backend_id;
-		event->backend = backend->addr;
+	if (endpoint) {
+		event->endpoint_id = endpoint_id;
+		event->endpoint = endpoint->addr;
 	}
 	/* No wakeup per event (it cost the connect several microseconds): the
 	 * tracer reads the ring buffer on a timer. */
@@ -222,56 +222,57 @@ static __always_inline int reject(void)
 	return SYSCALL_DENY;
 }
 
-/* A backend serves the frontend's affinity group: its own, or one of a sibling
+/* An endpoint serves the frontend's affinity group: its own, or one of a sibling
  * frontend of the same service port and family (same endpoints). */
-static __always_inline bool in_affinity_group(const struct lb_backend *backend,
+static __always_inline bool in_affinity_group(const struct lb_endpoint *endpoint,
 					      const struct lb_service_value *svc)
 {
-	return backend->service_id == svc->id ||
-	       (svc->affinity_group != 0 && backend->affinity_group == svc->affinity_group);
+	return endpoint->frontend_id == svc->id ||
+	       (svc->affinity_group != 0 && endpoint->affinity_group == svc->affinity_group);
 }
 
-/* sessionAffinity: the backend this client used last, if it is recent enough
- * and still one of the affinity group's backends. */
-static __always_inline const struct lb_backend *
-affinity_backend(const struct lb_affinity_key *key, const struct lb_service_value *svc, __u64 now,
-		 __u32 *backend_id_out)
+/* sessionAffinity: the endpoint this client used last, if it is recent enough
+ * and still one of the affinity group's endpoints. */
+static __always_inline const struct lb_endpoint *
+affinity_endpoint(const struct lb_affinity_key *key, const struct lb_service_value *svc, __u64 now,
+		  __u32 *endpoint_id_out)
 {
 	struct lb_affinity_value *seen = kpng_affinity.lookup((struct lb_affinity_key *)key);
 	if (!seen)
 		return NULL;
 	if (now - seen->last_used_ns > (__u64)svc->affinity_timeout * LB_NSEC_PER_SEC)
 		return NULL;
-	__u32 backend_id = seen->backend_id;
-	const struct lb_backend *backend = kpng_backends.lookup(&backend_id);
-	/* Backend ids are per service: one that is gone or now belongs to
+	__u32 endpoint_id = seen->endpoint_id;
+	const struct lb_endpoint *endpoint = kpng_endpoints.lookup(&endpoint_id);
+	/* Endpoint ids are per frontend: one that is gone or now belongs to
 	 * another service port ends the affinity. */
-	if (!backend || !in_affinity_group(backend, svc))
+	if (!endpoint || !in_affinity_group(endpoint, svc))
 		return NULL;
 	seen->last_used_ns = now;
-	*backend_id_out = backend_id;
-	return backend;
+	*endpoint_id_out = endpoint_id;
+	return endpoint;
 }
 
-static __always_inline void remember_affinity(struct lb_affinity_key *key, __u32 backend_id, __u64 now)
+static __always_inline void remember_affinity(struct lb_affinity_key *key, __u32 endpoint_id,
+					      __u64 now)
 {
-	struct lb_affinity_value value = { .last_used_ns = now, .backend_id = backend_id };
+	struct lb_affinity_value value = { .last_used_ns = now, .endpoint_id = endpoint_id };
 	kpng_affinity.update(key, &value);
 }
 
 /* Socket cookies count up per CPU, so a client that opens another socket
  * between two UDP sockets gets only every other cookie, and `cookie % count`
- * would send all its UDP sockets to half the backends. A multiplicative
+ * would send all its UDP sockets to half the endpoints. A multiplicative
  * (Fibonacci) hash spreads every bit of the cookie into the top 32. */
 static __always_inline __u32 cookie_seed(__u64 cookie)
 {
 	return (__u32)((cookie * 0x9E3779B97F4A7C15ULL) >> 32);
 }
 
-/* The backend id in a random slot. UDP seeds with the socket cookie so that
- * an unconnected socket keeps talking to one backend; TCP draws per connect. */
-static __always_inline bool slot_backend_id(struct lb_service_key *key, __u32 count, __u64 cookie,
-					    __u32 *backend_id)
+/* The endpoint id in a random slot. UDP seeds with the socket cookie so that
+ * an unconnected socket keeps talking to one endpoint; TCP draws per connect. */
+static __always_inline bool slot_endpoint_id(struct lb_service_key *key, __u32 count, __u64 cookie,
+					     __u32 *endpoint_id)
 {
 	__u32 seed = key->proto == IPPROTO_UDP ? cookie_seed(cookie) : bpf_get_prandom_u32();
 	struct lb_service_value *slot;
@@ -280,13 +281,13 @@ static __always_inline bool slot_backend_id(struct lb_service_key *key, __u32 co
 	slot = kpng_services.lookup(key);
 	if (!slot) {
 		/* The service shrank between our reads of its master and of the
-		 * slot; slot 1 exists whenever the service has a backend. */
+		 * slot; slot 1 exists whenever the service has an endpoint. */
 		key->slot = 1;
 		slot = kpng_services.lookup(key);
 		if (!slot)
 			return false;
 	}
-	*backend_id = slot->id;
+	*endpoint_id = slot->id;
 	return true;
 }
 
@@ -322,22 +323,22 @@ static __always_inline struct lb_service_value *find_master(struct lb_service_ke
 }
 
 /* Write the reverse-NAT entry only when it changed: sendmsg runs per
- * datagram. A new entry is a new socket at this backend: what is counted as
- * translated, so a UDP socket counts once per backend, not per datagram. */
-static __always_inline bool remember_vip(__u64 cookie, const struct lb_l4addr *backend,
-					 const struct lb_l4addr *vip, __u32 service_id)
+ * datagram. A new entry is a new socket at this endpoint: what is counted as
+ * translated, so a UDP socket counts once per endpoint, not per datagram. */
+static __always_inline bool remember_vip(__u64 cookie, const struct lb_l4addr *endpoint,
+					 const struct lb_l4addr *vip, __u32 frontend_id)
 {
-	struct lb_revnat_key key = { .cookie = cookie, .backend = *backend };
+	struct lb_revnat_key key = { .cookie = cookie, .endpoint = *endpoint };
 	struct lb_revnat_value *known = kpng_revnat.lookup(&key);
 
-	if (known && known->service_id == service_id && l4addr_equal(&known->vip, vip))
+	if (known && known->frontend_id == frontend_id && l4addr_equal(&known->vip, vip))
 		return false;
-	struct lb_revnat_value value = { .vip = *vip, .service_id = service_id };
+	struct lb_revnat_value value = { .vip = *vip, .frontend_id = frontend_id };
 	kpng_revnat.update(&key, &value);
 	return true;
 }
 
-/* Forward direction: if dst is a service, replace it by one of its backends.
+/* Forward direction: if dst is a service, replace it by one of its endpoints.
  * The reverse-NAT entry keeps dst as dialled (a node address, not the
  * wildcard), which is what recvmsg and getpeername give back. */
 static __always_inline enum lb_verdict lb_translate(void *ctx, struct lb_l4addr *dst, __u32 proto,
@@ -346,11 +347,11 @@ static __always_inline enum lb_verdict lb_translate(void *ctx, struct lb_l4addr 
 	struct lb_service_key key = { .vip = *dst, .proto = (__u8)proto, .slot = 0 };
 	struct lb_service_value *master = find_master(&key);
 	struct lb_affinity_key affinity = {};
-	const struct lb_backend *backend = NULL;
+	const struct lb_endpoint *endpoint = NULL;
 	struct lb_service_value svc;
 	__u8 verdict = LB_TRACE_TRANSLATED;
 	__u64 cookie, now = 0;
-	__u32 backend_id = 0;
+	__u32 endpoint_id = 0;
 
 	if (!master)
 		return LB_NOT_A_SERVICE;
@@ -358,33 +359,33 @@ static __always_inline enum lb_verdict lb_translate(void *ctx, struct lb_l4addr 
 	if (svc.count == 0) {
 		count_rejected(svc.id);
 		trace_translation(hook, proto, LB_TRACE_REFUSED, dst, svc.id, NULL, 0);
-		return LB_NO_BACKEND;
+		return LB_NO_ENDPOINT;
 	}
 	cookie = bpf_get_socket_cookie(ctx);
 	if (svc.flags & LB_SVC_F_AFFINITY) {
 		affinity.netns_cookie = bpf_get_netns_cookie(ctx);
 		affinity.affinity_group = svc.affinity_group ? svc.affinity_group : svc.id;
 		now = bpf_ktime_get_ns();
-		backend = affinity_backend(&affinity, &svc, now, &backend_id);
+		endpoint = affinity_endpoint(&affinity, &svc, now, &endpoint_id);
 		verdict = LB_TRACE_AFFINITY;
 	}
-	if (!backend) {
-		if (!slot_backend_id(&key, svc.count, cookie, &backend_id) ||
-		    !(backend = kpng_backends.lookup(&backend_id))) {
+	if (!endpoint) {
+		if (!slot_endpoint_id(&key, svc.count, cookie, &endpoint_id) ||
+		    !(endpoint = kpng_endpoints.lookup(&endpoint_id))) {
 			count_rejected(svc.id);
 			trace_translation(hook, proto, LB_TRACE_REFUSED, dst, svc.id, NULL, 0);
-			return LB_NO_BACKEND;
+			return LB_NO_ENDPOINT;
 		}
 		verdict = LB_TRACE_TRANSLATED;
 		if (svc.flags & LB_SVC_F_AFFINITY)
-			remember_affinity(&affinity, backend_id, now);
+			remember_affinity(&affinity, endpoint_id, now);
 	}
-	if (remember_vip(cookie, &backend->addr, dst, svc.id)) {
+	if (remember_vip(cookie, &endpoint->addr, dst, svc.id)) {
 		count_translated(svc.id);
-		count_backend(backend_id);
+		count_endpoint(endpoint_id);
 	}
-	trace_translation(hook, proto, verdict, dst, svc.id, backend, backend_id);
-	*dst = backend->addr;
+	trace_translation(hook, proto, verdict, dst, svc.id, endpoint, endpoint_id);
+	*dst = endpoint->addr;
 	return LB_TRANSLATED;
 }
 
@@ -393,7 +394,7 @@ static __always_inline enum lb_verdict lb_translate(void *ctx, struct lb_l4addr 
  * the node address dialled, which must still be one (find_master). */
 static __always_inline bool lb_reverse(void *ctx, struct lb_l4addr *peer, __u32 proto)
 {
-	struct lb_revnat_key key = { .cookie = bpf_get_socket_cookie(ctx), .backend = *peer };
+	struct lb_revnat_key key = { .cookie = bpf_get_socket_cookie(ctx), .endpoint = *peer };
 	struct lb_revnat_value *rev = kpng_revnat.lookup(&key);
 	struct lb_service_key master_key = {};
 	struct lb_service_value *master;
@@ -403,7 +404,7 @@ static __always_inline bool lb_reverse(void *ctx, struct lb_l4addr *peer, __u32 
 	master_key.vip = rev->vip;
 	master_key.proto = (__u8)proto;
 	master = find_master(&master_key);
-	if (!master || master->id != rev->service_id) {
+	if (!master || master->id != rev->frontend_id) {
 		kpng_revnat.delete(&key);
 		return false;
 	}
@@ -449,7 +450,7 @@ static __always_inline void store_user_addr(struct bpf_sock_addr *ctx, bool v6,
 	ctx->user_port = a->port;
 }
 
-/* connect and sendmsg: a VIP becomes one of its backends, or is refused. */
+/* connect and sendmsg: a VIP becomes one of its endpoints, or is refused. */
 static __always_inline int forward(struct bpf_sock_addr *ctx, bool v6, __u8 hook)
 {
 	struct lb_l4addr dst;
@@ -457,20 +458,20 @@ static __always_inline int forward(struct bpf_sock_addr *ctx, bool v6, __u8 hook
 	load_user_addr(ctx, v6, &dst);
 	switch (lb_translate(ctx, &dst, ctx->protocol, hook)) {
 	case LB_TRANSLATED:
-		/* A v4 VIP only ever has v4 backends; anything else is a
+		/* A v4 VIP only ever has v4 endpoints; anything else is a
 		 * corrupt map, and must not reach the network as the VIP. */
 		if (!v6 && !l4addr_is_v4(&dst))
 			return reject();
 		store_user_addr(ctx, v6, &dst);
 		return SYSCALL_ALLOW;
-	case LB_NO_BACKEND:
+	case LB_NO_ENDPOINT:
 		return reject();
 	default:
 		return SYSCALL_ALLOW;
 	}
 }
 
-/* recvmsg and getpeername: a backend the socket reached through a VIP is
+/* recvmsg and getpeername: an endpoint the socket reached through a VIP is
  * shown as the VIP. */
 static __always_inline int reverse(struct bpf_sock_addr *ctx, bool v6)
 {

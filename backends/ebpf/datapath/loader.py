@@ -199,8 +199,8 @@ class DatapathConfig:
     # Reject with EPERM instead of ECONNREFUSED (what kernels without
     # bpf_set_retval get; chosen automatically when loading needs it).
     reject_with_eperm: bool = False
-    # Count connections per backend too (the backend_counters map).
-    backend_counters: bool = False
+    # Count connections per endpoint too (the map pinned as backend_counters).
+    endpoint_counters: bool = False
 
     def size(self, spec: MapSpec) -> int:
         if not spec.resizable:
@@ -528,8 +528,8 @@ def _cflags(config: DatapathConfig, reject_with_eperm: bool) -> list[str]:
     flags = [f'-DKPNG_MAPS_HEADER="{BPF_SOURCE_DIR / "lb_maps.h"}"',
              f'-DKPNG_PIN_DIR="{config.bpffs_dir}"']
     flags += [f"-D{spec.size_macro}={config.size(spec)}" for spec in MAP_SPECS]
-    if config.backend_counters:
-        flags.append("-DKPNG_BACKEND_COUNTERS")
+    if config.endpoint_counters:
+        flags.append("-DKPNG_ENDPOINT_COUNTERS")
     if reject_with_eperm:
         flags.append("-DKPNG_REJECT_WITH_EPERM")
     return flags

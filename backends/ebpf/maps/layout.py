@@ -126,26 +126,27 @@ def kind_of_flags(flags: int) -> FrontendKind | None:
     return _KIND_OF_FLAG.get(flags & SVC_F_KINDS)
 
 
-BackendKey = ct.c_uint32
+EndpointKey = ct.c_uint32
 
 
-class BackendValue(ct.Structure):
-    """struct lb_backend (28 bytes)."""
+class EndpointValue(ct.Structure):
+    """struct lb_endpoint (28 bytes): one endpoint of one frontend, an entry
+    of the map pinned as `backends`."""
 
-    _fields_ = [("addr", L4Addr), ("service_id", ct.c_uint32),
+    _fields_ = [("addr", L4Addr), ("frontend_id", ct.c_uint32),
                 ("affinity_group", ct.c_uint32)]
 
 
 class RevNatKey(ct.Structure):
     """struct lb_revnat_key (32 bytes)."""
 
-    _fields_ = [("cookie", ct.c_uint64), ("backend", L4Addr), ("pad", ct.c_uint32)]
+    _fields_ = [("cookie", ct.c_uint64), ("endpoint", L4Addr), ("pad", ct.c_uint32)]
 
 
 class RevNatValue(ct.Structure):
     """struct lb_revnat_value (24 bytes)."""
 
-    _fields_ = [("vip", L4Addr), ("service_id", ct.c_uint32)]
+    _fields_ = [("vip", L4Addr), ("frontend_id", ct.c_uint32)]
 
 
 class NodeAddressKey(ct.Structure):
@@ -178,7 +179,7 @@ class AffinityKey(ct.Structure):
 class AffinityValue(ct.Structure):
     """struct lb_affinity_value (16 bytes)."""
 
-    _fields_ = [("last_used_ns", ct.c_uint64), ("backend_id", ct.c_uint32),
+    _fields_ = [("last_used_ns", ct.c_uint64), ("endpoint_id", ct.c_uint32),
                 ("pad", ct.c_uint32)]
 
 
@@ -188,8 +189,8 @@ class Counters(ct.Structure):
     _fields_ = [("translated", ct.c_uint64), ("rejected", ct.c_uint64)]
 
 
-class BackendCounters(ct.Structure):
-    """struct lb_backend_counters (8 bytes): one CPU's count of one backend."""
+class EndpointCounters(ct.Structure):
+    """struct lb_endpoint_counters (8 bytes): one CPU's count of one endpoint."""
 
     _fields_ = [("translated", ct.c_uint64)]
 
@@ -210,9 +211,9 @@ class TraceEvent(ct.Structure):
     """struct lb_trace_event (88 bytes)."""
 
     _fields_ = [("ktime_ns", ct.c_uint64), ("cgroup_id", ct.c_uint64), ("pid", ct.c_uint32),
-                ("service_id", ct.c_uint32), ("backend_id", ct.c_uint32), ("hook", ct.c_uint8),
+                ("frontend_id", ct.c_uint32), ("endpoint_id", ct.c_uint32), ("hook", ct.c_uint8),
                 ("proto", ct.c_uint8), ("verdict", ct.c_uint8), ("pad", ct.c_uint8),
-                ("vip", L4Addr), ("backend", L4Addr), ("comm", ct.c_char * 16)]
+                ("vip", L4Addr), ("endpoint", L4Addr), ("comm", ct.c_char * 16)]
 
 
 # LB_HOOK_* and LB_TRACE_* of an event.
@@ -231,7 +232,7 @@ MIRRORS: dict[str, type[ct.Structure]] = {
     "lb_l4addr": L4Addr,
     "lb_service_key": ServiceKey,
     "lb_service_value": ServiceValue,
-    "lb_backend": BackendValue,
+    "lb_endpoint": EndpointValue,
     "lb_revnat_key": RevNatKey,
     "lb_revnat_value": RevNatValue,
     "lb_node_address_key": NodeAddressKey,
@@ -239,7 +240,7 @@ MIRRORS: dict[str, type[ct.Structure]] = {
     "lb_affinity_key": AffinityKey,
     "lb_affinity_value": AffinityValue,
     "lb_counters": Counters,
-    "lb_backend_counters": BackendCounters,
+    "lb_endpoint_counters": EndpointCounters,
     "lb_service_name": ServiceName,
     "lb_trace_config": TraceConfig,
     "lb_trace_event": TraceEvent,
@@ -277,13 +278,17 @@ class MapSpec:
             self.type, ct.sizeof(self.key), ct.sizeof(self.value), self.flags)
 
 
-# Defaults: services holds a master per frontend plus a slot per backend, so it
-# is at least as large as backends; Calico's NAT maps are of this order.
+# The pins keep their historical names (docs/ebpf.md, "Names"): `services`
+# holds the frontends, `backends` the endpoint entries (ENDPOINTS),
+# `backend_counters` their counters (ENDPOINT_COUNTERS); the --map-size-*
+# flags are named after the pins.
+# Defaults: services holds a master per frontend plus a slot per endpoint, so
+# it is at least as large as `backends`; Calico's NAT maps are of this order.
 SERVICES = MapSpec("services", ServiceKey, ServiceValue, BPF_MAP_TYPE_HASH,
                    BPF_F_NO_PREALLOC, "KPNG_SERVICES_MAX", 131072)
-BACKENDS = MapSpec("backends", BackendKey, BackendValue, BPF_MAP_TYPE_HASH,
-                   BPF_F_NO_PREALLOC, "KPNG_BACKENDS_MAX", 131072)
-# One entry per TCP connection and per UDP (socket, backend) pair; LRU, so a
+ENDPOINTS = MapSpec("backends", EndpointKey, EndpointValue, BPF_MAP_TYPE_HASH,
+                    BPF_F_NO_PREALLOC, "KPNG_ENDPOINTS_MAX", 131072)
+# One entry per TCP connection and per UDP (socket, endpoint) pair; LRU, so a
 # busy node evicts the oldest.
 REVERSE_NAT = MapSpec("reverse_nat", RevNatKey, RevNatValue, BPF_MAP_TYPE_LRU_HASH, 0,
                       "KPNG_REVNAT_MAX", 131072)
@@ -295,10 +300,10 @@ NODE_ADDRESSES = MapSpec("node_addresses", NodeAddressKey, NodeAddressValue, BPF
 # One entry per frontend clients used; a full map leaves new ones uncounted.
 COUNTERS = MapSpec("counters", ct.c_uint32, Counters, BPF_MAP_TYPE_PERCPU_HASH,
                    BPF_F_NO_PREALLOC, "KPNG_COUNTERS_MAX", 65536, per_cpu=True)
-# One entry per backend clients used, with --backend-counters (as backends).
-BACKEND_COUNTERS = MapSpec("backend_counters", ct.c_uint32, BackendCounters,
-                           BPF_MAP_TYPE_PERCPU_HASH, BPF_F_NO_PREALLOC,
-                           "KPNG_BACKEND_COUNTERS_MAX", 131072, per_cpu=True)
+# One entry per endpoint clients used, with --endpoint-counters (sized as `backends`).
+ENDPOINT_COUNTERS = MapSpec("backend_counters", ct.c_uint32, EndpointCounters,
+                            BPF_MAP_TYPE_PERCPU_HASH, BPF_F_NO_PREALLOC,
+                            "KPNG_ENDPOINT_COUNTERS_MAX", 131072, per_cpu=True)
 # One entry per frontend, as services' masters.
 SERVICE_NAMES = MapSpec("service_names", ct.c_uint32, ServiceName, BPF_MAP_TYPE_HASH,
                         BPF_F_NO_PREALLOC, "KPNG_SERVICE_NAMES_MAX", 65536)
@@ -308,7 +313,7 @@ TRACE_CONFIG = MapSpec("trace_config", ct.c_uint32, TraceConfig, BPF_MAP_TYPE_AR
 # two reads of the tracer.
 EVENTS = MapSpec("events", NoEntries, NoEntries, BPF_MAP_TYPE_RINGBUF, 0, "KPNG_EVENTS_MAX",
                  1 << 20, ring_buffer=True, resizable=False)
-MAP_SPECS = (SERVICES, BACKENDS, REVERSE_NAT, AFFINITY, NODE_ADDRESSES, COUNTERS,
-             BACKEND_COUNTERS, SERVICE_NAMES, TRACE_CONFIG, EVENTS)
+MAP_SPECS = (SERVICES, ENDPOINTS, REVERSE_NAT, AFFINITY, NODE_ADDRESSES, COUNTERS,
+             ENDPOINT_COUNTERS, SERVICE_NAMES, TRACE_CONFIG, EVENTS)
 # The maps whose size --map-size-* sets.
 SIZED_SPECS = tuple(spec for spec in MAP_SPECS if spec.resizable)

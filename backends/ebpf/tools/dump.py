@@ -1,7 +1,7 @@
 """`kpng-py ebpf dump`: what the pinned maps hold.
 
 The maps are the only place a VIP is visible (translation happens before a
-packet exists, so captures show backend addresses only). This reads them
+packet exists, so captures show endpoint addresses only). This reads them
 directly, without BCC, from any process.
 
 Each frontend's kind (ClusterIP, ExternalIP, LoadBalancerIP, NodePort) comes
@@ -9,14 +9,19 @@ from its master entry's kind flag (LB_SVC_F_*): the key alone tells a node
 port (its wildcard address) but not a ClusterIP from an ExternalIP or an LB
 IP. A master whose flags name more than one kind shows `unknown`.
 
-Connections per backend are counted only by programs built with
---endpoint-counters (KPNG_BACKEND_COUNTERS); the backend_counters map is
+Connections per endpoint are counted only by programs built with
+--endpoint-counters (KPNG_ENDPOINT_COUNTERS); the backend_counters map is
 pinned either way. So they are shown when an attached program uses that map
 (the kernel lists the maps of each program), and as unknown (null; one
 `n/a` line in the text) when none does, rather than as a 0 never counted.
 
 `--service` and `--vip` that leave no frontend are NothingMatched, naming
 them: the command says so and exits 1 rather than printing an empty dump.
+
+The output, JSON keys and text alike, keeps the historical words, as the
+pins do (docs/ebpf.md, "Names"): a frontend's id is its `serviceId`
+("service N"), its endpoint entries are its `backends` (`backendId`,
+"backend N").
 """
 
 from __future__ import annotations
@@ -31,9 +36,9 @@ from typing import Mapping
 from backends.ebpf.maps import libbpf
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.tools.cgroup_paths import CgroupPaths
-from backends.ebpf.maps.contents import Contents, StoredBackend, StoredFrontend, read_contents
-from backends.ebpf.maps.counters import read_backend_counts, read_counts
-from backends.ebpf.maps.service_id_maps import is_of_service, read_names
+from backends.ebpf.maps.contents import Contents, StoredEndpoint, StoredFrontend, read_contents
+from backends.ebpf.maps.counters import read_endpoint_counts, read_counts
+from backends.ebpf.maps.id_maps import is_of_service, read_names
 from backends.ebpf.maps.libbpf import BpfMap
 from backends.ebpf.maps.access import MapAccess
 from backends.ebpf.maps.layout import NodeAddressKey, NodeAddressValue
@@ -61,17 +66,17 @@ def read_dump(bpffs_dir: Path) -> dict:
 
 
 def _read(bpffs_dir: Path, opened: dict[str, BpfMap]) -> dict:
-    contents = read_contents(opened[maps.SERVICES.pin], opened[maps.BACKENDS.pin])
+    contents = read_contents(opened[maps.SERVICES.pin], opened[maps.ENDPOINTS.pin])
     cgroups = CgroupPaths(mount_point("cgroup2"))
     links = list(pinned_links(bpffs_dir))
-    backend_counters = opened[maps.BACKEND_COUNTERS.pin]
-    counted = _counted_per_backend(links, backend_counters)
+    endpoint_counters = opened[maps.ENDPOINT_COUNTERS.pin]
+    counted = _counted_per_endpoint(links, endpoint_counters)
     return {
         "bpffsDir": str(bpffs_dir),
         "endpointCounters": counted,
         "services": services_of(contents, ByIds(
             read_counts(opened[maps.COUNTERS.pin]), read_names(opened[maps.SERVICE_NAMES.pin]),
-            read_backend_counts(backend_counters) if counted else None)),
+            read_endpoint_counts(endpoint_counters) if counted else None)),
         "nodeAddresses": node_addresses_of(opened[maps.NODE_ADDRESSES.pin]),
         "maps": {spec.pin: _usage(spec, opened[spec.pin]) for spec in maps.MAP_SPECS},
         "links": [{"hook": link.hook, "linkId": link.link_id, "progId": link.prog_id,
@@ -80,9 +85,9 @@ def _read(bpffs_dir: Path, opened: dict[str, BpfMap]) -> dict:
     }
 
 
-def _counted_per_backend(links: list[AttachedLink], backend_counters: BpfMap) -> bool:
-    """Whether an attached program counts per backend (uses the map)."""
-    map_id = backend_counters.info().id
+def _counted_per_endpoint(links: list[AttachedLink], endpoint_counters: BpfMap) -> bool:
+    """Whether an attached program counts per endpoint (uses the map)."""
+    map_id = endpoint_counters.info().id
     return any(map_id in _map_ids_of(link.prog_id) for link in links)
 
 
@@ -144,18 +149,18 @@ def _usage(spec: maps.MapSpec, bpf_map: BpfMap) -> dict:
 
 @dataclass(frozen=True)
 class ByIds:
-    """What the maps keyed by service or backend id hold for a dump."""
+    """What the maps keyed by frontend or endpoint id hold for a dump."""
 
-    counts: Mapping[int, ServiceCounts] = field(default_factory=dict)  # by service id
-    names: Mapping[int, str] = field(default_factory=dict)  # by service id
-    # By backend id; None: not counted (no attached program counts per backend).
-    backend_counts: Mapping[int, int] | None = None
+    counts: Mapping[int, ServiceCounts] = field(default_factory=dict)  # by frontend id
+    names: Mapping[int, str] = field(default_factory=dict)  # by frontend id
+    # By endpoint id; None: not counted (no attached program counts per endpoint).
+    endpoint_counts: Mapping[int, int] | None = None
 
 
 def services_of(contents: Contents, by_ids: ByIds = ByIds()) -> list[dict]:
     """The services of a dump: every master entry, with its service port's
     name (None if the map has none for its id), its slots 1..count and its
-    counters (zero until a client used it; per backend None unless counted,
+    counters (zero until a client used it; per endpoint None unless counted,
     with --endpoint-counters)."""
     return [_service(stored, contents, by_ids) for stored in contents.frontends]
 
@@ -181,18 +186,18 @@ def _service(stored: StoredFrontend, contents: Contents, by_ids: ByIds) -> dict:
         "affinityGroup": stored.affinity_group,
         "connections": counts.translated,
         "rejections": counts.rejected,
-        "backends": [_slot(slot, backend_id, contents.backend(backend_id), by_ids)
-                     for slot, backend_id in enumerate(stored.backend_ids(), start=1)],
+        "backends": [_slot(slot, endpoint_id, contents.endpoint(endpoint_id), by_ids)
+                     for slot, endpoint_id in enumerate(stored.endpoint_ids(), start=1)],
     }
 
 
-def _slot(slot: int, backend_id: int | None, backend: StoredBackend | None,
+def _slot(slot: int, endpoint_id: int | None, endpoint: StoredEndpoint | None,
           by_ids: ByIds) -> dict:
-    counts = by_ids.backend_counts
-    connections = None if counts is None else counts.get(backend_id or 0, 0)
-    return {"slot": slot, "backendId": backend_id,
-            "address": str(backend.target) if backend is not None else None,
-            "serviceId": backend.service_id if backend is not None else None,
+    counts = by_ids.endpoint_counts
+    connections = None if counts is None else counts.get(endpoint_id or 0, 0)
+    return {"slot": slot, "backendId": endpoint_id,
+            "address": str(endpoint.target) if endpoint is not None else None,
+            "serviceId": endpoint.frontend_id if endpoint is not None else None,
             "connections": connections}
 
 
@@ -239,10 +244,10 @@ def _frontend_lines(svc: dict, lead: str) -> list[str]:
              f"{state}{affinity}, {svc['connections']} connections, "
              f"{svc['rejections']} rejected"]
     indent = " " * (len(lead) - len(lead.lstrip()) + 2)
-    for backend in svc["backends"]:
-        counted = f", {backend['connections']} connections" if backend["connections"] else ""
-        lines.append(f"{indent}slot {backend['slot']}: backend {backend['backendId']} "
-                     f"{backend['address'] or '(missing)'}{counted}")
+    for endpoint in svc["backends"]:
+        counted = f", {endpoint['connections']} connections" if endpoint["connections"] else ""
+        lines.append(f"{indent}slot {endpoint['slot']}: backend {endpoint['backendId']} "
+                     f"{endpoint['address'] or '(missing)'}{counted}")
     return lines
 
 

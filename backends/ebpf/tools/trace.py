@@ -31,7 +31,7 @@ from backends.ebpf.tools.cgroup_paths import CgroupPaths
 from backends.ebpf.maps.contents import HostPort
 from backends.ebpf.datapath.loader import mount_point, open_pinned_map
 from backends.ebpf.maps.layout import TraceConfig, TraceEvent
-from backends.ebpf.maps.service_id_maps import is_of_service
+from backends.ebpf.maps.id_maps import is_of_service
 from kpng_py.dataplane.contract import BackendSetupError
 from kpng_py.model import IPAddress
 
@@ -54,17 +54,17 @@ class Translation:
     hook: str
     protocol: str
     vip: HostPort  # as dialled (for a node port, the node address)
-    backend: HostPort | None  # None: refused
-    service_port: str | None  # None: no name for its service id
-    service_id: int
-    backend_id: int
+    endpoint: HostPort | None  # None: refused
+    service_port: str | None  # None: no name for its frontend id
+    frontend_id: int
+    endpoint_id: int
     verdict: str
 
     def line(self) -> str:
         stamp = time.strftime("%H:%M:%S", time.localtime(self.time)) + f".{self._micros:06d}"
-        target = str(self.backend) if self.backend is not None else "(no endpoints)"
+        target = str(self.endpoint) if self.endpoint is not None else "(no endpoints)"
         return (f"{stamp} {self.hook} {self.protocol} {self.vip} -> {target} "
-                f"{self.service_port or f'service {self.service_id}'} {self.verdict} "
+                f"{self.service_port or f'service {self.frontend_id}'} {self.verdict} "
                 f"pid {self.pid} {self.comm or '?'} {self.cgroup}")
 
     @property
@@ -72,12 +72,14 @@ class Translation:
         return int(self.time * 1e6) % 1_000_000
 
     def to_json(self) -> str:
+        # Its keys are an interface: they keep their historical names (backend,
+        # serviceId, backendId; docs/ebpf.md, "Names").
         return json.dumps({"time": self.time, "pid": self.pid, "comm": self.comm,
                            "cgroup": self.cgroup, "hook": self.hook,
                            "protocol": self.protocol, "vip": str(self.vip),
-                           "backend": str(self.backend) if self.backend else None,
-                           "servicePort": self.service_port, "serviceId": self.service_id,
-                           "backendId": self.backend_id, "verdict": self.verdict})
+                           "backend": str(self.endpoint) if self.endpoint else None,
+                           "servicePort": self.service_port, "serviceId": self.frontend_id,
+                           "backendId": self.endpoint_id, "verdict": self.verdict})
 
 
 @dataclass(frozen=True)
@@ -179,20 +181,20 @@ class TraceSession:
             hook=maps.TRACE_HOOKS.get(event.hook, f"hook {event.hook}"),
             protocol=_PROTOCOLS.get(event.proto, str(event.proto)),
             vip=HostPort.of(event.vip),
-            backend=None if refused else HostPort.of(event.backend),
-            service_port=self._name(event.service_id), service_id=event.service_id,
-            backend_id=event.backend_id,
+            endpoint=None if refused else HostPort.of(event.endpoint),
+            service_port=self._name(event.frontend_id), frontend_id=event.frontend_id,
+            endpoint_id=event.endpoint_id,
             verdict=_VERDICTS.get(event.verdict, f"verdict {event.verdict}"))
 
-    def _name(self, service_id: int) -> str | None:
+    def _name(self, frontend_id: int) -> str | None:
         """Looked up once per id (the backend writes a new frontend's name
         right after its entries: an early event may find none yet)."""
-        if service_id not in self._known_names:
-            found = self._names.get(service_id)
+        if frontend_id not in self._known_names:
+            found = self._names.get(frontend_id)
             if found is None:
                 return None
-            self._known_names[service_id] = found.name.decode(errors="replace")
-        return self._known_names[service_id]
+            self._known_names[frontend_id] = found.name.decode(errors="replace")
+        return self._known_names[frontend_id]
 
 
 _EVENT_SIZE = ct.sizeof(TraceEvent)

@@ -58,8 +58,8 @@ def test_connections_sockets_and_refusals_are_counted_per_service_port(
     assert exported(metrics, "connections", "default/refusing", "TCP") == 0
     assert exported(metrics, "rejections", "default/refusing", "TCP") == 4
     # Per endpoint only with --endpoint-counters: neither counted nor exported.
-    backend_counters = open_pinned_map(the_lab.bpffs_dir, maps.BACKEND_COUNTERS)
-    assert counters.read_backend_counts(backend_counters) == {}
+    backend_counters = open_pinned_map(the_lab.bpffs_dir, maps.ENDPOINT_COUNTERS)
+    assert counters.read_endpoint_counts(backend_counters) == {}
     backend_counters.close()
     assert not any(metric.name == "kpng_py_service_endpoint_connections"
                    for metric in metrics.registry.collect())

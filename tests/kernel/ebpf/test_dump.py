@@ -26,7 +26,7 @@ import pytest
 
 from backends.ebpf.maps import libbpf
 from backends.ebpf.maps import layout as maps
-from backends.ebpf.maps import service_id_maps
+from backends.ebpf.maps import id_maps
 from backends.ebpf.tools.dump import dump_json, format_text, read_dump
 from backends.ebpf.maps.access import MapAccess
 from kpng_py.model import Protocol, ServicePortName
@@ -87,9 +87,9 @@ def write_state(services: MapAccess, backends: MapAccess) -> None:
                                         flags=flags))
     services.put_many(keys, values)
     backends.put_many([backend_id for backend_id, *_ in BACKENDS], [
-        maps.BackendValue(addr=maps.L4Addr.of(ipaddress.ip_address(ip), port),
-                          service_id=service_id)
-        for _, ip, port, service_id in BACKENDS])
+        maps.EndpointValue(addr=maps.L4Addr.of(ipaddress.ip_address(ip), port),
+                           frontend_id=frontend_id)
+        for _, ip, port, frontend_id in BACKENDS])
 
 
 # service id -> (translated, rejected) of the first CPU, and of the last.
@@ -111,13 +111,13 @@ def write_counters(counters: MapAccess) -> None:
 
 def write_backend_counters(backend_counters: MapAccess) -> None:
     """Backend 101 used 3 times, on the first CPU."""
-    per_cpu = (maps.BackendCounters * libbpf.possible_cpus())()
-    per_cpu[0] = maps.BackendCounters(3)
+    per_cpu = (maps.EndpointCounters * libbpf.possible_cpus())()
+    per_cpu[0] = maps.EndpointCounters(3)
     backend_counters.put_many([101], [per_cpu])
 
 
 def write_names(service_names: MapAccess) -> None:
-    service_id_maps.write_names(service_names, [
+    id_maps.write_names(service_names, [
         (7, ServicePortName("default", "web", "http", Protocol.TCP)),
         (8, ServicePortName("kube-system", "kube-dns", "dns", Protocol.UDP)),
         (14, ServicePortName("default", "web", "", Protocol.TCP))])
@@ -132,11 +132,11 @@ def write_node_addresses(node_addresses: MapAccess) -> None:
 @pytest.fixture(scope="module")
 def dumped() -> Iterator[tuple[Path, dict]]:
     with loaded(**SIZES) as datapath:
-        write_state(datapath.maps[maps.SERVICES.pin], datapath.maps[maps.BACKENDS.pin])
+        write_state(datapath.maps[maps.SERVICES.pin], datapath.maps[maps.ENDPOINTS.pin])
         write_node_addresses(datapath.maps[maps.NODE_ADDRESSES.pin])
         write_counters(datapath.maps[maps.COUNTERS.pin])
         write_names(datapath.maps[maps.SERVICE_NAMES.pin])
-        write_backend_counters(datapath.maps[maps.BACKEND_COUNTERS.pin])
+        write_backend_counters(datapath.maps[maps.ENDPOINT_COUNTERS.pin])
         yield datapath.config.bpffs_dir, read_dump(datapath.config.bpffs_dir)
 
 

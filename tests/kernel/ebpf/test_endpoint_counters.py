@@ -32,7 +32,7 @@ CONNECTS = 30
 
 @pytest.fixture(scope="module")
 def backend(the_lab: Lab, metrics: Metrics) -> Iterator[EbpfBackend]:
-    ebpf = EbpfBackend(replace(datapath_config(the_lab), backend_counters=True), metrics,
+    ebpf = EbpfBackend(replace(datapath_config(the_lab), endpoint_counters=True), metrics,
                        Skips(metrics), follower=follower_in(the_lab))
     ebpf.setup()
     ebpf.apply(ServicePortChanges(full=True))
@@ -63,11 +63,11 @@ def test_connections_are_counted_per_endpoint_over_every_frontend(
 
     # An endpoint that goes takes its counts along (both frontends' backends).
     gone = "10.244.0.4:8080"
-    backend_counters = open_pinned_map(the_lab.bpffs_dir, maps.BACKEND_COUNTERS)
+    backend_counters = open_pinned_map(the_lab.bpffs_dir, maps.ENDPOINT_COUNTERS)
     try:
-        before = len(counters.read_backend_counts(backend_counters))
+        before = len(counters.read_endpoint_counts(backend_counters))
         backend.apply(updated(SPREAD, replace(SPREAD, endpoints=SPREAD.endpoints[:2])))
-        left = len(counters.read_backend_counts(backend_counters))
+        left = len(counters.read_endpoint_counts(backend_counters))
     finally:
         backend_counters.close()
     assert endpoint_count(metrics, gone) is None

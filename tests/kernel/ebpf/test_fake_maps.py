@@ -41,15 +41,15 @@ def service_value(n: int) -> maps.ServiceValue:
     return maps.ServiceValue(id=n, count=n % 4, affinity_timeout=n * 7, flags=n % 2)
 
 
-def backend_value(n: int) -> maps.BackendValue:
-    return maps.BackendValue(addr=maps.L4Addr.of(ipaddress.ip_address(f"10.244.0.{n % 250}"),
-                                            8000 + n), service_id=n)
+def endpoint_value(n: int) -> maps.EndpointValue:
+    return maps.EndpointValue(addr=maps.L4Addr.of(ipaddress.ip_address(f"10.244.0.{n % 250}"),
+                                                  8000 + n), frontend_id=n)
 
 
 # Per map: how an index becomes a key and a number a value.
 LAYOUTS = {
     maps.SERVICES.pin: (service_key, service_value),
-    maps.BACKENDS.pin: (lambda index: index + 1, backend_value),
+    maps.ENDPOINTS.pin: (lambda index: index + 1, endpoint_value),
 }
 
 # Twice as many keys as the map holds: writes find it full, deletes miss.
@@ -91,7 +91,7 @@ def outcome(bpf_map: MapAccess, operation: tuple) -> str:
 def test_the_fake_maps_do_what_the_kernel_maps_do(datapath: Datapath, pin: str) -> None:
     real = datapath.maps[pin]
     key_of, value_of = LAYOUTS[pin]
-    spec = {maps.SERVICES.pin: maps.SERVICES, maps.BACKENDS.pin: maps.BACKENDS}[pin]
+    spec = {maps.SERVICES.pin: maps.SERVICES, maps.ENDPOINTS.pin: maps.ENDPOINTS}[pin]
 
     @settings(max_examples=150, deadline=None)
     @given(operations)

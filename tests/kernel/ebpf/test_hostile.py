@@ -16,13 +16,13 @@ import pytest
 
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.maps.contents import FrontendKeys, HostPort
+from backends.ebpf.maps.contents import KeyedFrontend
 from backends.ebpf.tools.dump import read_dump
 from backends.ebpf.maps.libbpf import MapFullError
 from backends.ebpf.datapath.loader import DatapathConfig, cleanup
 from kpng_py.api import localv1 as L
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import ServicePortChanges, Protocol
+from kpng_py.model import Frontend, ServicePortChanges, Protocol
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from lab.cgroups import cgroup
@@ -72,7 +72,7 @@ class Brain:
     def written(self) -> float:
         return sum(self.metrics.registry.get_sample_value(
             "kpng_py_map_writes_total", {"map": pin}) or 0
-            for pin in (maps.SERVICES.pin, maps.BACKENDS.pin))
+            for pin in (maps.SERVICES.pin, maps.ENDPOINTS.pin))
 
     def entries(self, pin: str) -> float:
         return self.metrics.registry.get_sample_value("kpng_py_map_entries", {"map": pin})
@@ -220,7 +220,7 @@ def test_a_failed_map_write_is_counted_right_and_the_next_full_change_set_repair
         brain.send(reset(), *service_ops("keep", [1, 2], v4=["10.96.43.1"]))  # 3 entries
         # A bad neighbour writes into our map: slots of a frontend that has
         # no master (no connect() reaches them) fill it to its 8 entries.
-        stray = FrontendKeys(HostPort(backend_ip(99), 80), Protocol.TCP)
+        stray = KeyedFrontend(Frontend(backend_ip(99), 80, Protocol.TCP))
         services = brain.backend._datapath.maps[maps.SERVICES.pin]
         services.put_many([stray.key(slot) for slot in range(1, 6)],
                           [maps.ServiceValue(id=4242)] * 5)
@@ -232,7 +232,7 @@ def test_a_failed_map_write_is_counted_right_and_the_next_full_change_set_repair
 
         brain.backend.apply(brain.state.full_changeset())  # what the applier does next
         assert brain.entries(maps.SERVICES.pin) == len(services) == 5
-        assert brain.entries(maps.BACKENDS.pin) == 3
+        assert brain.entries(maps.ENDPOINTS.pin) == 3
         assert programmed_frontends(read_dump(brain.backend._datapath.config.bpffs_dir)) == {
             ("10.96.43.1", 80, "TCP"): ([at(1), at(2)], 0, "ClusterIP"),
             ("10.96.43.2", 80, "TCP"): ([at(3)], 0, "ClusterIP")}

@@ -17,7 +17,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.datapath.loader import Datapath
-from backends.ebpf.programmer import Capacity
+from backends.ebpf.programmer.service_programmer import Capacity
 from tests.ebpf.helpers import loaded
 from tests.ebpf.map_machine import PROFILES, MapMachine, MapPair
 
@@ -31,7 +31,7 @@ def datapath() -> Iterator[Datapath]:
 
 
 def test_maps_hold_what_to_print_shows(datapath: Datapath) -> None:
-    services, backends = datapath.maps[maps.SERVICES.pin], datapath.maps[maps.BACKENDS.pin]
+    services, backends = datapath.maps[maps.SERVICES.pin], datapath.maps[maps.ENDPOINTS.pin]
     pair = MapPair(services, backends, Capacity(services.info().max_entries,
                                                 backends.info().max_entries))
     run_state_machine_as_test(lambda: MapMachine(pair),

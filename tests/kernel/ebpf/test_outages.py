@@ -25,7 +25,7 @@ from tests.support.process import KPNG_PY, START_SECONDS, Process
 pytestmark = pytest.mark.kernel
 
 OUTAGE_SECONDS = 3.0
-WRITTEN_MAPS = (maps.SERVICES.pin, maps.BACKENDS.pin)
+WRITTEN_MAPS = (maps.SERVICES.pin, maps.ENDPOINTS.pin)
 
 
 def map_writes(backend: Process) -> dict[str, float]:
@@ -103,7 +103,7 @@ def test_brain_outage_leaves_the_dataplane_alone_and_resyncs_only_differences(
     # 4 in 3's slot (services); web's master (3 backends) and dns untouched.
     assert "full=False" in resync and "updated=1" in resync and "added=0" in resync, resync
     assert {pin: resynced[pin] - written[pin] for pin in WRITTEN_MAPS} == {
-        maps.SERVICES.pin: 1, maps.BACKENDS.pin: 2}
+        maps.SERVICES.pin: 1, maps.ENDPOINTS.pin: 2}
 
 
 def test_backend_killed_while_serving_and_while_starting_fails_nothing_and_adopts_the_maps(
@@ -136,7 +136,7 @@ def test_backend_killed_while_serving_and_while_starting_fails_nothing_and_adopt
     assert programmed(after) == programmed(before)
     assert {pin: after["maps"][pin] for pin in WRITTEN_MAPS} == {
         pin: before["maps"][pin] for pin in WRITTEN_MAPS}
-    assert writes == {maps.SERVICES.pin: 0, maps.BACKENDS.pin: 0}
+    assert writes == {maps.SERVICES.pin: 0, maps.ENDPOINTS.pin: 0}
     assert "frontends=3" in restarted.log_lines("recovered the programmed services")[0]
     # The same links, running the same programs: the restarts adopted the
     # pinned build and compiled nothing.

@@ -1,5 +1,6 @@
 """Map programming against the real kernel maps (no traffic): no-gap writes,
-no stale entries, stable ids across restarts, full maps, conflicts."""
+no stale entries, stable ids across restarts, full maps, a frontend given to
+two service ports refused."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from typing import Iterator
 import pytest
 
 from backends.ebpf.maps import layout as maps
-from backends.ebpf.maps.contents import FrontendKeys, HostPort
+from backends.ebpf.maps.contents import KeyedFrontend
 from backends.ebpf.maps.libbpf import BpfMap
 from backends.ebpf.datapath.loader import Datapath
 from backends.ebpf.maps.layout import ServiceValue
+from backends.ebpf.programmer.service_programmer import FrontendClaimedTwice
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import ServicePortChanges, Protocol
+from kpng_py.model import Frontend, ServicePortChanges, Protocol, format_host_port
+from lab.socket_lab import backend_ip
 from tests.ebpf.helpers import added, loaded, programmer, removed, service_port, updated
 
 pytestmark = pytest.mark.kernel
@@ -52,7 +55,7 @@ class RecordingMap(BpfMap):
 def frontend_entries(datapath: Datapath, vip: str, port: int,
                      protocol: Protocol = Protocol.TCP) -> dict[int, tuple]:
     """slot -> (id, count, timeout, flags) of one frontend, as the map holds it."""
-    frontend = FrontendKeys(HostPort(ipaddress.ip_address(vip), port), protocol)
+    frontend = KeyedFrontend(Frontend(ipaddress.ip_address(vip), port, protocol))
     result = {}
     for key, value in datapath.maps[maps.SERVICES.pin].items():
         if bytes(key) == bytes(frontend.key(key.slot)):
@@ -64,9 +67,9 @@ def skipped(metrics: Metrics, reason: str) -> float | None:
     return metrics.registry.get_sample_value("kpng_py_skipped_total", {"reason": reason})
 
 
-def backends_of(datapath: Datapath, service_id: int) -> dict[int, str]:
-    return {int(bid): str(b.addr) for bid, b in datapath.maps[maps.BACKENDS.pin].items()
-            if b.service_id == service_id}
+def endpoints_of(datapath: Datapath, frontend_id: int) -> dict[int, str]:
+    return {int(eid): str(e.addr) for eid, e in datapath.maps[maps.ENDPOINTS.pin].items()
+            if e.frontend_id == frontend_id}
 
 
 def test_shrinking_and_removing_leave_no_stale_entries(datapath: Datapath) -> None:
@@ -75,7 +78,7 @@ def test_shrinking_and_removing_leave_no_stale_entries(datapath: Datapath) -> No
     p.apply(added(big))
     master = frontend_entries(datapath, "10.96.1.1", 80)[0]
     assert master[1] == 4
-    assert sorted(backends_of(datapath, master[0]).values()) == [
+    assert sorted(endpoints_of(datapath, master[0]).values()) == [
         "10.244.0.2:8080", "10.244.0.3:8080", "10.244.0.4:8080", "10.244.0.5:8080"]
 
     small = service_port("shrink", ["10.96.1.1", "fd00:96::1:1"], 80, backends=[3])
@@ -83,12 +86,12 @@ def test_shrinking_and_removing_leave_no_stale_entries(datapath: Datapath) -> No
     for vip, address in (("10.96.1.1", "10.244.0.4:8080"), ("fd00:96::1:1", "[fd00:244::4]:8080")):
         entries = frontend_entries(datapath, vip, 80)
         assert sorted(entries) == [0, 1] and entries[0][1] == 1
-        assert list(backends_of(datapath, entries[0][0]).values()) == [address]
+        assert list(endpoints_of(datapath, entries[0][0]).values()) == [address]
 
     p.apply(removed(small))
     assert frontend_entries(datapath, "10.96.1.1", 80) == {}
     assert frontend_entries(datapath, "fd00:96::1:1", 80) == {}
-    assert backends_of(datapath, master[0]) == {}
+    assert endpoints_of(datapath, master[0]) == {}
 
 
 def test_services_sharing_endpoints_never_share_backend_entries(datapath: Datapath) -> None:
@@ -99,13 +102,13 @@ def test_services_sharing_endpoints_never_share_backend_entries(datapath: Datapa
     id_a = frontend_entries(datapath, "10.96.2.1", 80)[0][0]
     id_b = frontend_entries(datapath, "10.96.2.2", 80)[0][0]
     assert id_a != id_b
-    backends_b = backends_of(datapath, id_b)
-    assert set(backends_b).isdisjoint(backends_of(datapath, id_a))
+    backends_b = endpoints_of(datapath, id_b)
+    assert set(backends_b).isdisjoint(endpoints_of(datapath, id_a))
     before = frontend_entries(datapath, "10.96.2.2", 80)
 
     p.apply(removed(a))
     assert frontend_entries(datapath, "10.96.2.2", 80) == before
-    assert backends_of(datapath, id_b) == backends_b
+    assert endpoints_of(datapath, id_b) == backends_b
     p.apply(removed(b))
 
 
@@ -114,12 +117,12 @@ def test_ids_survive_a_restart_and_a_full_sync_removes_the_rest(datapath: Datapa
     drop = service_port("drop", ["10.96.3.2"], 80, backends=[3], families=(4,))
     programmer(datapath).apply(added(keep, drop))
     master = frontend_entries(datapath, "10.96.3.1", 80)
-    backends = backends_of(datapath, master[0][0])
+    backends = endpoints_of(datapath, master[0][0])
 
     restarted = programmer(datapath)
     restarted.apply(ServicePortChanges(added=(keep,), full=True))
     assert frontend_entries(datapath, "10.96.3.1", 80) == master
-    assert backends_of(datapath, master[0][0]) == backends
+    assert endpoints_of(datapath, master[0][0]) == backends
     assert frontend_entries(datapath, "10.96.3.2", 80) == {}
     # A new service gets an id no earlier one used.
     more = service_port("more", ["10.96.3.3"], 80, backends=[1], families=(4,))
@@ -127,24 +130,24 @@ def test_ids_survive_a_restart_and_a_full_sync_removes_the_rest(datapath: Datapa
     assert frontend_entries(datapath, "10.96.3.3", 80)[0][0] > master[0][0]
     restarted.apply(ServicePortChanges(full=True))
     assert len(datapath.maps[maps.SERVICES.pin]) == 0
-    assert len(datapath.maps[maps.BACKENDS.pin]) == 0
+    assert len(datapath.maps[maps.ENDPOINTS.pin]) == 0
 
 
 def test_a_full_sync_removes_entries_no_frontend_explains(datapath: Datapath) -> None:
     svc = service_port("stray", ["10.96.4.1"], 80, backends=[1], families=(4,))
     programmer(datapath).apply(added(svc))
-    frontend = FrontendKeys(HostPort(svc.cluster_ips[0], 80), Protocol.TCP)
-    services, backends = datapath.maps[maps.SERVICES.pin], datapath.maps[maps.BACKENDS.pin]
+    frontend = KeyedFrontend(Frontend(svc.cluster_ips[0], 80, Protocol.TCP))
+    services, backends = datapath.maps[maps.SERVICES.pin], datapath.maps[maps.ENDPOINTS.pin]
     # What a crash between two write steps can leave: slots above the count,
     # a backend no slot names.
     services.put_many([frontend.key(2), frontend.key(5)], [ServiceValue(id=4242)] * 2)
-    backends.put_many([4242], [maps.BackendValue(addr=maps.L4Addr.of(svc.cluster_ips[0], 1))])
+    backends.put_many([4242], [maps.EndpointValue(addr=maps.L4Addr.of(svc.cluster_ips[0], 1))])
 
     grown = service_port("stray", ["10.96.4.1"], 80, backends=[1, 2], families=(4,))
     programmer(datapath).apply(ServicePortChanges(added=(grown,), full=True))
     entries = frontend_entries(datapath, "10.96.4.1", 80)
     assert sorted(entries) == [0, 1, 2]
-    assert sorted(backends_of(datapath, entries[0][0])) == sorted(
+    assert sorted(endpoints_of(datapath, entries[0][0])) == sorted(
         entries[slot][0] for slot in (1, 2))
     assert backends.get(4242) is None
     programmer(datapath).apply(ServicePortChanges(full=True))
@@ -156,80 +159,52 @@ def test_an_incremental_change_writes_only_what_changed(datapath: Datapath) -> N
     p = programmer(datapath)
     p.apply(ServicePortChanges(added=tuple(ports), full=True))
     recording = {pin: RecordingMap(datapath.maps[pin]) for pin in (maps.SERVICES.pin,
-                                                                     maps.BACKENDS.pin)}
-    p._services, p._backends_map = recording[maps.SERVICES.pin], recording[maps.BACKENDS.pin]
+                                                                     maps.ENDPOINTS.pin)}
+    p._services, p._endpoints_map = recording[maps.SERVICES.pin], recording[maps.ENDPOINTS.pin]
     grown = service_port("many-7", ["10.96.5.7"], 80, backends=[1, 2, 3], families=(4,))
     p.apply(updated(ports[6], grown))
     # One new backend, its slot, and the master with the new count.
-    assert len(recording[maps.BACKENDS.pin].touched) == 1
+    assert len(recording[maps.ENDPOINTS.pin].touched) == 1
     assert sorted(k.slot for k in recording[maps.SERVICES.pin].touched) == [0, 3]
     p.apply(ServicePortChanges(full=True))
 
 
-def test_a_frontend_claimed_twice_stays_with_its_owner(datapath: Datapath) -> None:
-    """The state model never gives two service ports one frontend; the
-    programmer guards the maps all the same, with the same policy."""
-    metrics = Metrics()
-    first = service_port("first", ["10.96.6.1"], 80, backends=[1], families=(4,))
-    second = service_port("second", ["10.96.6.1"], 80, backends=[2], families=(4,))
-    p = programmer(datapath, metrics)
-    p.apply(added(first, second))
-    master = frontend_entries(datapath, "10.96.6.1", 80)[0]
-    assert list(backends_of(datapath, master[0]).values()) == ["10.244.0.2:8080"]
-    assert skipped(metrics, "frontend-conflict") == 1
-    # When the owner goes, the waiting one takes over.
-    p.apply(removed(first))
-    master = frontend_entries(datapath, "10.96.6.1", 80)[0]
-    assert list(backends_of(datapath, master[0]).values()) == ["10.244.0.3:8080"]
-    assert skipped(metrics, "frontend-conflict") == 1
-    p.apply(ServicePortChanges(full=True))
-
-
-def test_a_full_change_set_keeps_the_owner_and_reports_nothing_again(
-        datapath: Datapath) -> None:
-    """A reconnect's full state lists the claimant before the owner (name
-    order): the owner keeps its frontend, and the conflict, already
-    reported, is not reported again."""
-    metrics = Metrics()
-    owner = service_port("b-owner", ["10.96.6.3"], 80, backends=[1], families=(4,))
-    claimant = service_port("a-claimant", ["10.96.6.3"], 80, backends=[2], families=(4,))
-    p = programmer(datapath, metrics)
-    p.apply(added(owner))
-    p.apply(added(claimant))
-    before = frontend_entries(datapath, "10.96.6.3", 80)
-    p.apply(ServicePortChanges(added=(claimant, owner), full=True))
-    assert frontend_entries(datapath, "10.96.6.3", 80) == before
-    assert list(backends_of(datapath, before[0][0]).values()) == ["10.244.0.2:8080"]
-    assert skipped(metrics, "frontend-conflict") == 1
-    p.apply(ServicePortChanges(full=True))
-
-
 @pytest.mark.parametrize("owned, intruding", [
+    ("10.96.6.1", "10.96.6.1"),
     ("10.96.6.4", "::ffff:10.96.6.4"),
     ("fd00:96::6:5", "fd00:96::6:5%b"),
     ("fd00:96::6:6%a", "fd00:96::6:6%b"),
 ])
-def test_one_map_key_is_one_frontend_however_its_address_is_spelt(
+def test_a_frontend_given_to_a_second_service_port_is_refused_however_it_is_spelt(
         datapath: Datapath, owned: str, intruding: str) -> None:
-    """Two spellings of one 16-byte key are one frontend: the second claim
-    writes nothing, and its removal leaves the owner's entries alone."""
-    metrics = Metrics()
+    """Two spellings of one 16-byte key are one frontend. The state gives
+    each frontend one owner (and refuses the other spellings): a change set
+    that gives an owned frontend to another service port raises, naming
+    both, and writes nothing; the owner's entries stay. Once the owner lets
+    go, the other takes it."""
     owner = service_port("spelt-owner", [owned], 80, backends=[1])
     intruder = service_port("spelt-intruder", [intruding], 80, backends=[2])
-    p = programmer(datapath, metrics)
+    p = programmer(datapath)
     p.apply(added(owner))
-    canonical = str(ipaddress.ip_address(owned.split("%")[0]))
-    before = frontend_entries(datapath, canonical, 80)
-    backends = backends_of(datapath, before[0][0])
-    recording = RecordingMap(datapath.maps[maps.SERVICES.pin])
-    p._services = recording
+    canonical = ipaddress.ip_address(owned.split("%")[0])
+    before = frontend_entries(datapath, str(canonical), 80)
+    endpoints = endpoints_of(datapath, before[0][0])
+    pins = (maps.SERVICES.pin, maps.ENDPOINTS.pin)
+    recording = [RecordingMap(datapath.maps[pin]) for pin in pins]
+    p._services, p._endpoints_map = recording
+    with pytest.raises(FrontendClaimedTwice,
+                       match="default/spelt-intruder while service port default/spelt-owner"):
+        p.apply(added(intruder))
+    assert [written.touched for written in recording] == [[], []]
+    assert frontend_entries(datapath, str(canonical), 80) == before
+    assert endpoints_of(datapath, before[0][0]) == endpoints
+    p._services, p._endpoints_map = (datapath.maps[pin] for pin in pins)
+    p.apply(removed(owner))
     p.apply(added(intruder))
-    assert recording.touched == []
-    assert skipped(metrics, "frontend-conflict") == 1
-    p.apply(removed(intruder))
-    assert frontend_entries(datapath, canonical, 80) == before
-    assert backends_of(datapath, before[0][0]) == backends
-    p._services = datapath.maps[maps.SERVICES.pin]
+    after = frontend_entries(datapath, str(canonical), 80)
+    assert list(endpoints_of(datapath, after[0][0]).values()) == [
+        format_host_port(backend_ip(2, ipaddress.ip_address(intruding.split("%")[0]).version),
+                         8080)]
     p.apply(ServicePortChanges(full=True))
 
 
@@ -262,15 +237,15 @@ def test_a_port_that_outgrows_the_maps_keeps_what_it_had() -> None:
     metrics = Metrics()
     with loaded(services=12, backends=64, reverse_nat=16, affinity=16) as small:
         def entries_match_the_maps() -> bool:
-            return (p.service_entries, p.backend_entries) == (
-                len(small.maps[maps.SERVICES.pin]), len(small.maps[maps.BACKENDS.pin]))
+            return (p.service_entries, p.endpoint_entries) == (
+                len(small.maps[maps.SERVICES.pin]), len(small.maps[maps.ENDPOINTS.pin]))
 
         p = programmer(small, metrics)
         grow = service_port("grow", ["10.96.8.1", "fd00:96::8:1"], 80, backends=[1, 2])
         filler = service_port("filler", ["10.96.8.2"], 80, backends=[1, 2, 3], families=(4,))
         p.apply(added(grow, filler))  # 3 + 3 + 4 = 10 of 12 entries
         v4 = frontend_entries(small, "10.96.8.1", 80)
-        v4_backends = backends_of(small, v4[0][0])
+        v4_backends = endpoints_of(small, v4[0][0])
 
         # v4 only, 8 backends: the v6 frontend goes (7 entries left), and
         # the 6 more slots would make 13.
@@ -282,7 +257,7 @@ def test_a_port_that_outgrows_the_maps_keeps_what_it_had() -> None:
         assert {bytes(key)[:20] for key in recording.touched} == {
             bytes(maps.L4Addr.of(ipaddress.ip_address("fd00:96::8:1"), 80))}
         assert frontend_entries(small, "10.96.8.1", 80) == v4
-        assert backends_of(small, v4[0][0]) == v4_backends
+        assert endpoints_of(small, v4[0][0]) == v4_backends
         assert skipped(metrics, "capacity") == 1
         assert entries_match_the_maps()
 
@@ -295,7 +270,7 @@ def test_a_port_that_outgrows_the_maps_keeps_what_it_had() -> None:
         p.apply(removed(filler))  # frees room: grown is programmed by the same apply
         programmed = frontend_entries(small, "10.96.8.1", 80)
         assert programmed[0][:2] == (v4[0][0], 8)
-        assert sorted(backends_of(small, v4[0][0]).values()) == [
+        assert sorted(endpoints_of(small, v4[0][0]).values()) == [
             f"10.244.0.{i + 1}:8080" for i in range(1, 9)]
         assert skipped(metrics, "capacity") == 1
         assert entries_match_the_maps()

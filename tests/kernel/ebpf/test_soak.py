@@ -75,7 +75,7 @@ def test_soak(the_lab: Lab, agent: Agent, tmp_path: Path) -> None:
         backend = n.start_backend()
         steady_frontends = programmed_frontends(n.dump())
         steady_entries = {pin: n.dump()["maps"][pin]["entries"]
-                          for pin in (maps.SERVICES.pin, maps.BACKENDS.pin)}
+                          for pin in (maps.SERVICES.pin, maps.ENDPOINTS.pin)}
 
         edits = 0
         rss = {}

@@ -68,7 +68,7 @@ def test_each_translation_is_one_event_naming_what_it_did(traced: EbpfBackend, a
     cgroup = "/" + str(the_lab.group.path.relative_to(mount_point("cgroup2")))
     assert {(t.pid, t.cgroup) for t in seen} == {(agent.pid, cgroup)}
     assert all(t.comm.startswith("python") for t in seen)
-    assert [(t.hook, t.protocol, str(t.vip), str(t.backend), t.service_port, t.verdict)
+    assert [(t.hook, t.protocol, str(t.vip), str(t.endpoint), t.service_port, t.verdict)
             for t in seen[:3]] == [
         ("connect4", "TCP", "10.96.11.1:80", f"{backend_ip(1)}:8080", "default/traced:http",
          "translated"),
@@ -78,9 +78,9 @@ def test_each_translation_is_one_event_naming_what_it_did(traced: EbpfBackend, a
          "translated")]
     first, second = seen[3:5]
     assert (first.verdict, second.verdict) == ("translated", "affinity")
-    assert second.backend == first.backend and second.service_port == "default/sticky"
+    assert second.endpoint == first.endpoint and second.service_port == "default/sticky"
     refused = seen[5]
-    assert (refused.verdict, refused.backend, refused.service_port) == (
+    assert (refused.verdict, refused.endpoint, refused.service_port) == (
         "refused", None, "default/empty")
     assert refused.line().startswith(time.strftime("%H:"))
     assert "10.96.11.3:80 -> (no endpoints) default/empty refused" in refused.line()

@@ -18,7 +18,7 @@ def test_count_is_the_number_of_entries_over_several_batches() -> None:
         lru = datapath.maps[maps.REVERSE_NAT.pin]
         assert lru.count() == 0
         keys = [maps.RevNatKey(cookie=i + 1) for i in range(10000)]  # 3 read batches
-        lru.put_many(keys, [maps.RevNatValue(service_id=1)] * len(keys))
+        lru.put_many(keys, [maps.RevNatValue(frontend_id=1)] * len(keys))
         assert lru.count() == len(list(lru.items())) == 10000
 
 
@@ -35,5 +35,5 @@ def test_metrics_scrapes_do_not_walk_the_lru_maps_each_time(backend: EbpfBackend
 
     first = scraped()
     lru.put_many([maps.RevNatKey(cookie=(1 << 63) + i) for i in range(3)],
-                 [maps.RevNatValue(service_id=1)] * 3)
+                 [maps.RevNatValue(frontend_id=1)] * 3)
     assert scraped() == first
