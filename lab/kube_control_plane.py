@@ -78,6 +78,16 @@ class ApiAccess:
         }, indent=1)
 
 
+def node_object(name: str, addresses: Sequence[str], zone: str) -> dict:
+    """A Node as a kubelet registers it: its addresses, hostname and
+    topology labels."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {
+                "kubernetes.io/hostname": name, "topology.kubernetes.io/zone": zone}},
+            "status": {"addresses": [{"type": "Hostname", "address": name}, *(
+                {"type": "InternalIP", "address": address} for address in addresses)]}}
+
+
 class KubeApi:
     """The few calls a lab makes: create, read, patch and delete objects."""
 
@@ -131,14 +141,7 @@ class KubeApi:
         return self.request("PUT", path, obj)
 
     def register_node(self, name: str, addresses: Sequence[str], zone: str) -> dict:
-        """A Node as a kubelet registers it: its addresses, hostname and
-        topology labels."""
-        return self.create("/api/v1/nodes", {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {
-                "kubernetes.io/hostname": name, "topology.kubernetes.io/zone": zone}},
-            "status": {"addresses": [{"type": "Hostname", "address": name}, *(
-                {"type": "InternalIP", "address": address} for address in addresses)]}})
+        return self.create("/api/v1/nodes", node_object(name, addresses, zone))
 
     def pod_status(self, namespace: str, name: str, ips: Sequence[str], ready: bool,
                    terminating: bool = False) -> dict:

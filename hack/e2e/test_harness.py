@@ -41,7 +41,8 @@ def test_state_file_uses_kpng_keys_and_integer_enums():
     families = families_of_mode("dual")
     state = base_state(families, _pods(families))
     body = yaml.safe_load(state.to_yaml())
-    assert [n["name"] for n in body["nodes"]] == ["node-a", "node-b"]
+    assert [(n["name"], n["topology"]["zone"]) for n in body["nodes"]] == [
+        ("node-a", "zone-a"), ("node-b", "zone-a"), ("node-c", "zone-b")]
     web = _service(state, "web")
     assert web["service"]["ips"] == {"clusterips": {"v4": ["10.96.0.10"],
                                                     "v6": ["fd00:10:96::a"]}}
@@ -109,9 +110,11 @@ def test_state_changes_are_new_values():
 
 def test_report_lines_summary_and_junit(tmp_path, capsys):
     report = Report("e2e-ebpf-dual", sys.stdout)  # capsys's, at this point
+    report.note("control plane: kube (Kubernetes v1.37.2, etcd Version: 3.6.16)")
     report.add(Result("S1/basic-endpoint/ipv4", None, 1.5))
     report.add(Result("S6/no-endpoints-rejected/ipv6", "step: refused\nafter 2 s", 0.5))
     assert capsys.readouterr().out.splitlines() == [
+        "control plane: kube (Kubernetes v1.37.2, etcd Version: 3.6.16)",
         "PASS S1/basic-endpoint/ipv4",
         "FAIL S6/no-endpoints-rejected/ipv6: step: refused | after 2 s"]
     assert report.summary() == "1 passed, 1 failed"
@@ -125,6 +128,8 @@ def test_report_lines_summary_and_junit(tmp_path, capsys):
                                               "S6/no-endpoints-rejected/ipv6"]
     failure = cases[1].find("failure")
     assert failure is not None and failure.get("message") == "step: refused"
+    assert [(p.get("name"), p.get("value")) for p in suite.iter("property")] == [
+        ("control plane", "kube (Kubernetes v1.37.2, etcd Version: 3.6.16)")]
 
 
 
