@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
-from e2e.proxy import SYNC_TIMEOUT, BackendKind, ControlPlane, Seat, SyncError, kpng_py
+from e2e.proxy import (SYNC_TIMEOUT, BackendKind, ControlPlane, Seat, SyncError, kpng_py,
+                       stop_cleanly)
 from e2e.statefile import LOCAL_NODE, ClusterState, EndpointRef, PortSpec, ServiceSpec
 from lab.cluster import ADDRESSING, Cluster, Family, ip_family
 from lab.kube_control_plane import ControlPlaneError, KubeApi, KubeControlPlane, version_of
@@ -421,11 +422,13 @@ class ApiServerControlPlane(ControlPlane):
         return list(self._relays)
 
     def _stop_helpers(self) -> list[str]:
+        # socat's exit code on SIGTERM is 143.
+        problems = [stop_cleanly(relay, clean=(0, -15, 143)) for relay in self._relays]
         try:
             self.control.stop()
         except (ControlPlaneError, TimeoutError) as err:
-            return [f"the Kubernetes control plane did not stop: {err}"]
-        return []
+            problems.append(f"the Kubernetes control plane did not stop: {err}")
+        return [p for p in problems if p is not None]
 
     def apply(self, state: ClusterState) -> None:
         if state == self.state:

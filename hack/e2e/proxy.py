@@ -152,11 +152,11 @@ class ControlPlane:
         raise NotImplementedError
 
     def _helpers(self) -> list[Proc]:
-        """The processes besides the backends (stopped after them)."""
+        """The processes besides the backends: a wait fails when one died."""
         return []
 
     def _stop_helpers(self) -> list[str]:
-        """Stop what `_helpers` are not (a control plane); complaints."""
+        """Stop what runs besides the backends (after them); complaints."""
         return []
 
     # -- processes --------------------------------------------------------
@@ -186,14 +186,8 @@ class ControlPlane:
 
     def stop(self) -> list[str]:
         """Stop backends then the rest; returns complaints (e.g. a crash seen now)."""
-        problems = []
-        for proc in [r.proc for r in self._running.values()] + self._helpers():
-            if not proc.running():
-                problems.append(proc.describe_exit())
-            elif proc.stop() not in (0, -15):
-                problems.append(f"{proc.name} did not exit cleanly on SIGTERM: "
-                                f"code {proc.popen.returncode}")
-        return problems + self._stop_helpers()
+        problems = [stop_cleanly(r.proc) for r in self._running.values()]
+        return [p for p in problems if p is not None] + self._stop_helpers()
 
     # -- waiting ----------------------------------------------------------
     @property
@@ -245,6 +239,16 @@ class ControlPlane:
                                 seat.node_name)
 
 
+def stop_cleanly(proc: Proc, clean: tuple[int, ...] = (0, -15)) -> str | None:
+    """SIGTERM `proc`; a complaint if it had died already or exits with a
+    code not in `clean`."""
+    if not proc.running():
+        return proc.describe_exit()
+    if proc.stop() not in clean:
+        return f"{proc.name} did not exit cleanly on SIGTERM: code {proc.popen.returncode}"
+    return None
+
+
 def service_ports_of(cluster: BrainState, node: str) -> tuple[ServicePort, ...]:
     """The service ports of `node`'s view of a brain's state, as the state
     model makes them."""
@@ -289,6 +293,10 @@ class FileControlPlane(ControlPlane):
 
     def _helpers(self) -> list[Proc]:
         return [self.brain] if self.brain is not None else []
+
+    def _stop_helpers(self) -> list[str]:
+        problem = stop_cleanly(self.brain) if self.brain is not None else None
+        return [problem] if problem is not None else []
 
     def _backend_command(self, seat: Seat) -> list[str]:
         return kpng_py("local", "--api", f"unix://{self.socket}", "--node-name", seat.node_name)
