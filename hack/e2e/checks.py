@@ -1,4 +1,4 @@
-"""The checks: docs/spec/service-behaviours.md, S1-S15, as the Kubernetes
+"""The checks: docs/spec/service-behaviours.md, S1-S18, as the Kubernetes
 e2e tests for Services run them (upstream test names in each check's
 `upstream`).
 

@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-i", "--ip", choices=IP_MODES, help="IP families of the cluster")
     parser.add_argument("-b", "--backend", choices=sorted(BACKENDS), help="backend under test")
     parser.add_argument("-t", "--topology", choices=sorted(TOPOLOGIES), default="service",
-                        help="service: one node, the ClusterIP checks S1-S15 (default); "
+                        help="service: one node, the ClusterIP checks S1-S18 (default); "
                              "nodeport: two nodes and an external client, N0-N19")
     parser.add_argument("-c", "--control-plane", choices=sorted(CONTROL_PLANES),
                         default="file",
