@@ -633,19 +633,27 @@ def _hinted(pod: Pod, node: str, zone: str, same_node: bool, ready: bool = True)
                        hint_nodes=(node,) if same_node else ())
 
 
+# A step of a check: its name, the service's endpoints, the pods that must answer.
+Step = tuple[str, Sequence[EndpointRef], Sequence[Pod]]
+
+
+def _http_steps(t: CheckRun, service: ServiceSpec, steps: Sequence[Step]) -> None:
+    """Each step's endpoints applied in turn, and new connections reach its pods."""
+    for step, endpoints, pods in steps:
+        t.apply(service.with_endpoints(*endpoints))
+        t.each_family(step, lambda f, p=pods: t.expect_http(service, HTTP, f, p))
+
+
 @check("S17/prefer-same-node", "traffic_distribution.go: should route traffic correctly "
        "between pods on multiple nodes when using PreferSameNode (and fall back to every "
        "endpoint when none is on the node)", translated=True)
 def prefer_same_node(t: CheckRun) -> None:
     srv0, srv1, srv2 = t.env.servers
-    near = ServiceSpec("near-node", 18, (HTTP,), traffic_distribution="PreferSameNode")
     far = [_hinted(p, OTHER_ZONE_NODE, OTHER_ZONE, same_node=True) for p in (srv1, srv2)]
-    t.apply(near.with_endpoints(_hinted(srv0, LOCAL_NODE, ZONE, same_node=True), *far))
-    t.each_family(f"{srv0.name} on this node", lambda f: t.expect_http(near, HTTP, f, [srv0]))
-    t.apply(near.with_endpoints(_hinted(srv0, LOCAL_NODE, ZONE, same_node=True, ready=False),
-                                *far))
-    t.each_family(f"{srv0.name} not ready: every ready endpoint (another node and zone)",
-                  lambda f: t.expect_http(near, HTTP, f, [srv1, srv2]))
+    _http_steps(t, ServiceSpec("near-node", 18, (HTTP,), traffic_distribution="PreferSameNode"), (
+        (f"{srv0.name} on this node", (_hinted(srv0, LOCAL_NODE, ZONE, True), *far), (srv0,)),
+        (f"{srv0.name} not ready: every ready endpoint (another node and zone)",
+         (_hinted(srv0, LOCAL_NODE, ZONE, True, ready=False), *far), (srv1, srv2))))
 
 
 @check("S17/prefer-same-zone", "traffic_distribution.go: should route traffic to an endpoint "
@@ -653,20 +661,15 @@ def prefer_same_node(t: CheckRun) -> None:
        "is in the zone)", translated=True)
 def prefer_same_zone(t: CheckRun) -> None:
     srv0, srv1, srv2 = t.env.servers
-    near = ServiceSpec("near-zone", 19, (HTTP,), traffic_distribution="PreferSameZone")
     far = _hinted(srv2, OTHER_ZONE_NODE, OTHER_ZONE, same_node=False)
     same_zone = _hinted(srv1, REMOTE_NODE, ZONE, same_node=False)
-    t.apply(near.with_endpoints(_hinted(srv0, LOCAL_NODE, ZONE, same_node=False), same_zone,
-                                far))
-    t.each_family(f"{srv0.name} and {srv1.name} in this node's zone",
-                  lambda f: t.expect_http(near, HTTP, f, [srv0, srv1]))
     not_ready = _hinted(srv0, LOCAL_NODE, ZONE, same_node=False, ready=False)
-    t.apply(near.with_endpoints(not_ready, same_zone, far))
-    t.each_family(f"{srv0.name} not ready: {srv1.name}, on another node of the zone",
-                  lambda f: t.expect_http(near, HTTP, f, [srv1]))
-    t.apply(near.with_endpoints(not_ready, far))
-    t.each_family(f"none ready in the zone: {srv2.name}, of another zone",
-                  lambda f: t.expect_http(near, HTTP, f, [srv2]))
+    _http_steps(t, ServiceSpec("near-zone", 19, (HTTP,), traffic_distribution="PreferSameZone"), (
+        (f"{srv0.name} and {srv1.name} in this node's zone",
+         (_hinted(srv0, LOCAL_NODE, ZONE, same_node=False), same_zone, far), (srv0, srv1)),
+        (f"{srv0.name} not ready: {srv1.name}, on another node of the zone",
+         (not_ready, same_zone, far), (srv1,)),
+        (f"none ready in the zone: {srv2.name}, of another zone", (not_ready, far), (srv2,))))
 
 
 # -- S18 -----------------------------------------------------------------

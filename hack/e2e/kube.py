@@ -162,10 +162,11 @@ def _slice_endpoint(ref: EndpointRef, family: Family,
     return endpoint
 
 
-@dataclass(frozen=True)
+@dataclass
 class ApiObjects:
     """What a ClusterState is in the API: Services, their statuses and
-    EndpointSlices, each by name."""
+    EndpointSlices, each by name (ApiWriter keeps one up to date with what
+    the API holds)."""
 
     services: dict[str, dict[str, Any]] = field(default_factory=dict)
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -187,6 +188,14 @@ class ApiObjects:
             objects.statuses[spec.name] = status_object(spec, state.families)
             objects.slices.update(slice_objects(spec, state.families, state.zone_of))
         return objects
+
+    def record(self, kind: str, name: str, value: dict[str, Any] | None) -> None:
+        """`value` is now the object `name` of `kind` (a field's name); None: gone."""
+        objects = getattr(self, kind)
+        if value is None:
+            objects.pop(name, None)
+        else:
+            objects[name] = value
 
 
 def owner(slice_object: dict[str, Any]) -> str:
@@ -235,43 +244,55 @@ def _identity(service: dict[str, Any]) -> tuple:
     return spec.get("clusterIP"), spec.get("clusterIPs"), spec["ipFamilies"]
 
 
+def _kept(name: str, before: ApiObjects, after: ApiObjects) -> bool:
+    """Whether the Service `name` is in both and the same one (not made anew)."""
+    return name in before.services and name in after.services and \
+        _identity(before.services[name]) == _identity(after.services[name])
+
+
 def plan(before: ApiObjects, after: ApiObjects) -> list[Write]:
-    """The calls that make the API's objects `after` from `before`."""
-    writes: list[Write] = []
+    """The calls that make the API's objects `after` from `before`: the
+    Services, their slices, the slices that go, the Services that go."""
+    return [*_service_writes(before, after), *_slice_writes(before, after),
+            *_slices_gone(before, after),
+            *(write for name in before.services if name not in after.services
+              for write in _delete_service(name, before))]
+
+
+def _service_writes(before: ApiObjects, after: ApiObjects) -> Iterator[Write]:
     for name, service in after.services.items():
-        old = before.services.get(name)
-        if old is not None and _identity(old) != _identity(service):
-            writes += _delete_service(name, before)
-            old = None
-        if old is None:
-            writes += _create_service(name, after)
-        else:
-            if old != service:
-                writes.append(Write("PUT", f"{SERVICES}/{name}", service,
-                                    (("services", name, service),), "services"))
-            if before.statuses.get(name) != after.statuses[name]:
-                writes.append(_status(name, after.statuses[name]))
+        if not _kept(name, before, after):
+            if name in before.services:
+                yield from _delete_service(name, before)
+            yield from _create_service(name, after)
+            continue
+        if before.services[name] != service:
+            yield Write("PUT", f"{SERVICES}/{name}", service, (("services", name, service),),
+                        "services")
+        if before.statuses[name] != after.statuses[name]:
+            yield _status(name, after.statuses[name])
+
+
+def _slice_writes(before: ApiObjects, after: ApiObjects) -> Iterator[Write]:
+    """New and changed slices (all of a Service made anew are new)."""
     for name, endpoint_slice in after.slices.items():
-        old_slice = before.slices.get(name)
-        if old_slice is None or _identity(before.services[owner(old_slice)]) != \
-                _identity(after.services[owner(endpoint_slice)]):
-            writes.append(Write("POST", SLICES, endpoint_slice,
-                                (("slices", name, endpoint_slice),), "endpointslices"))
-        elif old_slice != endpoint_slice:
-            writes.append(Write("PUT", f"{SLICES}/{name}", endpoint_slice,
-                                (("slices", name, endpoint_slice),), "endpointslices"))
-    for name, old_slice in before.slices.items():
-        if name not in after.slices and owner(old_slice) in after.services \
-                and _identity(before.services[owner(old_slice)]) == \
-                _identity(after.services[owner(old_slice)]):
-            emptied = {**old_slice, "endpoints": []}
-            writes.append(Write("PUT", f"{SLICES}/{name}", emptied,
-                                (("slices", name, emptied),), "endpointslices"))
-            writes.append(_delete_slice(name))
-    for name in before.services:
-        if name not in after.services:
-            writes += _delete_service(name, before)
-    return writes
+        old = before.slices.get(name)
+        record = (("slices", name, endpoint_slice),)
+        if old is None or not _kept(owner(endpoint_slice), before, after):
+            yield Write("POST", SLICES, endpoint_slice, record, "endpointslices")
+        elif old != endpoint_slice:
+            yield Write("PUT", f"{SLICES}/{name}", endpoint_slice, record, "endpointslices")
+
+
+def _slices_gone(before: ApiObjects, after: ApiObjects) -> Iterator[Write]:
+    """Slices that go from a Service that stays: emptied (the version to
+    wait for), then deleted."""
+    for name, old in before.slices.items():
+        if name not in after.slices and _kept(owner(old), before, after):
+            emptied = {**old, "endpoints": []}
+            yield Write("PUT", f"{SLICES}/{name}", emptied, (("slices", name, emptied),),
+                        "endpointslices")
+            yield _delete_slice(name)
 
 
 def _delete_service(name: str, before: ApiObjects) -> list[Write]:
@@ -304,11 +325,7 @@ class ApiWriter:
         for write in plan(self._applied, after):
             answer = self._api.request(write.method, write.path, write.body, write.content_type)
             for kind, name, value in write.records:
-                objects = getattr(self._applied, kind)
-                if value is None:
-                    objects.pop(name, None)
-                else:
-                    objects[name] = value
+                self._applied.record(kind, name, value)
             if write.tracked is not None:
                 version = int(answer["metadata"]["resourceVersion"])
                 targets[write.tracked] = max(targets.get(write.tracked, 0), version)

@@ -4,7 +4,7 @@
   (`kpng-py file -i STATE to-api`) and a backend (`kpng-py local ... to-X`)
   per node are separate processes, talking over a unix socket; a change is a
   new state file.
-- `kube` (KubeControlPlane): a real Kubernetes API server (the lab's, started
+- `kube` (e2e.kube.ApiServerControlPlane): a real Kubernetes API server (the lab's, started
   for the run), which `kpng-py kube ... to-local ... to-X` follows on each
   node, brain and backend in one process (the one-container DaemonSet); a
   change is written through the API (e2e.kube).
@@ -179,7 +179,7 @@ class ControlPlane:
                                  *self.kind.sink_args_at(seat.places), *flags])
         self._running[seat.label] = _Running(proc, JsonLog(proc.log), starts)
         self._on_backend_started(seat)
-        self.wait_sync(0, START_TIMEOUT, seat)
+        self.wait_sync(0, START_TIMEOUT, seat, "after it started")
 
     def _on_backend_started(self, seat: Seat) -> None:
         """A seat's backend process (re)started: its log is new."""
@@ -202,13 +202,12 @@ class ControlPlane:
         running.log.poll()
         return running.log.syncs
 
-    def wait_sync(self, after: int, timeout: float = SYNC_TIMEOUT,
-                  seat: Seat | None = None) -> None:
+    def wait_sync(self, after: int, timeout: float = SYNC_TIMEOUT, seat: Seat | None = None,
+                  since: str = "after the state file changed") -> None:
         """Wait until a seat's backend (the first's by default) applied more
-        than `after` change sets."""
+        than `after` change sets (`since`: what they follow, for a timeout)."""
         seat = seat or self.seats[0]
-        self._wait(seat, lambda: self.syncs_of(seat) > after, timeout,
-                   lambda: "after the state file changed")
+        self._wait(seat, lambda: self.syncs_of(seat) > after, timeout, lambda: since)
 
     def _wait(self, seat: Seat, done: Callable[[], bool], timeout: float,
               what: Callable[[], str]) -> None:
