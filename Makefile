@@ -19,14 +19,17 @@ demo: setup
 test: setup lint
 	$(PYTEST) -q -ra -n $(TEST_WORKERS)
 	hack/test_e2e.sh -a
+	hack/test_e2e.sh -a -c kube
 
 # ruff over the whole tree (its rules: pyproject.toml).
 lint: setup
 	$(VENV)/bin/ruff check .
 
-# The end-to-end suite: every IP mode with every built-in backend (docs/e2e.md).
+# The end-to-end suite: every IP mode with every built-in backend, the
+# checks' states in a state file, then through a Kubernetes API server (docs/e2e.md).
 e2e: setup
 	hack/test_e2e.sh -a
+	hack/test_e2e.sh -a -c kube
 
 # The benchmarks (docs/bench.md), not part of `make test`; e.g.
 # make bench BENCH_ARGS="--quick"    (a few minutes)
