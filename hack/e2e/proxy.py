@@ -233,9 +233,7 @@ class ControlPlane:
         """The service ports of a seat's node (the first's by default) in the
         current state: what the brain serves it (what kube-proxy would
         program there)."""
-        seat = seat or self.seats[0]
-        return service_ports_of(parse_state(self.state.to_yaml().encode(), "the harness's state"),
-                                seat.node_name)
+        return node_service_ports(self.state, (seat or self.seats[0]).node_name)
 
 
 def stop_cleanly(proc: Proc, clean: tuple[int, ...] = (0, -15)) -> str | None:
@@ -246,6 +244,20 @@ def stop_cleanly(proc: Proc, clean: tuple[int, ...] = (0, -15)) -> str | None:
     if proc.stop() not in clean:
         return f"{proc.name} did not exit cleanly on SIGTERM: code {proc.popen.returncode}"
     return None
+
+
+def node_service_ports(state: ClusterState, node: str) -> tuple[ServicePort, ...]:
+    """The service ports the brain serves `node` for the harness's `state`."""
+    return service_ports_of(parse_state(state.to_yaml().encode(), "the harness's state"), node)
+
+
+def changed_nodes(before: ClusterState, after: ClusterState, nodes: Sequence[str]) -> set[str]:
+    """The nodes whose service ports differ between the two states: those
+    a change set goes to (as kube-proxy, the view leaves conditions out: a
+    ready endpoint that turns serving-terminating as the only one left, say,
+    changes nothing)."""
+    return {node for node in nodes
+            if node_service_ports(before, node) != node_service_ports(after, node)}
 
 
 def service_ports_of(cluster: BrainState, node: str) -> tuple[ServicePort, ...]:
@@ -301,13 +313,17 @@ class FileControlPlane(ControlPlane):
         return kpng_py("local", "--api", f"unix://{self.socket}", "--node-name", seat.node_name)
 
     def apply(self, state: ClusterState) -> None:
+        """Write the state file; wait for each backend whose node's view
+        changed (the brain sends the others nothing)."""
         if state.to_yaml() == self.state.to_yaml():
             return
+        changed = changed_nodes(self.state, state, [seat.node_name for seat in self.seats])
         before = {seat.label: self.syncs_of(seat) for seat in self.seats}
         self.state = state
         write_atomically(self.state_path, state.to_yaml())
         for seat in self.seats:
-            self.wait_sync(before[seat.label], seat=seat)
+            if seat.node_name in changed:
+                self.wait_sync(before[seat.label], seat=seat)
 
     def write_while_backend_down(self, state: ClusterState) -> None:
         self.state = state

@@ -74,9 +74,8 @@ class EndpointRef:
         return self.serving if self.terminating else self.ready
 
     def conditions(self) -> dict[str, bool]:
-        """As a state file and an EndpointSlice say them (serving and
-        terminating only where the endpoint terminates: the file's defaults
-        otherwise)."""
+        """As the state file says them: serving and terminating only where
+        the endpoint terminates (the file's defaults otherwise)."""
         if not self.terminating:
             return {"ready": self.ready}
         return {"ready": self.ready, "serving": self.serving, "terminating": True}

@@ -18,7 +18,7 @@ import yaml
 from e2e import nodeport_checks
 from e2e.checks import ALT, DNS_TCP, DNS_UDP, HTTP, base_state
 from e2e.cli import _SUMMARY, _run_side_by_side
-from e2e.proxy import BACKENDS
+from e2e.proxy import BACKENDS, changed_nodes
 from e2e.report import Report, Result
 from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, ServiceSpec
 from e2e.topology import nodeport_places, pod_names
@@ -263,3 +263,18 @@ def test_runs_side_by_side_print_whole_and_count(tmp_path, capsys):
                        ("b", "b1\nb2\n1 passed, 2 failed, 1 n/a\n"), ("c", "c1 set-up failed\n")):
         assert f"== e2e {name}\n{body}== e2e {name}: " in out
     assert list(tmp_path.iterdir()) == []  # the kept output is gone with the run
+
+
+def test_the_file_plane_waits_only_for_nodes_whose_view_changed():
+    """A change no node's view shows gets no change set, so no sync to wait
+    for: an only endpoint that turns serving-terminating is still used."""
+    families = families_of_mode("ipv4")
+    srv = _pods(families)
+    rolling = ServiceSpec("rolling", 17, (HTTP,))
+    before = ClusterState(families, (rolling.with_endpoints(srv[0]),))
+    terminating = before.with_service(rolling.with_endpoints(
+        EndpointRef(srv[0], ready=False, terminating=True, serving=True),
+        EndpointRef(srv[1], ready=False)))
+    assert changed_nodes(before, terminating, ["node-a", "node-b"]) == set()
+    remote = before.with_service(rolling.with_endpoints(EndpointRef(srv[0], REMOTE_NODE)))
+    assert changed_nodes(before, remote, ["node-a", "node-b"]) == {"node-a", "node-b"}
