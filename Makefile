@@ -20,6 +20,7 @@ demo: setup
 test: setup lint
 	$(PYTEST) -q -ra -n $(TEST_WORKERS)
 	hack/test_e2e.sh -a
+	hack/test_e2e.sh -a -c kube
 
 # ruff over the whole tree, then mypy over the packages (the rules of both:
 # pyproject.toml).
@@ -27,9 +28,11 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# The end-to-end suite: every IP mode with every built-in backend (docs/e2e.md).
+# The end-to-end suite: every IP mode with every built-in backend, the
+# checks' states in a state file, then through a Kubernetes API server (docs/e2e.md).
 e2e: setup
 	hack/test_e2e.sh -a
+	hack/test_e2e.sh -a -c kube
 
 # The benchmarks (docs/bench.md), not part of `make test`; e.g.
 # make bench BENCH_ARGS="--quick"    (a few minutes)

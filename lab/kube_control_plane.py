@@ -9,7 +9,10 @@ keeps its data too. The three processes run in a cgroup of the run
 (`kpe2e-<pid>-control`), so the sweep of a run that was killed outright kills
 them with its other processes, and removes the work directory
 (lab/teardown.py). A lab writes what a kubelet would (`KubeApi.register_node`,
-`pod_status`): the real controller then makes the EndpointSlices.
+`pod_status`): the real controller then makes the EndpointSlices. A lab
+node's network namespace, which has no route to the machine's loopback,
+reaches the API server through a relay (`relay_command`, socat: a unix socket
+in the work directory between the two loopbacks).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import ssl
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +78,16 @@ class ApiAccess:
         }, indent=1)
 
 
+def node_object(name: str, addresses: Sequence[str], zone: str) -> dict:
+    """A Node as a kubelet registers it: its addresses, hostname and
+    topology labels."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {
+                "kubernetes.io/hostname": name, "topology.kubernetes.io/zone": zone}},
+            "status": {"addresses": [{"type": "Hostname", "address": name}, *(
+                {"type": "InternalIP", "address": address} for address in addresses)]}}
+
+
 class KubeApi:
     """The few calls a lab makes: create, read, patch and delete objects."""
 
@@ -122,15 +136,12 @@ class KubeApi:
     def merge_patch(self, path: str, patch: dict) -> dict:
         return self.request("PATCH", path, patch, "application/merge-patch+json")
 
+    def replace(self, path: str, obj: dict) -> dict:
+        """PUT: the object becomes `obj` (what it leaves out, defaults)."""
+        return self.request("PUT", path, obj)
+
     def register_node(self, name: str, addresses: Sequence[str], zone: str) -> dict:
-        """A Node as a kubelet registers it: its addresses, hostname and
-        topology labels."""
-        return self.create("/api/v1/nodes", {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {
-                "kubernetes.io/hostname": name, "topology.kubernetes.io/zone": zone}},
-            "status": {"addresses": [{"type": "Hostname", "address": name}, *(
-                {"type": "InternalIP", "address": address} for address in addresses)]}})
+        return self.create("/api/v1/nodes", node_object(name, addresses, zone))
 
     def pod_status(self, namespace: str, name: str, ips: Sequence[str], ready: bool,
                    terminating: bool = False) -> dict:
@@ -164,6 +175,7 @@ class KubeControlPlane:
         self.cgroup = CGROUP2_ROOT / f"{names.tag}-control"
         self._procs: list[Proc] = []
         self.api: KubeApi | None = None
+        self._relay_socket: Path | None = None
 
     def start(self) -> KubeApi:
         missing = missing_binaries()
@@ -231,6 +243,25 @@ class KubeControlPlane:
         except TimeoutError as err:
             raise ControlPlaneError(f"{err}; its log: {self._work / 'logs'}") from None
 
+    def relay_command(self) -> list[str]:
+        """The command that brings the API server into a network namespace
+        without a route to the machine's loopback (a node of the lab): run
+        there, it listens on that namespace's 127.0.0.1 at the API server's
+        port, so the same kubeconfig works in it. Its far end, a unix socket
+        in the work directory relayed to the API server, starts with the
+        first call, in the control plane's cgroup."""
+        if self.api is None:
+            raise ControlPlaneError("the control plane is not started: no API server to relay")
+        port = urllib.parse.urlsplit(self.api.access.url).port
+        if self._relay_socket is None:
+            self._relay_socket = self._work / "api-relay.sock"
+            self._procs.append(spawn("api-relay", in_cgroup(self.cgroup, [
+                "socat", f"UNIX-LISTEN:{self._relay_socket},fork",
+                f"TCP:127.0.0.1:{port}"]), self._work / "logs" / "api-relay.log"))
+            wait_until("the API relay's socket", self._relay_socket.is_socket, 10.0)
+        return ["socat", f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork",
+                f"UNIX-CONNECT:{self._relay_socket}"]
+
     def pids(self) -> list[int]:
         return [proc.pid for proc in self._procs if proc.running()]
 
@@ -239,6 +270,7 @@ class KubeControlPlane:
         for proc in reversed(self._procs):
             proc.stop()
         self._procs = []
+        self._relay_socket = None
         if self.cgroup.is_dir():
             wait_until(f"cgroup {self.cgroup} empty",
                        lambda: not (self.cgroup / "cgroup.procs").read_text().strip(), 10.0)

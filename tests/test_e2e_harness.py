@@ -1,7 +1,7 @@
 """The lab's logic without a kernel (lab/): addressing, names and the
 recognition of leftovers, the DNS codec of its probe, the sync detection in
 backend logs; and, in a pytest of its own in hack/, the e2e harness's own
-tests (hack/e2e/test_harness.py)."""
+tests (hack/e2e/test_harness.py, test_kube.py)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def test_the_harness_own_tests_pass():
     # Without the plugins this suite's other tests need, it starts in a second.
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pytest_timeout",
-         "e2e/test_harness.py"],
+         "e2e/test_harness.py", "e2e/test_kube.py"],
         cwd=HACK, capture_output=True, text=True, timeout=240,
         env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

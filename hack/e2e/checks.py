@@ -1,4 +1,4 @@
-"""The checks: docs/spec/service-behaviours.md, S1-S15, as the Kubernetes
+"""The checks: docs/spec/service-behaviours.md, S1-S18, as the Kubernetes
 e2e tests for Services run them (upstream test names in each check's
 `upstream`).
 
@@ -9,6 +9,7 @@ created by the check that needs it, as an e2e test creates its objects.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -21,7 +22,8 @@ from typing import Callable, Generic, Sequence, TypeVar
 
 from e2e.expect import CheckEnv, CheckFailed, CheckRun, Env
 from e2e.proxy import BackendKind
-from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, PortSpec, ServiceSpec
+from e2e.statefile import (LOCAL_NODE, OTHER_ZONE, OTHER_ZONE_NODE, REMOTE_NODE, ZONE,
+                           ClusterState, EndpointRef, PortSpec, ServiceSpec)
 from kpng_py.model import IPFamily
 from lab import clients
 from lab.clients import Sample, StreamingProbe, host_literal
@@ -44,6 +46,7 @@ AFFINITY_TIMEOUT = 2          # seconds; e2e uses short timeouts too
 AFFINITY_EXPIRY_ROUNDS = 10   # P(the same of 3 pods 10 times in a row) < 1e-4
 UDP_FOLLOW_TIMEOUT = 60.0     # "within about a minute"
 LARGE_DATAGRAM = 2000
+SERVICE_PROXY_NAME = "service.kubernetes.io/service-proxy-name"
 
 
 def base_state(families: tuple[Family, ...], servers: Sequence[Pod]) -> ClusterState:
@@ -91,6 +94,15 @@ class Check(Generic[EnvT]):
     # reach the node when the backend balances at the socket level.
     translated: bool = False
     not_applicable: Applicability = always
+    # Why the Kubernetes API cannot say the states it makes (n/a under
+    # `-c kube`; e2e.kube.NotExpressible says which ones it refuses).
+    kube_cannot: str | None = None
+
+    def why_not(self, kind: BackendKind, control_plane: str) -> str | None:
+        """Why it cannot run with this backend and control plane (`-c`); None: it can."""
+        if control_plane == "kube" and self.kube_cannot is not None:
+            return f"the Kubernetes API cannot say it: {self.kube_cannot}"
+        return self.not_applicable(kind)
 
 
 CHECKS: list[Check[Env]] = []
@@ -98,20 +110,23 @@ CHECKS: list[Check[Env]] = []
 
 def register_in(into: list[Check[EnvT]], name: str, upstream: str,
                 families: FamilyFilter = all_families, translated: bool = False,
-                not_applicable: Applicability = always
+                not_applicable: Applicability = always, kube_cannot: str | None = None
                 ) -> Callable[[Callable[[CheckRun[EnvT]], None]], Callable[[CheckRun[EnvT]], None]]:
     """Register the check in `into`, the checks of its topology."""
     def register(body: Callable[[CheckRun[EnvT]], None]) -> Callable[[CheckRun[EnvT]], None]:
-        into.append(Check(name, upstream, body, families, translated, not_applicable))
+        into.append(Check(name, upstream, body, families, translated, not_applicable,
+                          kube_cannot))
         return body
     return register
 
 
 def check(name: str, upstream: str, families: FamilyFilter = all_families,
-          translated: bool = False, not_applicable: Applicability = always
+          translated: bool = False, not_applicable: Applicability = always,
+          kube_cannot: str | None = None
           ) -> Callable[[Callable[[CheckRun[Env]], None]], Callable[[CheckRun[Env]], None]]:
     """Register a check of the service topology (CHECKS)."""
-    return register_in(CHECKS, name, upstream, families, translated, not_applicable)
+    return register_in(CHECKS, name, upstream, families, translated, not_applicable,
+                       kube_cannot)
 
 
 # -- S1 ------------------------------------------------------------------
@@ -414,7 +429,9 @@ def _connect_fails(t: CheckRun[Env], service: ServiceSpec, family: Family) -> No
 
 
 # -- S11 -----------------------------------------------------------------
-@check("S11/headless-and-externalname-ignored", "Headless / ExternalName ignored")
+@check("S11/headless-and-externalname-ignored", "Headless / ExternalName ignored",
+       kube_cannot="its ExternalName Service has a ClusterIP on purpose (so that programming "
+                   "it would show), which the API refuses")
 def headless_and_externalname(t: CheckRun[Env]) -> None:
     web, srv = t.env.shared("web"), t.env.servers
     headless = ServiceSpec("headless", 9, (HTTP,), headless=True).with_endpoints(*srv)
@@ -526,7 +543,9 @@ def _served(loop: StreamingProbe, since: float = 0.0) -> list[str]:
             if line.get("kind") == "new" and line["ok"] and line["t"] > since]
 
 
-def _judge_restart_loop(t: CheckRun[CheckEnv], family: Family, lines: list[dict]) -> None:
+def loop_problems(lines: list[dict]) -> list[str]:
+    """What went wrong in a client loop (probe.py http-loop): failed new
+    connections, a broken established one."""
     new = [line for line in lines if line.get("kind") == "new"]
     established = [line for line in lines if line.get("kind") == "established"]
     failed_new = [line for line in new if not line["ok"]]
@@ -539,6 +558,11 @@ def _judge_restart_loop(t: CheckRun[CheckEnv], family: Family, lines: list[dict]
     if failed_established:
         problems.append(f"the established connection broke ({failed_established[0]['errno']}): "
                         f"{len(failed_established)} of {len(established)} exchanges failed")
+    return problems
+
+
+def _judge_restart_loop(t: CheckRun[CheckEnv], family: Family, lines: list[dict]) -> None:
+    problems = loop_problems(lines)
     if problems and t.env.kind.survives_restart:
         t.fail(family, "; ".join(problems))
     elif problems:
@@ -575,6 +599,106 @@ def hairpin(t: CheckRun[Env]) -> None:
     web, srv = t.env.shared("web"), t.env.servers
     t.each_family(f"from {srv[0].name}", lambda f: t.expect_http(web, HTTP, f, srv,
                                                                  client=srv[0]))
+
+
+# -- S16 -----------------------------------------------------------------
+@check("S16/rolling-update-terminating-fallback", "should fallback to terminating endpoints "
+       "when there are no ready endpoints with internalTrafficPolicy=Cluster (a rolling "
+       "update under a steady stream of new connections: none fails)", translated=True)
+def rolling_update(t: CheckRun) -> None:
+    """The pod of a one-replica service is replaced: the old one terminates
+    (ready false, still serving in its grace period) before its replacement
+    is ready, then the new one is ready, then the old one is gone. A client
+    makes a new connection every 100 ms throughout; none may fail."""
+    old, new = t.env.servers[0], t.env.servers[1]
+    rolling, echo = ServiceSpec("rolling", 17, (HTTP,)), t.env.shared("echo")
+    terminating = EndpointRef(old, ready=False, terminating=True, serving=True)
+    steps = ((f"{old.name} terminating, {new.name} not ready yet: the terminating one serves",
+              (terminating, EndpointRef(new, ready=False)), old),
+             (f"{new.name} ready, {old.name} still terminating", (terminating, EndpointRef(new)),
+              new),
+             (f"{old.name} gone", (EndpointRef(new),), new))
+    t.apply(rolling.with_endpoints(old))
+    loops = {f: StreamingProbe(t.env.client, "http-loop", str(rolling.cluster_ip(f)),
+                               str(HTTP.port), str(echo.cluster_ip(f)), str(ECHO_TCP.port))
+             for f in t.active()}
+    try:
+        t.each_family(f"{old.name} ready", lambda f: loop_served_since(
+            loops[f], 0.0, f"ten new connections, all to {old.name}",
+            lambda served: set(served) == {old.name}))
+        for step, endpoints, serving in steps:
+            t.apply(rolling.with_endpoints(*endpoints))
+            since = t.env.control.synced_at
+            t.each_family(step, lambda f, p=serving.name: loop_served_since(  # type: ignore[misc]  # mypy#15459
+                loops[f], since, f"ten new connections, all to {p}",
+                lambda served: set(served) == {p}))
+    finally:
+        lines = {f: loop.stop() for f, loop in loops.items()}
+    for family in t.active():
+        if problems := loop_problems(lines[family]):
+            t.fail(family, "through the update: " + "; ".join(problems))
+
+
+# -- S17 -----------------------------------------------------------------
+def _hinted(pod: Pod, node: str, zone: str, same_node: bool, ready: bool = True) -> EndpointRef:
+    """An endpoint with the hints the EndpointSlice controller gives it for
+    PreferSameZone (its zone) or PreferSameNode (its node, and its zone)."""
+    return EndpointRef(pod, node, ready=ready, hint_zones=(zone,),
+                       hint_nodes=(node,) if same_node else ())
+
+
+# A step of a check: its name, the service's endpoints, the pods that must answer.
+Step = tuple[str, Sequence[EndpointRef], Sequence[Pod]]
+
+
+def _http_steps(t: CheckRun, service: ServiceSpec, steps: Sequence[Step]) -> None:
+    """Each step's endpoints applied in turn, and new connections reach its pods."""
+    for step, endpoints, pods in steps:
+        t.apply(service.with_endpoints(*endpoints))
+        t.each_family(step, lambda f, p=pods: t.expect_http(  # type: ignore[misc]  # mypy#15459
+            service, HTTP, f, p))
+
+
+@check("S17/prefer-same-node", "traffic_distribution.go: should route traffic correctly "
+       "between pods on multiple nodes when using PreferSameNode (and fall back to every "
+       "endpoint when none is on the node)", translated=True)
+def prefer_same_node(t: CheckRun) -> None:
+    srv0, srv1, srv2 = t.env.servers
+    far = [_hinted(p, OTHER_ZONE_NODE, OTHER_ZONE, same_node=True) for p in (srv1, srv2)]
+    _http_steps(t, ServiceSpec("near-node", 18, (HTTP,), traffic_distribution="PreferSameNode"), (
+        (f"{srv0.name} on this node", (_hinted(srv0, LOCAL_NODE, ZONE, True), *far), (srv0,)),
+        (f"{srv0.name} not ready: every ready endpoint (another node and zone)",
+         (_hinted(srv0, LOCAL_NODE, ZONE, True, ready=False), *far), (srv1, srv2))))
+
+
+@check("S17/prefer-same-zone", "traffic_distribution.go: should route traffic to an endpoint "
+       "in the same zone when using PreferSameZone (and fall back to every endpoint when none "
+       "is in the zone)", translated=True)
+def prefer_same_zone(t: CheckRun) -> None:
+    srv0, srv1, srv2 = t.env.servers
+    far = _hinted(srv2, OTHER_ZONE_NODE, OTHER_ZONE, same_node=False)
+    same_zone = _hinted(srv1, REMOTE_NODE, ZONE, same_node=False)
+    not_ready = _hinted(srv0, LOCAL_NODE, ZONE, same_node=False, ready=False)
+    _http_steps(t, ServiceSpec("near-zone", 19, (HTTP,), traffic_distribution="PreferSameZone"), (
+        (f"{srv0.name} and {srv1.name} in this node's zone",
+         (_hinted(srv0, LOCAL_NODE, ZONE, same_node=False), same_zone, far), (srv0, srv1)),
+        (f"{srv0.name} not ready: {srv1.name}, on another node of the zone",
+         (not_ready, same_zone, far), (srv1,)),
+        (f"none ready in the zone: {srv2.name}, of another zone", (not_ready, far), (srv2,))))
+
+
+# -- S18 -----------------------------------------------------------------
+@check("S18/service-proxy-name", "should implement service.kubernetes.io/service-proxy-name")
+def service_proxy_name(t: CheckRun) -> None:
+    srv = t.env.servers
+    proxied = ServiceSpec("proxied", 20, (HTTP,)).with_endpoints(*srv)
+    t.apply(proxied)
+    t.each_family("no label: served", lambda f: t.expect_http(proxied, HTTP, f, srv))
+    t.apply(dataclasses.replace(proxied, labels=((SERVICE_PROXY_NAME, "other"),)))
+    t.each_family(f"labelled {SERVICE_PROXY_NAME}=other: another proxy's",
+                  lambda f: t.expect_not_served(proxied, HTTP, f))
+    t.apply(proxied)
+    t.each_family("label removed: served again", lambda f: t.expect_http(proxied, HTTP, f, srv))
 
 
 # -- counters ------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""`hack/test_e2e.sh -i ipv4|ipv6|dual -b ebpf|userspace [-t service|nodeport] [-d] [-k]`,
-and `-a [-j N]` for every topology with every backend this kpng-py has (the NodePort
-topology dual-stack only: ALL_RUNS_IP_MODES), N runs at a time, what `make e2e` runs."""
+"""`hack/test_e2e.sh -i ipv4|ipv6|dual -b ebpf|userspace [-t service|nodeport]
+[-c file|kube] [-d] [-k]`, and `-a [-j N]` for every topology with every backend
+this kpng-py has (the NodePort topology dual-stack only: ALL_RUNS_IP_MODES), N
+runs at a time, what `make e2e` runs."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from e2e.proxy import BACKENDS
-from e2e.run import TOPOLOGIES, Options, run
+from e2e.run import CONTROL_PLANES, TOPOLOGIES, Options, run
 
 ROOT = Path(__file__).resolve().parents[2]
 IP_MODES = ("ipv4", "ipv6", "dual")
@@ -44,8 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-i", "--ip", choices=IP_MODES, help="IP families of the cluster")
     parser.add_argument("-b", "--backend", choices=sorted(BACKENDS), help="backend under test")
     parser.add_argument("-t", "--topology", choices=sorted(TOPOLOGIES), default="service",
-                        help="service: one node, the ClusterIP checks S1-S15 (default); "
+                        help="service: one node, the ClusterIP checks S1-S18 (default); "
                              "nodeport: two nodes and an external client, N0-N19")
+    parser.add_argument("-c", "--control-plane", choices=sorted(CONTROL_PLANES),
+                        default="file",
+                        help="what the checks change: file: a state file the built-in brain "
+                             "follows (default); kube: a Kubernetes API server (the lab's, "
+                             "started for the run) that `kpng-py kube` follows")
     parser.add_argument("-a", "--all", action="store_true",
                         help="every topology with every built-in backend, one after the "
                              "other: the service topology in every IP mode, the nodeport "
@@ -137,8 +143,10 @@ def _one_run(topology: str, backend: str, ip: str,
              args: argparse.Namespace) -> tuple[str, list[str]]:
     """A mode of `-a`: its label and its command line."""
     label = " ".join(([] if topology == "service" else [topology]) + [backend, ip])
+    if args.control_plane != "file":
+        label = f"{args.control_plane} {label}"
     return label, [sys.executable, "-m", "e2e", "-t", topology, "-i", ip, "-b", backend,
-                   "--logs-dir", str(args.logs_dir.resolve()),
+                   "-c", args.control_plane, "--logs-dir", str(args.logs_dir.resolve()),
                    *(["-k"] if args.keep_logs else [])]
 
 
@@ -183,4 +191,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (args.ip and args.backend):
         parser.error("-i and -b are required (or -a)")
     return run(Options(args.ip, args.backend, args.debug, args.keep_logs, args.logs_dir,
-                       args.topology))
+                       args.topology, args.control_plane))

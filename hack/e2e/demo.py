@@ -19,7 +19,7 @@ import time
 from typing import Sequence
 
 from e2e.checks import HTTP, base_state
-from e2e.proxy import BACKENDS, ControlPlane
+from e2e.proxy import BACKENDS, FileControlPlane
 from e2e.statefile import ServiceSpec
 from lab import clients, procs, teardown
 from lab.cluster import Cluster, IPAddress, Pod, families_of_mode
@@ -41,7 +41,7 @@ def demo(ip_mode: str, keep: bool) -> int:
         return 1
     names = RunNames.for_this_process()
     kind = BACKENDS["ebpf"]
-    control: ControlPlane | None = None
+    control: FileControlPlane | None = None
     began = time.monotonic()
     # Ctrl-C is the way out of a kept demo, also when it was started where
     # SIGINT is ignored (a background job of a non-interactive shell, as CI
@@ -58,7 +58,7 @@ def demo(ip_mode: str, keep: bool) -> int:
         for pod in (*servers, client):
             role = "client" if pod is client else "nginx, dnsmasq, socat"
             say(f"   {pod.name:7} {', '.join(map(str, pod.ips)):28} {role}")
-        control = ControlPlane(cluster, kind, base_state(cluster.families, servers))
+        control = FileControlPlane(cluster, kind, base_state(cluster.families, servers))
         say(f"== the brain serves {control.state_path.name} on {control.socket.name}; the eBPF "
             f"backend (kpng-py local ... to-ebpf) attaches to the pods' cgroup")
         control.start()
@@ -108,7 +108,7 @@ def demo(ip_mode: str, keep: bool) -> int:
         say(f"   done in {time.monotonic() - began:.1f} s in all")
 
 
-def _keep_until_interrupted(client: Pod, control: ControlPlane) -> None:
+def _keep_until_interrupted(client: Pod, control: FileControlPlane) -> None:
     """Wait, with the cluster up, until Ctrl-C or SIGTERM."""
     say("== kept up. In another terminal, a shell in the client pod (its network "
         "namespace and cgroup, where ClusterIPs are translated):")

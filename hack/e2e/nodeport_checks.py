@@ -22,12 +22,13 @@ import time
 from typing import Callable, Sequence
 
 from e2e.checks import (
-    DNS_UDP, ECHO_TCP, HTTP, Applicability, Check, _judge_restart_loop, all_families, always,
-    follow_udp_socket, loop_served_since, loop_under_way, register_in, stop_backend,
+    DNS_UDP, ECHO_TCP, HTTP, SERVICE_PROXY_NAME, Applicability, Check, _judge_restart_loop,
+    all_families, always, follow_udp_socket, loop_served_since, loop_under_way, register_in,
+    stop_backend,
 )
 from e2e.expect import CheckFailed, CheckRun, refused_at_once
 from e2e.proxy import BackendKind
-from e2e.statefile import ClusterState, EndpointRef, PortSpec, ServiceSpec
+from e2e.statefile import ZONE, ClusterState, EndpointRef, PortSpec, ServiceSpec
 from e2e.topology import WHOAMI_PORT, NodePortEnv, describe
 from lab import clients
 from lab.clients import PeerSample, StreamingProbe, host_literal
@@ -50,7 +51,6 @@ SPREAD_ATTEMPTS = 32       # P(one of 4 endpoints unseen) = 4 * (3/4)^32 < 1e-3 
 AFFINITY_BURST = 12
 DROP_TIMEOUT = 1.0         # a dropped packet: no answer within this (a reset comes at once)
 UDP_FOLLOW_TIMEOUT = 15.0  # stale conntrack entries go with the sync that removed the endpoint
-SERVICE_PROXY_NAME = "service.kubernetes.io/service-proxy-name"
 
 
 def proxy_in_process(kind: BackendKind) -> bool:
@@ -74,12 +74,12 @@ def keeps_connections_across_restart(kind: BackendKind) -> str | None:
 
 
 def nodeport_check(name: str, upstream: str, translated: bool = False,
-                   not_applicable: Applicability = always
+                   not_applicable: Applicability = always, kube_cannot: str | None = None
                    ) -> Callable[[Callable[[CheckRun[NodePortEnv]], None]],
                                  Callable[[CheckRun[NodePortEnv]], None]]:
     """Register a check of this topology (every family of the cluster)."""
     return register_in(NODEPORT_CHECKS, name, upstream, all_families, translated,
-                       not_applicable)
+                       not_applicable, kube_cannot)
 
 
 # -- services -------------------------------------------------------------
@@ -127,7 +127,7 @@ def base_state(cluster: MultiNodeCluster) -> ClusterState:
         ServiceSpec("web", 1, (WEB_HTTP, WEB_ECHO), type="NodePort").with_endpoints(
             *refs(cluster, servers)),
         local.with_endpoints(*refs(cluster, _local_endpoints(cluster))),
-    ), nodes=tuple(n.name for n in cluster.nodes))
+    ), nodes=tuple((n.name, ZONE) for n in cluster.nodes))
 
 
 # -- expectations ---------------------------------------------------------
@@ -296,7 +296,9 @@ def localhost_nodeport(t: CheckRun[NodePortEnv]) -> None:
 
 # -- N4, N5, N6 -----------------------------------------------------------
 @nodeport_check("N4/same-nodeport-tcp-and-udp", "should be able to update service type to "
-                "NodePort listening on same port number but different protocols")
+                "NodePort listening on same port number but different protocols",
+                kube_cannot="its TCP and its UDP Service share node port 30400; the API "
+                            "gives a node port to one Service only")
 def same_nodeport_tcp_and_udp(t: CheckRun[NodePortEnv]) -> None:
     env = t.env
     tcp, udp = who(30400)
@@ -632,7 +634,10 @@ def restart(t: CheckRun[NodePortEnv]) -> None:
 
 # -- N19 ------------------------------------------------------------------
 @nodeport_check("N19/not-programmed", "should implement service.kubernetes.io/"
-                "service-proxy-name; Headless / ExternalName ignored (with node ports)")
+                "service-proxy-name; Headless / ExternalName ignored (with node ports)",
+                kube_cannot="its headless Service has node ports and its ExternalName "
+                            "Service a ClusterIP, which the API refuses (S18 checks "
+                            "service-proxy-name through it)")
 def not_programmed(t: CheckRun[NodePortEnv]) -> None:
     env = t.env
     servers = refs(env.cluster, env.servers())
@@ -665,7 +670,7 @@ def poke_help(env: NodePortEnv) -> str:
              f"  {enter} curl -s http://{host_literal(node1.ip(family))}:{WEB_HTTP.node_port}/"
              "    # from the external client",
              *(f"  {line}" for line in describe(cluster).splitlines()),
-             f"  state file (edit it; the brain re-reads it): {control.state_path}",
+             *(f"  {line}" for line in control.poke_help()),
              f"  logs: {cluster.workdir}/*.log",
              *(f"  {' '.join(control.kind.lab.inspect(s.places))}      # {s.node_name}'s dataplane"
                for s in control.seats)]

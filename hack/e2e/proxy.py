@@ -1,10 +1,17 @@
-"""The proxy under test in KPNG's split sidecar layout: the built-in brain
-(`kpng-py file -i STATE to-api`) and a backend (`kpng-py local ... to-X`) as
-separate processes on the node, talking over a unix socket.
+"""The proxy under test, fed by one of two control planes (`-c`):
+
+- `file` (FileControlPlane): KPNG's split sidecar layout. The built-in brain
+  (`kpng-py file -i STATE to-api`) and a backend (`kpng-py local ... to-X`)
+  per node are separate processes, talking over a unix socket; a change is a
+  new state file.
+- `kube` (e2e.kube.ApiServerControlPlane): a real Kubernetes API server (the lab's, started
+  for the run), which `kpng-py kube ... to-local ... to-X` follows on each
+  node, brain and backend in one process (the one-container DaemonSet); a
+  change is written through the API (e2e.kube).
 
 Waiting for a change to take effect never sleeps blindly: the backend logs
-`sync applied` (JSON) after each change set it programmed, and `apply` waits
-for the next one after the state file changed.
+`sync applied` (JSON) after each change set it programmed, and `apply`
+waits for the one that brought every node to the new state.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from typing import Callable, Sequence
 
 from e2e.statefile import LOCAL_NODE, ClusterState, write_atomically
 from kpng_py.brain.source import changeset
-from kpng_py.brain.statefile import parse_state
+from kpng_py.brain.statefile import ClusterState as BrainState, parse_state
 from kpng_py.brain.view import node_view
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePort
@@ -101,16 +108,17 @@ class _Running:
 
 
 class ControlPlane:
-    """Brain, backends (one per seat; by default one on the cluster's node)
-    and the state file between them. The brain runs where the first seat is."""
+    """The backends (one per seat; by default one on the cluster's node),
+    started and restarted, and what the checks change; the brain and the
+    state's way to it are the subclass's."""
+
+    name = ""  # as `-c` names it
 
     def __init__(self, cluster: Cluster | MultiNodeCluster, kind: BackendKind,
                  state: ClusterState, seats: Sequence[Seat] = ()) -> None:
         self.cluster = cluster
         self.kind = kind
         self.state = state
-        self.state_path = cluster.workdir / "state.yaml"
-        self.socket = cluster.workdir / "brain.sock"
         if seats:
             self.seats = tuple(seats)
         elif isinstance(cluster, Cluster):  # one node: the backend runs on it
@@ -118,11 +126,170 @@ class ControlPlane:
         else:
             raise ValueError("a MultiNodeCluster's control plane needs its seats "
                              "(e2e.topology.seats)")
-        self.brain: Proc | None = None
         self._running: dict[str, _Running] = {}  # by seat label
         self.synced_at = 0.0  # time.monotonic() when the last awaited sync was seen
 
+    # -- the subclass's ---------------------------------------------------
+    def start(self) -> None:
+        """Start the brain (if apart) and every seat's backend, serving `state`."""
+        raise NotImplementedError
+
+    def apply(self, state: ClusterState) -> None:
+        """Make `state` the cluster's and wait for every backend to apply it
+        (every change the checks make shows in every node's view)."""
+        raise NotImplementedError
+
+    def write_while_backend_down(self, state: ClusterState) -> None:
+        """Change the state while no backend runs (the next start picks it up)."""
+        raise NotImplementedError
+
+    def poke_help(self) -> list[str]:
+        """For -d: how to change the state by hand."""
+        raise NotImplementedError
+
+    @classmethod
+    def describe(cls) -> str:
+        """Its `-c` name and what it runs, for the report."""
+        raise NotImplementedError
+
+    def _backend_command(self, seat: Seat) -> list[str]:
+        """The seat's process, before its backend's lab flags."""
+        raise NotImplementedError
+
+    def _helpers(self) -> list[Proc]:
+        """The processes besides the backends: a wait fails when one died."""
+        return []
+
+    def _stop_helpers(self) -> list[str]:
+        """Stop what runs besides the backends (after them); complaints."""
+        return []
+
     # -- processes --------------------------------------------------------
+    @property
+    def backend(self) -> Proc | None:
+        """The first seat's backend process."""
+        running = self._running.get(self.seats[0].label)
+        return running.proc if running else None
+
+    def backend_of(self, seat: Seat) -> Proc:
+        return self._running[seat.label].proc
+
+    def start_backend(self, seat: Seat | None = None, flags: Sequence[str] = ()) -> None:
+        """(Re)start a seat's backend (the first's by default), with `flags`
+        after its lab flags, and wait for its first applied change set."""
+        seat = seat or self.seats[0]
+        starts = self._running[seat.label].starts + 1 if seat.label in self._running else 1
+        name = seat.label if starts == 1 else f"{seat.label}-{starts}"
+        proc = seat.spawn(name, [*self._backend_command(seat),
+                                 *self.kind.sink_args_at(seat.places), *flags])
+        self._running[seat.label] = _Running(proc, JsonLog(proc.log), starts)
+        self._on_backend_started(seat)
+        self.wait_sync(0, START_TIMEOUT, seat, "after it started")
+
+    def _on_backend_started(self, seat: Seat) -> None:
+        """A seat's backend process (re)started: its log is new."""
+
+    def stop(self) -> list[str]:
+        """Stop backends then the rest; returns complaints (e.g. a crash seen now)."""
+        problems = [stop_cleanly(r.proc) for r in self._running.values()]
+        return [p for p in problems if p is not None] + self._stop_helpers()
+
+    # -- waiting ----------------------------------------------------------
+    @property
+    def syncs(self) -> int:
+        """Change sets the first seat's backend applied."""
+        return self.syncs_of(self.seats[0])
+
+    def syncs_of(self, seat: Seat) -> int:
+        running = self._running.get(seat.label)
+        if running is None:  # never started
+            return 0
+        running.log.poll()
+        return running.log.syncs
+
+    def wait_sync(self, after: int, timeout: float = SYNC_TIMEOUT, seat: Seat | None = None,
+                  since: str = "after the state file changed") -> None:
+        """Wait until a seat's backend (the first's by default) applied more
+        than `after` change sets (`since`: what they follow, for a timeout)."""
+        seat = seat or self.seats[0]
+        self._wait(seat, lambda: self.syncs_of(seat) > after, timeout, lambda: since)
+
+    def _wait(self, seat: Seat, done: Callable[[], bool], timeout: float,
+              what: Callable[[], str]) -> None:
+        """Until `done()`; SyncError if a process died or after `timeout` s."""
+        backend = self.backend_of(seat)
+        deadline = time.monotonic() + timeout
+        while not done():
+            if not backend.running():
+                raise SyncError(f"backend died: {backend.describe_exit()}")
+            for helper in self._helpers():
+                if not helper.running():
+                    raise SyncError(f"{helper.name} died: {helper.describe_exit()}")
+            if time.monotonic() > deadline:
+                raise SyncError(
+                    f"the backend {backend.name} applied no change set within {timeout} s "
+                    f"{what()}; "
+                    + "".join(f"{p.name} log:\n{p.log_tail()}\n" for p in self._helpers())
+                    + f"backend log:\n{backend.log_tail()}")
+            time.sleep(0.02)
+        self.synced_at = time.monotonic()
+
+    def service_ports(self, seat: Seat | None = None) -> tuple[ServicePort, ...]:
+        """The service ports of a seat's node (the first's by default) in the
+        current state: what the brain serves it (what kube-proxy would
+        program there)."""
+        return node_service_ports(self.state, (seat or self.seats[0]).node_name)
+
+
+def stop_cleanly(proc: Proc, clean: tuple[int, ...] = (0, -15)) -> str | None:
+    """SIGTERM `proc`; a complaint if it had died already or exits with a
+    code not in `clean`."""
+    if not proc.running():
+        return proc.describe_exit()
+    if proc.stop() not in clean:
+        return f"{proc.name} did not exit cleanly on SIGTERM: code {proc.popen.returncode}"
+    return None
+
+
+def node_service_ports(state: ClusterState, node: str) -> tuple[ServicePort, ...]:
+    """The service ports the brain serves `node` for the harness's `state`."""
+    return service_ports_of(parse_state(state.to_yaml().encode(), "the harness's state"), node)
+
+
+def changed_nodes(before: ClusterState, after: ClusterState, nodes: Sequence[str]) -> set[str]:
+    """The nodes whose service ports differ between the two states: those
+    a change set goes to (as kube-proxy, the view leaves conditions out: a
+    ready endpoint that turns serving-terminating as the only one left, say,
+    changes nothing)."""
+    return {node for node in nodes
+            if node_service_ports(before, node) != node_service_ports(after, node)}
+
+
+def service_ports_of(cluster: BrainState, node: str) -> tuple[ServicePort, ...]:
+    """The service ports of `node`'s view of a brain's state, as the state
+    model makes them."""
+    changes = NodeState(Skips(Metrics())).apply(changeset(None, node_view(cluster, node)))
+    assert changes is not None  # a full change set ends in its Sync
+    return changes.added
+
+
+class FileControlPlane(ControlPlane):
+    """The built-in brain (`kpng-py file -i STATE to-api`) where the first
+    seat is, the state file it follows, and `kpng-py local --api` per seat."""
+
+    name = "file"
+
+    @classmethod
+    def describe(cls) -> str:
+        return "file (the built-in brain following a state file)"
+
+    def __init__(self, cluster: Cluster | MultiNodeCluster, kind: BackendKind,
+                 state: ClusterState, seats: Sequence[Seat] = ()) -> None:
+        super().__init__(cluster, kind, state, seats)
+        self.state_path = cluster.workdir / "state.yaml"
+        self.socket = cluster.workdir / "brain.sock"
+        self.brain: Proc | None = None
+
     def start(self) -> None:
         write_atomically(self.state_path, self.state.to_yaml())
         # Every save is atomic (write_atomically), so the brain need not wait
@@ -140,98 +307,32 @@ class ControlPlane:
             raise RuntimeError(self.brain.describe_exit())
         return self.socket.is_socket()
 
-    @property
-    def backend(self) -> Proc | None:
-        """The first seat's backend process."""
-        running = self._running.get(self.seats[0].label)
-        return running.proc if running else None
+    def _helpers(self) -> list[Proc]:
+        return [self.brain] if self.brain is not None else []
 
-    def backend_of(self, seat: Seat) -> Proc:
-        return self._running[seat.label].proc
+    def _stop_helpers(self) -> list[str]:
+        problem = stop_cleanly(self.brain) if self.brain is not None else None
+        return [problem] if problem is not None else []
 
-    def start_backend(self, seat: Seat | None = None, flags: Sequence[str] = ()) -> None:
-        """(Re)start a seat's backend (the first's by default), with `flags`
-        after its lab flags, and wait for its first applied change set."""
-        seat = seat or self.seats[0]
-        starts = self._running[seat.label].starts + 1 if seat.label in self._running else 1
-        name = seat.label if starts == 1 else f"{seat.label}-{starts}"
-        proc = seat.spawn(name, kpng_py(
-            "local", "--api", f"unix://{self.socket}", "--node-name", seat.node_name,
-            *self.kind.sink_args_at(seat.places), *flags))
-        self._running[seat.label] = _Running(proc, JsonLog(proc.log), starts)
-        self.wait_sync(0, START_TIMEOUT, seat)
-
-    def stop(self) -> list[str]:
-        """Stop backends then brain; returns complaints (e.g. a crash seen now)."""
-        problems = []
-        for proc in [r.proc for r in self._running.values()] + [self.brain]:
-            if proc is None:
-                continue
-            if not proc.running():
-                problems.append(proc.describe_exit())
-            elif proc.stop() not in (0, -15):
-                problems.append(f"{proc.name} did not exit cleanly on SIGTERM: "
-                                f"code {proc.popen.returncode}")
-        return problems
-
-    # -- state ------------------------------------------------------------
-    @property
-    def syncs(self) -> int:
-        """Change sets the first seat's backend applied."""
-        return self.syncs_of(self.seats[0])
-
-    def syncs_of(self, seat: Seat) -> int:
-        running = self._running.get(seat.label)
-        if running is None:  # never started
-            return 0
-        running.log.poll()
-        return running.log.syncs
-
-    def wait_sync(self, after: int, timeout: float = SYNC_TIMEOUT,
-                  seat: Seat | None = None) -> None:
-        """Wait until a seat's backend (the first's by default) applied more
-        than `after` change sets."""
-        seat = seat or self.seats[0]
-        backend = self.backend_of(seat)
-        deadline = time.monotonic() + timeout
-        while self.syncs_of(seat) <= after:
-            if not backend.running():
-                raise SyncError(f"backend died: {backend.describe_exit()}")
-            if self.brain is not None and not self.brain.running():
-                raise SyncError(f"brain died: {self.brain.describe_exit()}")
-            if time.monotonic() > deadline:
-                raise SyncError(
-                    f"the backend {backend.name} applied no change set within {timeout} s "
-                    f"after the state file changed; brain log:\n"
-                    f"{self.brain.log_tail() if self.brain else ''}"
-                    f"\nbackend log:\n{backend.log_tail()}")
-            time.sleep(0.02)
-        self.synced_at = time.monotonic()
+    def _backend_command(self, seat: Seat) -> list[str]:
+        return kpng_py("local", "--api", f"unix://{self.socket}", "--node-name", seat.node_name)
 
     def apply(self, state: ClusterState) -> None:
-        """Write `state` and wait for every backend to apply it (every change
-        the checks make shows in every node's view)."""
+        """Write the state file; wait for each backend whose node's view
+        changed (the brain sends the others nothing)."""
         if state.to_yaml() == self.state.to_yaml():
             return
+        changed = changed_nodes(self.state, state, [seat.node_name for seat in self.seats])
         before = {seat.label: self.syncs_of(seat) for seat in self.seats}
         self.state = state
         write_atomically(self.state_path, state.to_yaml())
         for seat in self.seats:
-            self.wait_sync(before[seat.label], seat=seat)
-
-    def service_ports(self, seat: Seat | None = None) -> tuple[ServicePort, ...]:
-        """The service ports of a seat's node (the first's by default) in the
-        current state: what the brain serves it, as the state model makes
-        them (what kube-proxy would program there)."""
-        seat = seat or self.seats[0]
-        cluster = parse_state(self.state.to_yaml().encode(), str(self.state_path))
-        metrics = Metrics()
-        changes = NodeState(Skips(metrics)).apply(
-            changeset(None, node_view(cluster, seat.node_name)))
-        assert changes is not None  # a full change set ends in its Sync
-        return changes.added
+            if seat.node_name in changed:
+                self.wait_sync(before[seat.label], seat=seat)
 
     def write_while_backend_down(self, state: ClusterState) -> None:
-        """Change the state while no backend runs (the next start picks it up)."""
         self.state = state
         write_atomically(self.state_path, state.to_yaml())
+
+    def poke_help(self) -> list[str]:
+        return [f"state file (edit it; the brain re-reads it): {self.state_path}"]

@@ -35,7 +35,13 @@ class Report:
         self.suite = suite
         self._out = out
         self.results: list[Result] = []
+        self.notes: list[str] = []  # what the run was (its control plane...)
         self._started = time.monotonic()
+
+    def note(self, text: str) -> None:
+        """A line about the run, before its results (and a JUnit property)."""
+        self.notes.append(text)
+        print(text, file=self._out, flush=True)
 
     def add(self, result: Result) -> None:
         self.results.append(result)
@@ -63,6 +69,11 @@ class Report:
         suite = ET.SubElement(root, "testsuite", counts, name=self.suite,
                               skipped=str(self.not_applicable),
                               time=f"{time.monotonic() - self._started:.3f}")
+        if self.notes:
+            properties = ET.SubElement(suite, "properties")
+            for note in self.notes:
+                name, _, value = note.partition(": ")
+                ET.SubElement(properties, "property", name=name, value=value)
         for result in self.results:
             case = ET.SubElement(suite, "testcase", classname=self.suite, name=result.name,
                                  time=f"{result.seconds:.3f}")

@@ -19,7 +19,8 @@ from typing import Any, Callable, Generic
 from e2e import nodeport_checks, topology
 from e2e.checks import CHECKS, Check, EnvT, base_state
 from e2e.expect import CheckFailed, CheckRun, Env
-from e2e.proxy import BACKENDS, BackendKind, ControlPlane, SyncError
+from e2e.kube import ApiServerControlPlane
+from e2e.proxy import BACKENDS, BackendKind, ControlPlane, FileControlPlane, SyncError
 from e2e.topology import NodePortEnv
 from e2e.report import Report, Result
 from e2e.statefile import ClusterState
@@ -41,11 +42,14 @@ class Options:
     keep_logs: bool
     logs_root: Path
     topology: str = "service"  # a key of TOPOLOGIES
+    control: str = "file"  # a key of CONTROL_PLANES
 
     @property
     def run_name(self) -> str:
-        """`<backend>-<mode>`, `nodeport-<backend>-<mode>`: logs and JUnit names."""
-        prefix = "" if self.topology == "service" else f"{self.topology}-"
+        """`<backend>-<mode>`, `nodeport-<backend>-<mode>`, each after `kube-`
+        with `-c kube`: logs and JUnit names."""
+        prefix = "" if self.control == "file" else f"{self.control}-"
+        prefix += "" if self.topology == "service" else f"{self.topology}-"
         return f"{prefix}{self.backend}-{self.ip_mode}"
 
     @property
@@ -61,12 +65,18 @@ class Built:
     control: ControlPlane | None = None
 
 
+# `-c`: what feeds the brain the checks' states.
+CONTROL_PLANES: dict[str, type[ControlPlane]] = {
+    plane.name: plane for plane in (FileControlPlane, ApiServerControlPlane)}
+
+
 @dataclass(frozen=True)
 class Topology(Generic[EnvT]):
     checks: list[Check[EnvT]]
-    # Builds the cluster and starts the proxy (filling in `built` as it
-    # goes); the checks' environment.
-    set_up: Callable[[Built, RunNames, tuple[Family, ...], BackendKind], EnvT]
+    # Builds the cluster and starts the proxy with the control plane
+    # (filling in `built` as it goes); the checks' environment.
+    set_up: Callable[[Built, RunNames, tuple[Family, ...], BackendKind, type[ControlPlane]],
+                     EnvT]
     # Where its backends keep their dataplanes (inspect, clean-up).
     places: Callable[[RunNames], list[LabPlaces]]
     poke_help: Callable[[EnvT], str]
@@ -88,20 +98,20 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _set_up_service_topology(built: Built, names: RunNames, families: tuple[Family, ...],
-                             kind: BackendKind) -> Env:
+                             kind: BackendKind, plane: type[ControlPlane]) -> Env:
     cluster = built.cluster = Cluster(names, families, names.make_workdir())
     servers, client = build_cluster(cluster)
-    control = built.control = ControlPlane(cluster, kind, base_state(cluster.families, servers))
+    control = built.control = plane(cluster, kind, base_state(cluster.families, servers))
     _start_control_plane(control)
     return Env(cluster, control, kind, servers, client, control.state)
 
 
 def _set_up_nodeport_topology(built: Built, names: RunNames, families: tuple[Family, ...],
-                              kind: BackendKind) -> NodePortEnv:
+                              kind: BackendKind, plane: type[ControlPlane]) -> NodePortEnv:
     cluster = built.cluster = MultiNodeCluster(names, families, names.make_workdir())
     topology.build(cluster)
     state = nodeport_checks.base_state(cluster)
-    control = built.control = topology.control_plane(cluster, kind, state)
+    control = built.control = plane(cluster, kind, state, topology.seats(cluster))
     _start_control_plane(control)
     return NodePortEnv(cluster, control, kind, state)
 
@@ -121,14 +131,16 @@ def run(options: Options) -> int:
     names = RunNames.for_this_process()
     kind = BACKENDS[options.backend]
     chosen = TOPOLOGIES[options.topology]
+    plane = CONTROL_PLANES[options.control]
     built = Built()
     started = time.monotonic()
     previous = {s: signal.signal(s, _interrupt) for s in _STOP_SIGNALS}
     try:
         _preflight()
+        report.note(f"control plane: {plane.describe()}")
         for line in teardown.remove_stale_runs(_stale_dataplane_cleanup):
             log.info(line)
-        env = chosen.set_up(built, names, families_of_mode(options.ip_mode), kind)
+        env = chosen.set_up(built, names, families_of_mode(options.ip_mode), kind, plane)
         run_checks(env, chosen.checks, report)
         if options.debug:
             _wait_while_debugging(chosen.poke_help(env))
@@ -177,7 +189,7 @@ def run_checks(env: Env | NodePortEnv, checks: list[Check[Any]], report: Report)
         families = check.families(env.families)
         if not families:
             continue
-        why_not = check.not_applicable(env.kind)
+        why_not = check.why_not(env.kind, env.control.name)
         if why_not is not None:
             for family in families:
                 report.add(Result(f"{check.name}/{family.value}", None, 0.0, why_not))
@@ -243,7 +255,7 @@ def _poke_help(env: Env) -> str:
         f"  {in_pod} {client.name} bash      # a shell in the client pod",
         f"  pods: {', '.join(cluster.pods)}; netns: {names.netns('<pod>')}, node: "
         f"{cluster.node_netns}",
-        f"  state file (edit it; the brain re-reads it): {control.state_path}",
+        *(f"  {line}" for line in control.poke_help()),
         f"  logs: {cluster.workdir}/*.log",
     ]
     lines.append(f"  {' '.join(control.kind.inspect(names))}      # the dataplane")
@@ -278,9 +290,10 @@ def _finish(options: Options, names: RunNames, chosen: Topology, built: Built,
         problems += built.control.stop()
     if built.cluster is not None:
         workdir = built.cluster.workdir
-        for path in [*workdir.glob("*.log"), *workdir.glob("*.txt"), workdir / "state.yaml"]:
-            if path.exists():
-                shutil.copy(path, logs / path.name)
+        # The Kubernetes control plane's own logs (-c kube) among them.
+        for path in [*workdir.glob("*.log"), *workdir.glob("*.txt"), *workdir.glob("*.yaml"),
+                     *workdir.glob("control-plane/logs/*.log")]:
+            shutil.copy(path, logs / path.name)
 
     def dataplane_cleanup(_: RunNames) -> None:
         for places in chosen.places(names):

@@ -12,7 +12,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -21,7 +21,9 @@ from lab.servers import ContainerPort
 
 LOCAL_NODE = "node-a"   # the node the backend serves (--node-name)
 REMOTE_NODE = "node-b"  # a node with no processes: its endpoints are not Local
-ZONE = "zone-a"
+ZONE = "zone-a"         # the zone of both
+OTHER_ZONE_NODE = "node-c"  # a node with no processes in another zone
+OTHER_ZONE = "zone-b"
 PROTOCOL_NUMBERS = {"TCP": 1, "UDP": 2}
 
 
@@ -54,11 +56,29 @@ class PortSpec:
 
 @dataclass(frozen=True)
 class EndpointRef:
-    """A pod backing a service, on the local node unless `node` says otherwise."""
+    """A pod backing a service, on the local node unless `node` says
+    otherwise. A pod that is not terminating serves when it is ready; a
+    terminating one (its grace period) may still serve (`serving`). Hints:
+    the zones and nodes its EndpointSlice names for it (trafficDistribution)."""
 
     pod: Pod
     node: str = LOCAL_NODE
     ready: bool = True
+    terminating: bool = False
+    serving: bool = False  # read only when terminating
+    hint_zones: tuple[str, ...] = ()
+    hint_nodes: tuple[str, ...] = ()
+
+    @property
+    def is_serving(self) -> bool:
+        return self.serving if self.terminating else self.ready
+
+    def conditions(self) -> dict[str, bool]:
+        """As the state file says them: serving and terminating only where
+        the endpoint terminates (the file's defaults otherwise)."""
+        if not self.terminating:
+            return {"ready": self.ready}
+        return {"ready": self.ready, "serving": self.serving, "terminating": True}
 
 
 @dataclass(frozen=True)
@@ -79,6 +99,9 @@ class ServiceSpec:
     health_check_node_port: int = 0
     source_ranges: tuple[str, ...] = ()  # loadBalancerSourceRanges (filter the LB IPs)
     labels: tuple[tuple[str, str], ...] = ()
+    # trafficDistribution (PreferSameNode, PreferSameZone): the API's only;
+    # what a proxy reads is the endpoints' hints, which the file says too.
+    traffic_distribution: str = ""
 
     def cluster_ip(self, family: Family) -> IPAddress:
         return ADDRESSING[family].service_ip(self.ip_index)
@@ -98,7 +121,8 @@ class ServiceSpec:
             return cluster_families
         return (self.only_family,) if self.only_family in cluster_families else ()
 
-    def to_yaml(self, cluster_families: tuple[Family, ...]) -> dict[str, Any]:
+    def to_yaml(self, cluster_families: tuple[Family, ...],
+                zone_of: Callable[[str], str]) -> dict[str, Any]:
         families = self.families(cluster_families)
         service: dict[str, Any] = {"namespace": "default", "name": self.name, "type": self.type}
         if self.labels:
@@ -116,7 +140,7 @@ class ServiceSpec:
         service["ips"].update(external.pop("ips", {}))
         service.update(external)
         return {"service": service,
-                "endpoints": [self._endpoint_yaml(e, families) for e in self.endpoints]}
+                "endpoints": [self._endpoint_yaml(e, families, zone_of) for e in self.endpoints]}
 
     def _external_yaml(self, families: tuple[Family, ...]) -> dict[str, Any]:
         """ExternalIPs, LB IPs, their filter, eTP and the health check port."""
@@ -135,15 +159,20 @@ class ServiceSpec:
             out["healthchecknodeport"] = self.health_check_node_port
         return out
 
-    def _endpoint_yaml(self, ref: EndpointRef, families: tuple[Family, ...]) -> dict[str, Any]:
+    def _endpoint_yaml(self, ref: EndpointRef, families: tuple[Family, ...],
+                       zone_of: Callable[[str], str]) -> dict[str, Any]:
         endpoint: dict[str, Any] = {"ips": _ip_set(ref.pod.ip(f) for f in families)}
         overrides = [{"name": p.name, "port": p.backend_port(ref.pod)}
                      for p in self.ports if p.target]
         if overrides:
             endpoint["portoverrides"] = overrides
-        return {"podname": ref.pod.name, "endpoint": endpoint,
-                "topology": {"node": ref.node, "zone": ZONE},
-                "conditions": {"ready": ref.ready}}
+        out = {"podname": ref.pod.name, "endpoint": endpoint,
+               "topology": {"node": ref.node, "zone": zone_of(ref.node)},
+               "conditions": ref.conditions()}
+        hints = {"zones": list(ref.hint_zones), "nodes": list(ref.hint_nodes)}
+        if any(hints.values()):
+            out["hints"] = {key: names for key, names in hints.items() if names}
+        return out
 
 
 def _ip_set(ips) -> dict[str, list[str]]:
@@ -153,11 +182,18 @@ def _ip_set(ips) -> dict[str, list[str]]:
     return out
 
 
+# The service topology's nodes (name, zone): only the first runs a backend.
+SERVICE_TOPOLOGY_NODES = ((LOCAL_NODE, ZONE), (REMOTE_NODE, ZONE), (OTHER_ZONE_NODE, OTHER_ZONE))
+
+
 @dataclass(frozen=True)
 class ClusterState:
     families: tuple[Family, ...]
     services: tuple[ServiceSpec, ...] = field(default=())
-    nodes: tuple[str, ...] = (LOCAL_NODE, REMOTE_NODE)
+    nodes: tuple[tuple[str, str], ...] = SERVICE_TOPOLOGY_NODES  # (name, zone)
+
+    def zone_of(self, node: str) -> str:
+        return dict(self.nodes)[node]
 
     def with_service(self, service: ServiceSpec) -> ClusterState:
         """Create or update (by name)."""
@@ -169,10 +205,10 @@ class ClusterState:
                                                         if s.name != name))
 
     def to_yaml(self) -> str:
-        nodes = [{"name": n, "topology": {"node": n, "zone": ZONE}}
-                 for n in self.nodes]
+        nodes = [{"name": name, "topology": {"node": name, "zone": zone}}
+                 for name, zone in self.nodes]
         body = {"nodes": nodes,
-                "services": [s.to_yaml(self.families)
+                "services": [s.to_yaml(self.families, self.zone_of)
                              for s in sorted(self.services, key=lambda s: s.name)]}
         return yaml.safe_dump(body, sort_keys=False)
 

@@ -18,7 +18,7 @@ import yaml
 from e2e import nodeport_checks
 from e2e.checks import ALT, DNS_TCP, DNS_UDP, HTTP, base_state
 from e2e.cli import _SUMMARY, _run_side_by_side
-from e2e.proxy import BACKENDS
+from e2e.proxy import BACKENDS, changed_nodes
 from e2e.report import Report, Result
 from e2e.statefile import REMOTE_NODE, ClusterState, EndpointRef, ServiceSpec
 from e2e.topology import nodeport_places, pod_names
@@ -41,7 +41,8 @@ def test_state_file_uses_kpng_keys_and_integer_enums():
     families = families_of_mode("dual")
     state = base_state(families, _pods(families))
     body = yaml.safe_load(state.to_yaml())
-    assert [n["name"] for n in body["nodes"]] == ["node-a", "node-b"]
+    assert [(n["name"], n["topology"]["zone"]) for n in body["nodes"]] == [
+        ("node-a", "zone-a"), ("node-b", "zone-a"), ("node-c", "zone-b")]
     web = _service(state, "web")
     assert web["service"]["ips"] == {"clusterips": {"v4": ["10.96.0.10"],
                                                     "v6": ["fd00:10:96::a"]}}
@@ -109,9 +110,11 @@ def test_state_changes_are_new_values():
 
 def test_report_lines_summary_and_junit(tmp_path, capsys):
     report = Report("e2e-ebpf-dual", sys.stdout)  # capsys's, at this point
+    report.note("control plane: kube (Kubernetes v1.37.2, etcd Version: 3.6.16)")
     report.add(Result("S1/basic-endpoint/ipv4", None, 1.5))
     report.add(Result("S6/no-endpoints-rejected/ipv6", "step: refused\nafter 2 s", 0.5))
     assert capsys.readouterr().out.splitlines() == [
+        "control plane: kube (Kubernetes v1.37.2, etcd Version: 3.6.16)",
         "PASS S1/basic-endpoint/ipv4",
         "FAIL S6/no-endpoints-rejected/ipv6: step: refused | after 2 s"]
     assert report.summary() == "1 passed, 1 failed"
@@ -125,6 +128,8 @@ def test_report_lines_summary_and_junit(tmp_path, capsys):
                                               "S6/no-endpoints-rejected/ipv6"]
     failure = cases[1].find("failure")
     assert failure is not None and failure.get("message") == "step: refused"
+    assert [(p.get("name"), p.get("value")) for p in suite.iter("property")] == [
+        ("control plane", "kube (Kubernetes v1.37.2, etcd Version: 3.6.16)")]
 
 
 
@@ -260,3 +265,18 @@ def test_runs_side_by_side_print_whole_and_count(tmp_path, capsys):
                        ("b", "b1\nb2\n1 passed, 2 failed, 1 n/a\n"), ("c", "c1 set-up failed\n")):
         assert f"== e2e {name}\n{body}== e2e {name}: " in out
     assert list(tmp_path.iterdir()) == []  # the kept output is gone with the run
+
+
+def test_the_file_plane_waits_only_for_nodes_whose_view_changed():
+    """A change no node's view shows gets no change set, so no sync to wait
+    for: an only endpoint that turns serving-terminating is still used."""
+    families = families_of_mode("ipv4")
+    srv = _pods(families)
+    rolling = ServiceSpec("rolling", 17, (HTTP,))
+    before = ClusterState(families, (rolling.with_endpoints(srv[0]),))
+    terminating = before.with_service(rolling.with_endpoints(
+        EndpointRef(srv[0], ready=False, terminating=True, serving=True),
+        EndpointRef(srv[1], ready=False)))
+    assert changed_nodes(before, terminating, ["node-a", "node-b"]) == set()
+    remote = before.with_service(rolling.with_endpoints(EndpointRef(srv[0], REMOTE_NODE)))
+    assert changed_nodes(before, remote, ["node-a", "node-b"]) == {"node-a", "node-b"}

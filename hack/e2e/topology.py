@@ -152,8 +152,3 @@ def describe(cluster: MultiNodeCluster) -> str:
                      + ", ".join(str(cluster.external_source(f, second))
                                  for f in cluster.families for second in (False, True)))
     return "\n".join(lines) + "\n"
-
-
-def control_plane(cluster: MultiNodeCluster, kind: BackendKind,
-                  state: ClusterState) -> ControlPlane:
-    return ControlPlane(cluster, kind, state, seats(cluster))

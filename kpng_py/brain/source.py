@@ -11,7 +11,8 @@ while a client is busy applying are merged into its next answer.
 
 Answers are shared: the streams of one node that were last sent the same
 version (or nothing yet) get the same Reply for the current version, built
-and serialized once.
+and serialized once. At debug level, each version a stream answers is logged
+with its node and its count of ops (0: nothing to send).
 """
 
 from __future__ import annotations
@@ -152,6 +153,10 @@ class BrainSession:
             reply = self._snapshots.shared_reply(
                 (self._sent_as, node_name, version),
                 lambda: ChangeSetReply(changeset_specs(sent, view)))
+            if log.isEnabledFor(logging.DEBUG):
+                # The stream's node is at `version` once this reply (if any ops) is applied.
+                log.debug("node view answered", extra=fields(node=node_name, version=version,
+                                                               ops=len(reply.specs)))
             if reply.specs:
                 self._sent = view  # views are never modified once computed
                 self._sent_as = self._answered

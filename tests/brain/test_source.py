@@ -4,6 +4,7 @@ KPNG's op order; no op for unchanged objects and no answer for no change."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 
 import pytest
@@ -100,6 +101,37 @@ def test_a_version_that_does_not_change_the_nodes_view_is_not_answered() -> None
     snapshots.publish(_state(for_z2, DB, nodes=nodes))
     assert _kinds(stream.next("n1")) == [
         "Set services/default/db", "Set endpoints/default/db/db-0", "Sync"]
+
+
+def test_each_version_a_stream_answers_is_logged_at_debug_with_its_ops(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """What says which version a node is at once its change set (if any
+    ops) is applied: `kpng-py kube to-local -v` logs it before the change
+    set's `sync applied` (the e2e harness waits for it)."""
+    caplog.set_level(logging.DEBUG, logger="kpng_py.brain.source")
+    nodes = [{"name": "n1", "topology": {"zone": "z1"}}]
+    snapshots = StateSnapshots(_state(WEB, nodes=nodes))
+    session = BrainSource(snapshots).open_stream()
+    hinted = service("web", ("10.96.0.10",), [port("http")], [
+        endpoint("10.1.0.1", pod="web-0", hints={"zones": ["z1"]}),
+        endpoint("10.1.0.2", pod="web-1", hints={"zones": ["z1"]})])
+
+    async def answers() -> None:
+        await session.next_reply("n1")
+        waiting = asyncio.ensure_future(session.next_reply("n1"))
+        await asyncio.sleep(0.05)
+        snapshots.publish(_state(hinted, nodes=nodes))  # the same view for n1
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        snapshots.publish(_state(hinted, DB, nodes=nodes))
+        await asyncio.wait_for(waiting, 10)
+
+    asyncio.run(answers())
+    answered = [getattr(r, "kpng_fields") for r in caplog.records
+                if r.getMessage() == "node view answered"]
+    assert answered == [{"node": "n1", "version": 1, "ops": 5},
+                        {"node": "n1", "version": 2, "ops": 0},
+                        {"node": "n1", "version": 3, "ops": 3}]
 
 
 def test_a_stream_that_changes_node_name_gets_the_difference_of_the_views() -> None:

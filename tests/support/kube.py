@@ -24,17 +24,26 @@ def require_components() -> None:
 
 
 @contextmanager
-def control_plane() -> Iterator[KubeApi]:
-    """A control plane of this run, dual-stack, removed at the end."""
+def started_control_plane() -> Iterator[KubeControlPlane]:
+    """A control plane of this run, dual-stack, started; removed at the end."""
     require_components()
     names = RunNames.for_this_process()
     workdir = names.make_workdir()
     control = KubeControlPlane(names, workdir, SERVICE_CIDRS)
     try:
-        yield control.start()
+        control.start()
+        yield control
     finally:
         control.stop()
         shutil.rmtree(workdir)
+
+
+@contextmanager
+def control_plane() -> Iterator[KubeApi]:
+    """The API of a control plane of this run (started_control_plane)."""
+    with started_control_plane() as control:
+        assert control.api is not None
+        yield control.api
 
 
 def web_pod(name: str) -> dict:

@@ -87,12 +87,15 @@ class Reflector:
         self._random_unit = random_unit
         self._lock = threading.Lock()
         self._store: Store = {}
+        self._version = ""  # the resourceVersion the store is at
         self.synced = threading.Event()  # set by the first list
 
-    def objects(self) -> Store:
-        """The store as it is now (a copy: the reflector goes on changing its own)."""
+    def snapshot(self) -> tuple[Store, str]:
+        """The store as it is now (a copy: the reflector goes on changing its
+        own) and the resourceVersion it is at: of its list, or of the last
+        event or bookmark since."""
         with self._lock:
-            return dict(self._store)
+            return dict(self._store), self._version
 
     def run(self) -> None:
         timing = self._timing
@@ -131,11 +134,12 @@ class Reflector:
             if not metadata.get("continue"):
                 break
             query = {"limit": self._timing.page, "continue": metadata["continue"]}
+        version = str(metadata.get("resourceVersion", ""))
         with self._lock:
-            self._store = objects
+            self._store, self._version = objects, version
         self.synced.set()
         self._listener.changed()
-        return str(metadata.get("resourceVersion", ""))
+        return version
 
     def _watch(self, version: str) -> str:
         """Apply the events of one watch from `version` until the server
@@ -157,16 +161,16 @@ class Reflector:
             raise (Expired if obj.get("code") == 410 else ApiServerError)(problem)
         metadata = obj.get("metadata") or {}
         version = str(metadata.get("resourceVersion", version))
-        if kind in ("ADDED", "MODIFIED"):
-            with self._lock:
-                self._store[_key(obj)] = self._kept(obj)
-        elif kind == "DELETED":
-            with self._lock:
-                self._store.pop(_key(obj), None)
-        elif kind != "BOOKMARK":
+        if kind not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
             log.warning("%s: a watch event of unknown type %r, ignored", self.resource.name,
                         kind, extra=fields(resource=self.resource.name))
             return version
+        with self._lock:
+            if kind == "DELETED":
+                self._store.pop(_key(obj), None)
+            elif kind != "BOOKMARK":
+                self._store[_key(obj)] = self._kept(obj)
+            self._version = version
         if kind != "BOOKMARK":
             self._listener.changed()
         return version

@@ -6,7 +6,10 @@ then every change wakes the publishing thread, which waits for the burst to
 settle (`Coalesce`: no change for `quiet` seconds, or `longest` seconds
 after the first) before it makes the state again and publishes it. A state
 equal to the one served (a relist, a Node's heartbeat, an object's change
-that no node's view shows) makes no new version.
+that no node's view shows) makes no new version. Each state is logged with
+the resourceVersion of each kind it was made from (`published`, at info; an
+unchanged one at debug): a client that wrote objects knows from it when the
+brain has seen its writes.
 
 While the API server is lost (a list or watch failed, until every resource
 has been listed again), the last state stays served: ApiServerReport tells
@@ -18,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from kpng_py.runtime.aio import ThreadsafeEvent
 from kpng_py.brain.kube.client import ApiServerClient
@@ -137,10 +140,10 @@ class KubeWatcher:
                 if until.is_set() or self._stop.is_set():
                     return None
         self._changed.clear()
-        state = self._build()
+        state, versions = self._build()
         snapshots = StateSnapshots(state)
         self._report.published()
-        _log_published(self._client.url, snapshots.version, state)
+        _log_published(self._client.url, snapshots.version, state, versions)
         self._spawn(lambda: self._publish_changes(snapshots), "kube-publish")
         return snapshots
 
@@ -156,14 +159,17 @@ class KubeWatcher:
         self._threads.append(thread)
         thread.start()
 
-    def _build(self) -> ClusterState:
-        services, slices, nodes = (reflector.objects() for reflector in self._reflectors)
+    def _build(self) -> tuple[ClusterState, ResourceVersions]:
+        """The state of the objects as they are now, and the resourceVersion
+        of each kind it was made from."""
+        (services, at_services), (slices, at_slices), (nodes, at_nodes) = (
+            reflector.snapshot() for reflector in self._reflectors)
         # As the file brain reads a file (statefile.StateReader.read): many
         # new objects, none of them garbage, and none walked by a collection.
         with collector_paused():
             state = self._builder.build(services, slices, nodes)
             freeze_survivors()
-            return state
+            return state, ResourceVersions(at_services, at_slices, at_nodes)
 
     def _publish_changes(self, snapshots: StateSnapshots) -> None:
         while True:
@@ -171,14 +177,17 @@ class KubeWatcher:
             if self._settled_or_stopped():
                 return
             try:
-                state = self._build()
+                state, versions = self._build()
             except Exception:  # a bug must not stop the brain from following the API server
                 log.exception("making the state from the API server's objects failed; the "
                               "last state stays served")
                 continue
             if snapshots.publish(state):
                 self._report.published()
-                _log_published(self._client.url, snapshots.version, state)
+                _log_published(self._client.url, snapshots.version, state, versions)
+            elif log.isEnabledFor(logging.DEBUG):
+                log.debug("state from the API server unchanged", extra=fields(
+                    version=snapshots.version, **versions.log_fields()))
 
     def _settled_or_stopped(self) -> bool:
         """Wait for the burst of changes to settle; True if stopped."""
@@ -191,8 +200,22 @@ class KubeWatcher:
                 return False
 
 
-def _log_published(server: str, version: int, state: ClusterState) -> None:
+class ResourceVersions(NamedTuple):
+    """The resourceVersion of each kind a state was made from: of its list,
+    or of the last event or bookmark since (a write whose answer had a
+    version up to it is in the state)."""
+
+    services: str
+    endpointslices: str
+    nodes: str
+
+    def log_fields(self) -> dict[str, str]:
+        return {f"{kind}_resource_version": at for kind, at in self._asdict().items()}
+
+
+def _log_published(server: str, version: int, state: ClusterState,
+                   versions: ResourceVersions) -> None:
     log.info("state from the API server published", extra=fields(
         server=server, version=version, nodes=len(state.nodes),
         services=len(state.services),
-        endpoints=sum(len(s.endpoints) for s in state.services)))
+        endpoints=sum(len(s.endpoints) for s in state.services), **versions.log_fields()))

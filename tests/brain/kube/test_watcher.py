@@ -242,3 +242,36 @@ def test_what_kube_proxy_does_not_program_is_left_out(fake: FakeApiServer,
     fake.put("services", _labelled(api_service("web", "10.96.0.10"), proxy_name))
     wait_until(lambda: not following.endpoints("default/web"), "web left out")
     assert (localv1.ServicesSet, "default/web") not in following.view()
+
+
+def _records(caplog: pytest.LogCaptureFixture, message: str) -> list[dict]:
+    return [getattr(r, "kpng_fields") for r in caplog.records if r.getMessage() == message]
+
+
+def test_each_state_names_the_resource_version_of_each_kind_it_was_made_from(
+        fake: FakeApiServer, caplog: pytest.LogCaptureFixture) -> None:
+    """What a client that wrote objects waits for: a state made from every
+    write it made (an unchanged state too, at debug level)."""
+    caplog.set_level(logging.DEBUG, logger="kpng_py.brain.kube.watcher")
+    listed = fake.version
+    brain = Following(fake)
+    try:
+        fake.put("services", api_service("cache", "10.96.0.12"))
+        cache_at = fake.version
+        wait_until(lambda: len(_records(caplog, "state from the API server published")) == 2,
+                   "the state with cache")
+        first, second = _records(caplog, "state from the API server published")
+        assert first == {**first, "version": 1, "services_resource_version": str(listed),
+                         "endpointslices_resource_version": str(listed),
+                         "nodes_resource_version": str(listed)}
+        assert second == {**second, "version": 2, "services_resource_version": str(cache_at),
+                          "endpointslices_resource_version": str(listed)}
+        fake.put("nodes", api_node("node-a", zone="z1"))  # the same: no new version
+        node_at = fake.version
+        wait_until(lambda: _records(caplog, "state from the API server unchanged"), "a rebuild")
+        (unchanged,) = _records(caplog, "state from the API server unchanged")
+        assert unchanged == {"version": 2, "services_resource_version": str(cache_at),
+                             "endpointslices_resource_version": str(listed),
+                             "nodes_resource_version": str(node_at)}
+    finally:
+        brain.watcher.stop()

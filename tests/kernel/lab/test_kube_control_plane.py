@@ -20,7 +20,10 @@ from lab.kube_control_plane import (BINARIES, ControlPlaneError, KubeApi, KubeCo
                                     slice_endpoints, version_of)
 from lab.names import RunNames, process_exists
 from lab.procs import wait_until
-from tests.support.kube import SERVICE_CIDRS, control_plane, require_components, web_pod
+from lab.netns import netns
+from lab.procs import spawn
+from tests.support.kube import (SERVICE_CIDRS, require_components, started_control_plane,
+                                web_pod)
 
 pytestmark = pytest.mark.kernel
 
@@ -28,9 +31,15 @@ POD_IPS = {"web-0": ("10.244.0.5", "fd00:10:244::5"), "web-1": ("10.244.0.6", "f
 
 
 @pytest.fixture(scope="module")
-def api() -> Iterator[KubeApi]:
-    with control_plane() as started:
+def control() -> Iterator[KubeControlPlane]:
+    with started_control_plane() as started:
         yield started
+
+
+@pytest.fixture(scope="module")
+def api(control: KubeControlPlane) -> KubeApi:
+    assert control.api is not None
+    return control.api
 
 
 def _ready(api: KubeApi) -> dict[str, bool]:
@@ -85,6 +94,27 @@ def test_pods_written_as_a_kubelet_would_get_endpoint_slices(api: KubeApi) -> No
     # ... and the lab ends it as a kubelet would: then it is gone.
     api.delete("/api/v1/namespaces/default/pods/web-0", grace_seconds=0)
     _until(api, {ip: False for ip in POD_IPS["web-1"]}, "web-0 gone")
+
+
+def test_the_relay_brings_the_api_server_into_a_namespace_without_a_route_to_it(
+        control: KubeControlPlane, api: KubeApi, tmp_path) -> None:
+    """A lab node's namespace reaches the API server with the same
+    kubeconfig (its URL, CA and token) through the relay."""
+    command = control.relay_command()
+    readyz = ["curl", "--silent", "--max-time", "5", "--cacert", str(api.access.ca),
+              "--header", f"Authorization: Bearer {api.access.token}",
+              f"{api.access.url}/readyz"]
+    with netns("kpr") as ns:
+        def ask() -> subprocess.CompletedProcess[str]:
+            return subprocess.run(ns.exec_args(*readyz), capture_output=True, text=True)
+
+        assert ask().returncode != 0  # no route: not without the relay
+        relay = spawn("relay", ns.exec_args(*command), tmp_path / "relay.log")
+        try:
+            wait_until("the API server through the relay", lambda: ask().stdout == "ok", 10.0)
+            assert control.relay_command() == command  # one far end for every namespace
+        finally:
+            relay.stop()
 
 
 def test_a_missing_component_is_named_with_the_fix(monkeypatch: pytest.MonkeyPatch,
