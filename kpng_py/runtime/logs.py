@@ -122,7 +122,18 @@ def setup_logging(log_format: str = "text", verbosity: int = 0) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbosity > 0 else logging.INFO)
-    # grpclib (an INFO line per stream a client cancels), h2, pyroute2 and asyncio
-    # are chatty below warnings; only our -vv shows them.
-    for noisy in ("grpclib", "h2", "hpack", "pyroute2", "asyncio"):
-        logging.getLogger(noisy).setLevel(logging.DEBUG if verbosity > 1 else logging.WARNING)
+    if verbosity < 2:
+        handler.addFilter(_quiet_libraries)
+
+
+# grpclib (an INFO line per stream a client cancels), h2, pyroute2 and asyncio
+# are chatty below warnings; only our -vv shows them. A filter on the handler,
+# not the libraries' levels: pyroute2 sets its own logger's level when it is
+# imported, which the backends do after the logging is set up.
+_NOISY_LIBRARIES = ("grpclib", "h2", "hpack", "pyroute2", "asyncio")
+
+
+def _quiet_libraries(record: logging.LogRecord) -> bool:
+    """False (drop) for a noisy library's record below a warning."""
+    return (record.levelno >= logging.WARNING
+            or record.name.partition(".")[0] not in _NOISY_LIBRARIES)

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 import pytest
 
 from kpng_py.dataplane.applier import changed_names
-from kpng_py.runtime.logs import JsonFormatter, TextFormatter, fields
+from kpng_py.runtime.logs import JsonFormatter, TextFormatter, fields, setup_logging
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Protocol, ServicePort, ServicePortChanges, ServicePortName
 from kpng_py.state.skips import SkipReason, Skips
@@ -69,6 +69,23 @@ def test_text_logs_and_verbosity(tmp_path: Path) -> None:
     verbose = to_local(tmp_path, "-v")
     assert any(" DEBUG kpng_py.dataplane.applier: service port added service_port=default/web:http "
                "protocol=TCP endpoints=1" in line for line in verbose), verbose
+
+
+@pytest.mark.parametrize("verbosity, shown", [(1, ["kpng_py.x", "pyroute2.netlink.core"]),
+                                               (2, ["kpng_py.x", "pyroute2.netlink.core",
+                                                    "pyroute2.netlink.core"])])
+def test_libraries_log_below_warnings_only_with_vv(verbosity: int, shown: list[str],
+                                                    capsys: pytest.CaptureFixture) -> None:
+    """pyroute2 resets its logger's level when imported (after the set-up):
+    its debug lines still wait for -vv."""
+    setup_logging("json", verbosity)
+    library = logging.getLogger("pyroute2.netlink.core")
+    logging.getLogger("pyroute2").setLevel(logging.NOTSET)  # as its import does
+    logging.getLogger("kpng_py.x").debug("ours")
+    library.debug("netlink chatter")
+    library.warning("netlink trouble")
+    names = [json.loads(line)["logger"] for line in capsys.readouterr().err.splitlines()]
+    assert names == shown
 
 
 FORGED = "2024-01-01 00:00:00,000 WARNING kpng_py.state.skips: skipped service default/web: forged"
