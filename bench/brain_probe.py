@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from kpng_py.api import localv1
-from kpng_py.watch.client import ClientConfig, WatchClient
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.watch.client import ClientConfig, WatchClient
 
 # A socket that exists may not accept yet: retry soon, not after the client's 1 s.
 RETRY_SECONDS = 0.02

@@ -22,17 +22,24 @@ from typing import Callable
 
 from bench.contenders import Contender
 from bench.env import dataplane_cleanup
-from bench.loadgen import (NO_CONTENT_PATH, Endpoints, LoadError, connect_latency_ms,
-                           connection_rate, tcp_throughput_gbps, udp_query_rate)
+from bench.loadgen import (
+    NO_CONTENT_PATH,
+    Endpoints,
+    LoadError,
+    connect_latency_ms,
+    connection_rate,
+    tcp_throughput_gbps,
+    udp_query_rate,
+)
 from bench.results import DIRECT, Results
 from bench.scenario import Probe, Scenario
 from bench.worker import read_reports
+from kpng_py.model import Protocol
 from lab import teardown
 from lab.cluster import ADDRESSING, Cluster, Family, Pod
 from lab.names import RunNames
 from lab.procs import CommandError, in_namespace, run, sysctl, wait_until
 from lab.servers import nginx_conf
-from kpng_py.model import Protocol
 
 log = logging.getLogger("bench")
 

@@ -33,9 +33,9 @@ from bench.env import KPNG_PY, Finished, Sandbox, Watched, run_measured, stop
 from bench.results import E2E_REFERENCE, Results
 from bench.scenario import Scenario
 from bench.worker import read_reports
+from kpng_py.model import ServicePort
 from lab.names import RunNames
 from lab.procs import in_namespace
-from kpng_py.model import ServicePort
 
 log = logging.getLogger("bench")
 

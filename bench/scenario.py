@@ -18,8 +18,14 @@ import ipaddress
 import json
 from dataclasses import asdict, dataclass, replace
 
-from kpng_py.model import (ServicePortChanges, Endpoint, Protocol, ServicePort, ServicePortName,
-                           sorted_endpoints)
+from kpng_py.model import (
+    Endpoint,
+    Protocol,
+    ServicePort,
+    ServicePortChanges,
+    ServicePortName,
+    sorted_endpoints,
+)
 
 SERVICE_CIDR = ipaddress.IPv4Network("10.96.0.0/16")
 CLUSTER_POD_CIDR = ipaddress.IPv4Network("10.244.0.0/16")

@@ -35,8 +35,8 @@ from kpng_py.api import localv1
 from kpng_py.brain.source import changeset
 from kpng_py.brain.statefile import parse_state
 from kpng_py.brain.view import NodeView, node_view
-from kpng_py.runtime.collector import collector_paused, freeze_survivors
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.runtime.collector import collector_paused, freeze_survivors
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 

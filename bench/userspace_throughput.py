@@ -21,7 +21,7 @@ import statistics
 import subprocess
 import sys
 
-from kpng_py.model import ServicePortChanges, Protocol
+from kpng_py.model import Protocol, ServicePortChanges
 from lab.proxy_node import SERVER_V4, NodeBackend, cluster, service_port
 
 IPERF_PORT = 5201

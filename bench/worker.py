@@ -31,12 +31,12 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from lab.kube_proxy.iptables import IptablesProxier, restore_command
-from lab.kube_proxy.nftables import LOAD_COMMAND, NftablesProxier
 from bench.scenario import CLUSTER_POD_CIDR, SERVICE_CIDR, Scenario
 from kpng_py.dataplane.contract import Backend
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges
+from lab.kube_proxy.iptables import IptablesProxier, restore_command
+from lab.kube_proxy.nftables import LOAD_COMMAND, NftablesProxier
 
 REPORT_KEY = "bench-worker"
 LOAD_TIMEOUT = 1800.0  # seconds for one iptables-restore or nft -f of a whole state

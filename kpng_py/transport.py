@@ -16,7 +16,6 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from kpng_py.model import MAX_PORT
 
 # sun_path holds 108 bytes, the last one a NUL.

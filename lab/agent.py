@@ -53,6 +53,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+
 def _family(host: str | None, family: int | None = None) -> socket.AddressFamily:
     if family is not None:
         return socket.AF_INET6 if family == 6 else socket.AF_INET

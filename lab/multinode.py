@@ -29,8 +29,19 @@ from typing import Iterator, Sequence
 
 from lab.backends import LabPlaces
 from lab.cluster import (
-    ADDRESSING, Addressing, Family, IPAddress, IPNetwork, Pod, add_pod_netns, build_node_netns,
-    escape_count, escape_counter, ip_batch, nodad, NO_DAD,
+    ADDRESSING,
+    NO_DAD,
+    Addressing,
+    Family,
+    IPAddress,
+    IPNetwork,
+    Pod,
+    add_pod_netns,
+    build_node_netns,
+    escape_count,
+    escape_counter,
+    ip_batch,
+    nodad,
 )
 from lab.names import BPFFS_ROOT, CGROUP2_ROOT, RunNames
 from lab.procs import Proc, in_namespace, run, spawn, sysctl

@@ -24,8 +24,8 @@ import sys
 from backends.userspace import cli
 from kpng_py.dataplane.contract import BackendSetupError
 from kpng_py.healthcheck.proxier_health import SyncHealth
-from kpng_py.runtime.logs import setup_logging
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.runtime.logs import setup_logging
 
 
 def _counts(metrics: Metrics) -> dict[str, float]:

@@ -28,8 +28,7 @@ from typing import Iterator
 from kpng_py.model import IPAddress
 from lab import teardown
 from lab.cluster import Family, ip_batch, nodad
-from lab.multinode import (EXTERNAL, NETWORK, MultiNodeCluster, external_ip, node_ip,
-                           node_plan, vip)
+from lab.multinode import EXTERNAL, NETWORK, MultiNodeCluster, external_ip, node_ip, node_plan, vip
 from lab.names import RunNames
 from lab.netns_worker import NetnsWorker
 from lab.probe import ask_once

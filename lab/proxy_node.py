@@ -26,7 +26,13 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from kpng_py.model import (
-    Endpoint, Endpoints, Protocol, ServicePort, ServicePortChanges, ServicePortName)
+    Endpoint,
+    Endpoints,
+    Protocol,
+    ServicePort,
+    ServicePortChanges,
+    ServicePortName,
+)
 from lab.netns import NetNS, netns
 from lab.procs import start_ready
 

@@ -9,22 +9,21 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
 
-from backends.ebpf.maps import counters
-from backends.ebpf.maps import layout as maps
-from backends.ebpf.maps import id_maps
 from backends.ebpf.datapath.loader import Datapath, DatapathConfig, mount_holding
+from backends.ebpf.maps import counters, id_maps
+from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps.node_addresses import AddressFollower, FollowerFactory, NodeAddressMap
+from backends.ebpf.maps.usage import CachedCount
 from backends.ebpf.programmer.service_programmer import Capacity, MapWrites, ServiceProgrammer
 from backends.ebpf.stale_udp import StaleUdpTerminator
-from backends.ebpf.maps.usage import CachedCount
 from kpng_py.dataplane.contract import BackendSetupError, DataplaneHealth
 from kpng_py.healthcheck.service_health import HealthCheckNodePorts
-from kpng_py.runtime.logs import fields
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.metrics.service_counters import ServiceCountersCollector, ServiceCounts
 from kpng_py.model import IPAddress, ServicePortChanges, ServicePortName
 from kpng_py.node.nodeport_addresses import LocalAddressFollower, LocalAddressSet, NodePortAddresses
+from kpng_py.runtime.logs import fields
 from kpng_py.runtime.retrytimer import RetryTimer
-from kpng_py.metrics.service_counters import ServiceCounts, ServiceCountersCollector
 from kpng_py.state.skips import Skips
 
 if TYPE_CHECKING:  # the table's module loads libnftables: only when one is made

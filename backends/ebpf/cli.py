@@ -14,15 +14,15 @@ import sys
 import threading
 from pathlib import Path
 
-from backends.ebpf.maps.layout import DEFAULT_PIN_DIR, SIZED_SPECS
 from backends.ebpf.datapath.privileges import privilege_hint
-from kpng_py.dataplane.contract import Backend, BackendSetupError
+from backends.ebpf.maps.layout import DEFAULT_PIN_DIR, SIZED_SPECS
 from kpng_py.cmd.durations import DurationError, parse_seconds
-from kpng_py.state.limits import positive_count
-from kpng_py.metrics.metrics import Metrics
-from kpng_py.node.nodeport_addresses import NodePortAddresses, add_nodeport_addresses_flag
+from kpng_py.dataplane.contract import Backend, BackendSetupError
 from kpng_py.dataplane.registry import BackendSpec, ToolCommand
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.metrics.service_counters import add_endpoint_counters_flag
+from kpng_py.node.nodeport_addresses import NodePortAddresses, add_nodeport_addresses_flag
+from kpng_py.state.limits import positive_count
 
 
 def _entries(text: str) -> int:
@@ -98,8 +98,8 @@ def create(args: argparse.Namespace, metrics: Metrics) -> Backend:
     skips = Skips(metrics)
     netfilter = None
     if args.nodeport_netfilter:
-        from backends.ebpf.netfilter.table import NetfilterTable
         from backends.ebpf.netfilter.plan import NodePortMatch
+        from backends.ebpf.netfilter.table import NetfilterTable
 
         every = args.nodeport_addresses == NodePortAddresses()
         netfilter = NetfilterTable(NodePortMatch.every_local() if every else NodePortMatch.only(()),
@@ -172,9 +172,8 @@ def _run_action(args: argparse.Namespace) -> None:
     elif args.ebpf_action == "trace":
         _trace(bpffs_dir, args)
     else:
-        from backends.ebpf.tools.dump import dump_json, format_text, matching, read_dump
-
         from backends.ebpf.netfilter.table import describe_lines, describe_table
+        from backends.ebpf.tools.dump import dump_json, format_text, matching, read_dump
 
         dump = matching(read_dump(bpffs_dir), args.service, args.vip)
         if args.json:
@@ -188,8 +187,8 @@ def _cleanup(bpffs_dir: Path, cgroup: Path | None, args: argparse.Namespace) -> 
     """`ebpf cleanup`, holding the datapath's lock (ownership.py) while it
     removes it: refused while a running kpng-py owns it, unless forced."""
     from backends.ebpf.datapath.loader import cleanup
-    from backends.ebpf.netfilter.table import cleanup_table
     from backends.ebpf.datapath.ownership import DatapathInUse, DatapathLock, holder
+    from backends.ebpf.netfilter.table import cleanup_table
 
     lock = DatapathLock.wait_for(bpffs_dir, args.wait) if bpffs_dir.is_dir() else None
     try:
@@ -221,8 +220,13 @@ def _cleanup(bpffs_dir: Path, cgroup: Path | None, args: argparse.Namespace) -> 
 def _other_owners_on(bpffs_dir: Path, cgroup: Path | None) -> dict[Path, str]:
     """Datapaths pinned elsewhere on the same bpf filesystem, owned by a live
     process and attached to `cgroup`: `cleanup --cgroup` would detach them."""
-    from backends.ebpf.datapath.loader import (LINKS_DIR, PROGRAMS_DIR, cgroup_id, mount_holding,
-                                      pinned_links)
+    from backends.ebpf.datapath.loader import (
+        LINKS_DIR,
+        PROGRAMS_DIR,
+        cgroup_id,
+        mount_holding,
+        pinned_links,
+    )
     from backends.ebpf.datapath.ownership import owned_datapaths
 
     mount = mount_holding(bpffs_dir)

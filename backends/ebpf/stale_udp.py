@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Protocol
 
-from backends.ebpf.maps.contents import HostPort, reached_through
 from backends.ebpf.maps.access import MapAccess
+from backends.ebpf.maps.contents import HostPort, reached_through
 from backends.ebpf.maps.layout import RevNatKey, RevNatValue, unpacked_address
-from kpng_py.runtime.logs import fields
 from kpng_py.node.netns import in_netns
+from kpng_py.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,8 @@ from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
 
 from backends.userspace.context import DEFAULT_INTERFACE, MARKER, ProxyStats
 from kpng_py.dataplane.contract import BackendSetupError
-from kpng_py.runtime.logs import fields
 from kpng_py.model import IPAddress
+from kpng_py.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 

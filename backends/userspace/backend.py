@@ -43,10 +43,9 @@ from backends.userspace.listener import Listener
 from backends.userspace.picker import FrontendPickers, PortAffinity
 from backends.userspace.tcp import TcpListener
 from backends.userspace.udp import UdpListener
-from kpng_py.runtime.aio import new_event_loop
 from kpng_py.healthcheck.service_health import HealthCheckNodePorts, ProxyHealth
-from kpng_py.runtime.logs import fields
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.metrics.service_counters import ServiceCountersCollector, ServiceCounts
 from kpng_py.model import (
     Endpoint,
     Frontend,
@@ -61,7 +60,8 @@ from kpng_py.model import (
     format_host_port,
 )
 from kpng_py.node.nodeport_addresses import LocalAddressFollower, LocalAddressSet
-from kpng_py.metrics.service_counters import ServiceCounts, ServiceCountersCollector
+from kpng_py.runtime.aio import new_event_loop
+from kpng_py.runtime.logs import fields
 from kpng_py.state.skips import Skips
 
 log = logging.getLogger(__name__)

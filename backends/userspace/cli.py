@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-
 from typing import TYPE_CHECKING
 
 from backends.userspace.context import MARKER, ProxyConfig
 from kpng_py.cmd.flag_types import byte_size, positive_duration
+from kpng_py.dataplane.registry import BackendSpec
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.metrics.service_counters import add_endpoint_counters_flag
 from kpng_py.model import IPNetwork
 from kpng_py.node.nodeport_addresses import add_nodeport_addresses_flag, parse_cidrs
-from kpng_py.dataplane.registry import BackendSpec
-from kpng_py.metrics.service_counters import add_endpoint_counters_flag
 
 if TYPE_CHECKING:
     from backends.userspace.backend import UserspaceBackend

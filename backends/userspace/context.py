@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.metrics.service_counters import ServiceCounts
 from kpng_py.model import Endpoint, IPAddress, IPFamily, IPNetwork, format_host_port
 from kpng_py.node.nodeport_addresses import LocalAddressSet, NodePortAddresses
-from kpng_py.metrics.service_counters import ServiceCounts
 
 # The interface the backend creates (and marks as its own) by default.
 DEFAULT_INTERFACE = "kpng-py0"

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kpng_py.model import IPAddress, ServicePort, ServicePortChanges, ServicePortName
 from kpng_py.state.decode import AddressProblem, address_problem
-from kpng_py.model import ServicePortChanges, IPAddress, ServicePort, ServicePortName
 from kpng_py.state.skips import Skips
 
 

@@ -11,9 +11,13 @@ from typing import ClassVar
 from backends.userspace.context import ProxyContext, Tally
 from backends.userspace.picker import EndpointPicker, FrontendPickers
 from backends.userspace.sockets import (
-    LOOPBACK, attach_source_filter, detach_filter, listening_socket)
-from kpng_py.runtime.logs import fields
+    LOOPBACK,
+    attach_source_filter,
+    detach_filter,
+    listening_socket,
+)
 from kpng_py.model import Endpoint, IPAddress, IPNetwork
+from kpng_py.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 

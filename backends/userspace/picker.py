@@ -16,8 +16,8 @@ from typing import Callable, Iterable
 
 from backends.userspace.context import Expiring
 from backends.userspace.maglev import MaglevTable, table_size
-from kpng_py.runtime.logs import fields
 from kpng_py.model import Endpoint, IPAddress
+from kpng_py.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from backends.userspace.context import ProxyContext, Tally
 from backends.userspace.listener import Listener
 from backends.userspace.picker import FrontendPickers
 from backends.userspace.sockets import reset, sockaddr, socket_family
-from kpng_py.runtime.logs import fields
 from kpng_py.model import Endpoint, IPAddress, IPNetwork
+from kpng_py.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 

@@ -16,14 +16,24 @@ import logging
 import signal
 import time
 from collections import Counter
-from prometheus_client.parser import text_string_to_metric_families
 from dataclasses import dataclass
 from typing import Callable, Generic, Sequence, TypeVar
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from e2e.expect import CheckEnv, CheckFailed, CheckRun, Env
 from e2e.proxy import BackendKind
-from e2e.statefile import (LOCAL_NODE, OTHER_ZONE, OTHER_ZONE_NODE, REMOTE_NODE, ZONE,
-                           ClusterState, EndpointRef, PortSpec, ServiceSpec)
+from e2e.statefile import (
+    LOCAL_NODE,
+    OTHER_ZONE,
+    OTHER_ZONE_NODE,
+    REMOTE_NODE,
+    ZONE,
+    ClusterState,
+    EndpointRef,
+    PortSpec,
+    ServiceSpec,
+)
 from kpng_py.model import IPFamily
 from lab import clients
 from lab.clients import Sample, StreamingProbe, host_literal

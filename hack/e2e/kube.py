@@ -20,8 +20,15 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from e2e.proxy import (SYNC_TIMEOUT, BackendKind, ControlPlane, Seat, SyncError, kpng_py,
-                       stop_cleanly)
+from e2e.proxy import (
+    SYNC_TIMEOUT,
+    BackendKind,
+    ControlPlane,
+    Seat,
+    SyncError,
+    kpng_py,
+    stop_cleanly,
+)
 from e2e.statefile import LOCAL_NODE, ClusterState, EndpointRef, PortSpec, ServiceSpec
 from lab.cluster import ADDRESSING, Cluster, Family, ip_family
 from lab.kube_control_plane import ControlPlaneError, KubeApi, KubeControlPlane, version_of

@@ -22,8 +22,19 @@ import time
 from typing import Callable, Sequence
 
 from e2e.checks import (
-    DNS_UDP, ECHO_TCP, HTTP, SERVICE_PROXY_NAME, Applicability, Check, _judge_restart_loop,
-    all_families, always, follow_udp_socket, loop_served_since, loop_under_way, register_in,
+    DNS_UDP,
+    ECHO_TCP,
+    HTTP,
+    SERVICE_PROXY_NAME,
+    Applicability,
+    Check,
+    _judge_restart_loop,
+    all_families,
+    always,
+    follow_udp_socket,
+    loop_served_since,
+    loop_under_way,
+    register_in,
     stop_backend,
 )
 from e2e.expect import CheckFailed, CheckRun, refused_at_once

@@ -22,7 +22,8 @@ from typing import Callable, Sequence
 
 from e2e.statefile import LOCAL_NODE, ClusterState, write_atomically
 from kpng_py.brain.source import changeset
-from kpng_py.brain.statefile import ClusterState as BrainState, parse_state
+from kpng_py.brain.statefile import ClusterState as BrainState
+from kpng_py.brain.statefile import parse_state
 from kpng_py.brain.view import node_view
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePort

@@ -21,9 +21,9 @@ from e2e.checks import CHECKS, Check, EnvT, base_state
 from e2e.expect import CheckFailed, CheckRun, Env
 from e2e.kube import ApiServerControlPlane
 from e2e.proxy import BACKENDS, BackendKind, ControlPlane, FileControlPlane, SyncError
-from e2e.topology import NodePortEnv
 from e2e.report import Report, Result
 from e2e.statefile import ClusterState
+from e2e.topology import NodePortEnv
 from lab import clients, procs, teardown
 from lab.backends import LabPlaces
 from lab.cluster import Cluster, Family, families_of_mode

@@ -6,7 +6,6 @@ own there, so that nothing under tests/ imports the harness."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import subprocess
 import sys

@@ -15,12 +15,28 @@ import yaml
 
 from e2e import checks, nodeport_checks
 from e2e.checks import ALT, DNS_TCP, DNS_UDP, HTTP, base_state
-from e2e.kube import (MANAGED_BY, ApiObjects, ApiWriter, NotExpressible, ServedVersions, plan,
-                      service_object, slice_objects)
+from e2e.kube import (
+    MANAGED_BY,
+    ApiObjects,
+    ApiWriter,
+    NotExpressible,
+    ServedVersions,
+    plan,
+    service_object,
+    slice_objects,
+)
 from e2e.proxy import BACKENDS, service_ports_of
 from e2e.run import Options
-from e2e.statefile import (LOCAL_NODE, OTHER_ZONE, OTHER_ZONE_NODE, REMOTE_NODE, ZONE,
-                           ClusterState, EndpointRef, ServiceSpec)
+from e2e.statefile import (
+    LOCAL_NODE,
+    OTHER_ZONE,
+    OTHER_ZONE_NODE,
+    REMOTE_NODE,
+    ZONE,
+    ClusterState,
+    EndpointRef,
+    ServiceSpec,
+)
 from e2e.test_harness import _multinode, _pods
 from kpng_py.brain.convert import convert, dump
 from kpng_py.brain.statefile import parse_state

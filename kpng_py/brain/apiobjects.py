@@ -43,8 +43,16 @@ from typing import Any, Iterable, NamedTuple, NoReturn
 
 from kpng_py.api import localv1
 from kpng_py.brain.reader import check_message
-from kpng_py.brain.statefile import CHECKS, DEFAULT_NAMESPACE, SERVICE_PROXY_NAME_LABEL, \
-    EndpointInfo, Node, ServiceEntry, check_service_path, endpoint_hash
+from kpng_py.brain.statefile import (
+    CHECKS,
+    DEFAULT_NAMESPACE,
+    SERVICE_PROXY_NAME_LABEL,
+    EndpointInfo,
+    Node,
+    ServiceEntry,
+    check_service_path,
+    endpoint_hash,
+)
 
 PROTOCOLS = {"TCP": localv1.TCP, "UDP": localv1.UDP, "SCTP": localv1.SCTP}
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"

@@ -24,8 +24,17 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from kpng_py.api import localv1
-from kpng_py.brain.apiobjects import Listing, left_out_service, left_out_slice, name_of, \
-    node_of, service_of, slice_endpoints, slice_service, with_endpoints
+from kpng_py.brain.apiobjects import (
+    Listing,
+    left_out_service,
+    left_out_slice,
+    name_of,
+    node_of,
+    service_of,
+    slice_endpoints,
+    slice_service,
+    with_endpoints,
+)
 from kpng_py.brain.statefile import ClusterState, EndpointInfo, ServiceEntry, endpoint_hash
 
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Iterator
 
-from kpng_py.runtime.aio import ThreadsafeEvent
 from kpng_py.api import localv1
 from kpng_py.brain.statefile import ClusterState
 from kpng_py.brain.view import NodeView, Ref, node_view
+from kpng_py.runtime.aio import ThreadsafeEvent
 from kpng_py.runtime.logs import fields
 from kpng_py.serve.server import MESSAGE_PREFIX
 

@@ -34,8 +34,8 @@ from kpng_py.api import localv1
 from kpng_py.brain.plainload import Plain, Unchecked, plain_document
 from kpng_py.brain.plainvalue import PlainValue
 from kpng_py.brain.reader import Blame, FieldChecks, StateFileError, Value, read_document
-from kpng_py.runtime.collector import collector_paused, freeze_survivors
 from kpng_py.model import MAX_AFFINITY_TIMEOUT_SECONDS, MAX_PORT
+from kpng_py.runtime.collector import collector_paused, freeze_survivors
 
 T = TypeVar("T")
 # A document as either reader gives it (the same accessors).

@@ -21,26 +21,36 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from kpng_py.dataplane import registry
-from kpng_py.cmd import runner
-from kpng_py.dataplane.contract import BackendSetupError, NothingMatched
 # The brain itself (its YAML reader and server) is imported by the commands
 # that run it: a backend's run does not load it.
-from kpng_py.brain.settings import (DEFAULT_MAX_FILE_SIZE, STDIN, Coalesce, KubeAccessError,
-                                   Settle, StateFileError)
-from kpng_py.cmd.parser import PROGRAM, Parser
-from kpng_py.watch.client import ClientConfig, SinkFailed
+from kpng_py.brain.settings import (
+    DEFAULT_MAX_FILE_SIZE,
+    STDIN,
+    Coalesce,
+    KubeAccessError,
+    Settle,
+    StateFileError,
+)
+from kpng_py.cmd import runner
 from kpng_py.cmd.flag_types import byte_size, positive_duration
-from kpng_py.healthcheck.proxier_health import (
-    DEFAULT_HEALTHZ, DEFAULT_METRICS, BindAddress, Observability)
-from kpng_py.state.limits import add_limit_flags, limits_from_args
-from kpng_py.runtime.logs import setup_logging
-from kpng_py.metrics.metrics import Metrics
 from kpng_py.cmd.output_file import OutputFile, OutputFileError
+from kpng_py.cmd.parser import PROGRAM, Parser
+from kpng_py.cmd.version import PrintVersion, version_report
+from kpng_py.dataplane import registry
+from kpng_py.dataplane.contract import BackendSetupError, NothingMatched
+from kpng_py.healthcheck.proxier_health import (
+    DEFAULT_HEALTHZ,
+    DEFAULT_METRICS,
+    BindAddress,
+    Observability,
+)
+from kpng_py.metrics.metrics import Metrics
+from kpng_py.runtime.logs import setup_logging
 from kpng_py.serve.recording import RecordingError, read_segments
 from kpng_py.serve.replay import ReplaySource
-from kpng_py.cmd.version import PrintVersion, version_report
+from kpng_py.state.limits import add_limit_flags, limits_from_args
 from kpng_py.transport import ADDRESS_FORMS, AddressError, ListenAddress, TLSFiles, dial_target
+from kpng_py.watch.client import ClientConfig, SinkFailed
 
 if TYPE_CHECKING:
     from kpng_py.brain.kube.access import AccessFlags

@@ -6,9 +6,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from kpng_py.cmd import runner
-from kpng_py.runtime.aio import ThreadsafeEvent
-from kpng_py.dataplane.contract import Backend
 from kpng_py.brain.settings import STDIN
 from kpng_py.brain.source import BrainSource, StateSnapshots
 from kpng_py.brain.watcher import (
@@ -17,10 +14,13 @@ from kpng_py.brain.watcher import (
     StateFileWatcher,
     read_standard_input,
 )
+from kpng_py.cmd import runner
+from kpng_py.dataplane.contract import Backend
 from kpng_py.healthcheck.proxier_health import Observability
-from kpng_py.state.limits import Limits
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.runtime.aio import ThreadsafeEvent
 from kpng_py.runtime.termination import Termination
+from kpng_py.state.limits import Limits
 from kpng_py.transport import ListenAddress, TLSFiles
 
 

@@ -7,18 +7,18 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-from kpng_py.cmd import runner
-from kpng_py.runtime.aio import ThreadsafeEvent
-from kpng_py.dataplane.contract import Backend
 from kpng_py.brain.kube.access import AccessFlags, resolve
 from kpng_py.brain.kube.client import ApiServerClient
 from kpng_py.brain.kube.watcher import ApiServerReport, KubeWatcher
 from kpng_py.brain.settings import Coalesce
 from kpng_py.brain.source import BrainSource, StateSnapshots
+from kpng_py.cmd import runner
+from kpng_py.dataplane.contract import Backend
 from kpng_py.healthcheck.proxier_health import Observability
-from kpng_py.state.limits import Limits
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.runtime.aio import ThreadsafeEvent
 from kpng_py.runtime.termination import Termination
+from kpng_py.state.limits import Limits
 from kpng_py.transport import ListenAddress, TLSFiles
 
 

@@ -9,22 +9,22 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator
 
-from kpng_py.runtime.aio import ThreadsafeEvent
 from kpng_py.api import localv1
+from kpng_py.cmd.output_file import OutputFile
+from kpng_py.cmd.setup_alongside import SetUpAlongside
 from kpng_py.dataplane.applier import ChangeSetApplier
 from kpng_py.dataplane.contract import Backend
-from kpng_py.watch.client import ClientConfig, OpsSink, SinkFailed, WatchClient
 from kpng_py.healthcheck.proxier_health import HealthSink, Observability, SyncHealth
-from kpng_py.state.limits import Limits
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.cmd.output_file import OutputFile
+from kpng_py.runtime.aio import ThreadsafeEvent
+from kpng_py.runtime.termination import Termination
 from kpng_py.serve.recording import RecordingWriter
 from kpng_py.serve.server import ChangeSetSource, LocalApiServer, StreamSession
-from kpng_py.cmd.setup_alongside import SetUpAlongside
+from kpng_py.state.limits import Limits
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
-from kpng_py.runtime.termination import Termination
 from kpng_py.transport import ListenAddress, TLSFiles
+from kpng_py.watch.client import ClientConfig, OpsSink, SinkFailed, WatchClient
 
 
 class StopAfter:

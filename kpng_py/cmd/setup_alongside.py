@@ -17,6 +17,7 @@ from typing import Callable, Mapping
 from kpng_py.dataplane.contract import Backend, backend_not_programmed, backend_stages
 from kpng_py.model import ServicePortChanges
 
+
 class BackendNotSetUpError(RuntimeError):
     """apply() on a backend whose setup failed (the process is stopping)."""
 

@@ -18,13 +18,13 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Protocol
 
 from kpng_py.api import localv1
-from kpng_py.runtime.backoff import Backoff
-from kpng_py.runtime.collector import CollectorPause, collector_paused, freeze_survivors
 from kpng_py.dataplane.census import EXTERNAL, INTERNAL, DataplaneCensus
 from kpng_py.dataplane.contract import Backend, backend_not_programmed, backend_stages
-from kpng_py.runtime.logs import fields
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges
+from kpng_py.runtime.backoff import Backoff
+from kpng_py.runtime.collector import CollectorPause, collector_paused, freeze_survivors
+from kpng_py.runtime.logs import fields
 from kpng_py.runtime.retrytimer import RetryTimer
 from kpng_py.state.tracker import NodeState
 

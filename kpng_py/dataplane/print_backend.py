@@ -22,6 +22,7 @@ import json
 import sys
 from typing import IO, Iterable, Mapping
 
+from kpng_py.dataplane.registry import BackendSpec
 from kpng_py.healthcheck.service_health import needs_health_check
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import (
@@ -31,7 +32,6 @@ from kpng_py.model import (
     ServicePortChanges,
     ServicePortName,
 )
-from kpng_py.dataplane.registry import BackendSpec
 
 
 def service_port_json(port: ServicePort) -> dict:

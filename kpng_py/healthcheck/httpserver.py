@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Callable, Mapping
 
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.runtime.aio import resolve, running_task
 from kpng_py.runtime.logs import fields
-from kpng_py.metrics.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -38,11 +38,11 @@ from prometheus_client import Counter
 from prometheus_client.exposition import generate_latest
 
 from kpng_py.api import localv1
-from kpng_py.watch.client import OpsSink
 from kpng_py.healthcheck.httpserver import BoundedHTTPServer, Handler, Response
-from kpng_py.runtime.logs import fields
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import MAX_PORT
+from kpng_py.runtime.logs import fields
+from kpng_py.watch.client import OpsSink
 
 log = logging.getLogger(__name__)
 

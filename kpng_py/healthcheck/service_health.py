@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from typing import Coroutine, Iterable, Protocol
 
 from kpng_py.healthcheck.httpserver import BoundedHTTPServer, Response
-from kpng_py.runtime.logs import fields
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import IPAddress, ServicePort, ServicePortChanges, ServicePortName
 from kpng_py.node.nodeport_addresses import LocalAddressSet, NodePortAddresses
+from kpng_py.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,14 @@ module-level state), which the HTTP endpoint serves.
 from __future__ import annotations
 
 import prometheus_client
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector,
-                               ProcessCollector)
-
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 _SYNC_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 

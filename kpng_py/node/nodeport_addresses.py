@@ -33,8 +33,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Union
 
-from kpng_py.runtime.logs import fields
 from kpng_py.model import IPAddress
+from kpng_py.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,11 @@ class LocalAddressFollower:
         # do not wake another thread's select).
         from pyroute2 import IPRoute
         from pyroute2.netlink.rtnl import (
-            RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_IFADDR, RTMGRP_IPV6_ROUTE)
+            RTMGRP_IPV4_IFADDR,
+            RTMGRP_IPV4_ROUTE,
+            RTMGRP_IPV6_IFADDR,
+            RTMGRP_IPV6_ROUTE,
+        )
 
         try:
             with IPRoute() as events:

@@ -37,10 +37,10 @@ from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
 from grpclib.protocol import H2Protocol
 
-from kpng_py.runtime.aio import ThreadsafeEvent, new_event_loop, running_task
 from kpng_py.api import LEGACY_WATCH_METHOD, WATCH_METHOD, localv1
-from kpng_py.serve.listeners import SocketFile, bind_tcp, bind_unix, publish_socket, remove_if_same
+from kpng_py.runtime.aio import ThreadsafeEvent, new_event_loop, running_task
 from kpng_py.runtime.logs import fields
+from kpng_py.serve.listeners import SocketFile, bind_tcp, bind_unix, publish_socket, remove_if_same
 from kpng_py.transport import AddressError, ListenAddress, TLSFiles
 
 log = logging.getLogger(__name__)

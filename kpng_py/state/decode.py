@@ -18,7 +18,6 @@ from typing import Callable, Iterable, NamedTuple
 from google.protobuf.message import DecodeError
 
 from kpng_py.api import localv1
-from kpng_py.state.limits import MAX_ENDPOINT_IPS, Limits
 from kpng_py.model import (
     DEFAULT_AFFINITY_TIMEOUT_SECONDS,
     MAX_AFFINITY_TIMEOUT_SECONDS,
@@ -33,6 +32,7 @@ from kpng_py.model import (
     packed_v4_address,
     unpacked_address,
 )
+from kpng_py.state.limits import MAX_ENDPOINT_IPS, Limits
 from kpng_py.state.skips import SkipReason, Skips
 
 _PROTOCOLS = {localv1.TCP: Protocol.TCP, localv1.UDP: Protocol.UDP}

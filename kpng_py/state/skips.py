@@ -10,8 +10,8 @@ from __future__ import annotations
 import enum
 import logging
 
-from kpng_py.runtime.logs import fields
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.runtime.logs import fields
 
 log = logging.getLogger("kpng_py.state.skips")
 

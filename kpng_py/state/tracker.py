@@ -24,17 +24,6 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, NamedTuple
 
 from kpng_py.api import localv1
-from kpng_py.state.decode import (
-    DecodedEndpoint,
-    EndpointTails,
-    DecodedService,
-    decode_endpoint,
-    decode_service,
-    fast_endpoint,
-    split_endpoint_path,
-)
-from kpng_py.state.owners import FrontendOwners
-from kpng_py.state.limits import Limits
 from kpng_py.model import (
     PACKED_ADDRESS_SIZE,
     Endpoints,
@@ -46,6 +35,17 @@ from kpng_py.model import (
     format_host_port,
     unpacked_address,
 )
+from kpng_py.state.decode import (
+    DecodedEndpoint,
+    DecodedService,
+    EndpointTails,
+    decode_endpoint,
+    decode_service,
+    fast_endpoint,
+    split_endpoint_path,
+)
+from kpng_py.state.limits import Limits
+from kpng_py.state.owners import FrontendOwners
 from kpng_py.state.skips import SkipReason, Skips
 
 log = logging.getLogger(__name__)

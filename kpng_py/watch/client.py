@@ -48,14 +48,14 @@ from typing import Any, Callable, Coroutine, Protocol, TypeVar
 
 from google.protobuf.message import DecodeError
 
-from kpng_py.runtime.aio import ThreadsafeEvent, new_event_loop
 from kpng_py.api import localv1
-from kpng_py.runtime.backoff import Backoff
-from kpng_py.watch.grpclib_watch import CallFailed, WatchCall, open_channel
-from kpng_py.runtime.logs import fields
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.runtime.aio import ThreadsafeEvent, new_event_loop
+from kpng_py.runtime.backoff import Backoff
+from kpng_py.runtime.logs import fields
 from kpng_py.state.skips import SkipReason, Skips
 from kpng_py.transport import AddressError, TLSFiles
+from kpng_py.watch.grpclib_watch import CallFailed, WatchCall, open_channel
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from lab.kube_proxy import KubeServicePort, kube_service_ports, sha256_base32
 from kpng_py.model import IPFamily, ServicePort
+from lab.kube_proxy import KubeServicePort, kube_service_ports, sha256_base32
 
 MASQUERADE_MARK = "0x4000"  # --masquerade-bit 14, kube-proxy's default
 # Above this many endpoints in total, kube-proxy drops per-endpoint comments

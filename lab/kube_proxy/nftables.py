@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from lab.kube_proxy import KubeServicePort, kube_service_ports, sha256_base32
 from kpng_py.model import ServicePort
+from lab.kube_proxy import KubeServicePort, kube_service_ports, sha256_base32
 
 TABLE = "ip kube-proxy"
 LOAD_COMMAND = ("nft", "-f", "-")

@@ -20,11 +20,11 @@ import pytest
 from backends.ebpf.backend import EbpfBackend
 from backends.ebpf.datapath.loader import DatapathConfig, cleanup
 from kpng_py.api import localv1 as L
+from kpng_py.cmd.runner import ApplierSink
 from kpng_py.dataplane.applier import ChangeSetApplier
 from kpng_py.dataplane.contract import Backend
-from kpng_py.metrics.metrics import Metrics
 from kpng_py.dataplane.print_backend import PrintBackend
-from kpng_py.cmd.runner import ApplierSink
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from lab.cgroups import cgroup

@@ -15,17 +15,17 @@ from typing import Any, Iterable
 import yaml
 
 from kpng_py.api import localv1
-from kpng_py.dataplane.applier import ChangeSetApplier
 from kpng_py.brain.source import BrainSource
 from kpng_py.brain.watcher import StateFileWatcher
-from kpng_py.watch.client import ClientConfig, WatchClient
+from kpng_py.dataplane.applier import ChangeSetApplier
+from kpng_py.dataplane.print_backend import PrintBackend
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges
-from kpng_py.dataplane.print_backend import PrintBackend
 from kpng_py.serve.server import LocalApiServer
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from kpng_py.transport import ListenAddress
+from kpng_py.watch.client import ClientConfig, WatchClient
 from tests.support.process import WAIT_SECONDS, wait_until
 from tests.support.watch import WholeChangeSets
 

@@ -10,8 +10,14 @@ import re
 import pytest
 import yaml
 
-from kpng_py.brain.source import (PART_OPS, BrainSource, ChangeSetReply, StateSnapshots,
-                                   changeset, changeset_specs)
+from kpng_py.brain.source import (
+    PART_OPS,
+    BrainSource,
+    ChangeSetReply,
+    StateSnapshots,
+    changeset,
+    changeset_specs,
+)
 from kpng_py.brain.statefile import ClusterState, StateReader, parse_state
 from kpng_py.brain.view import node_view
 from kpng_py.serve.server import Reply

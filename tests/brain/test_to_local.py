@@ -6,13 +6,13 @@ import json
 import queue
 import threading
 
-from kpng_py.runtime.aio import ThreadsafeEvent
 from kpng_py.brain.source import BrainSource
 from kpng_py.brain.watcher import StateFileWatcher
+from kpng_py.cmd.runner import run_in_process
+from kpng_py.dataplane.print_backend import PrintBackend
 from kpng_py.healthcheck.proxier_health import Observability
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.dataplane.print_backend import PrintBackend
-from kpng_py.cmd.runner import run_in_process
+from kpng_py.runtime.aio import ThreadsafeEvent
 from tests.brain.helpers import WAIT_SECONDS, StateFile, endpoint, port, service, state
 
 NO_PROBES = Observability(healthz=None, metrics=None)  # no /healthz or /metrics server

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kpng_py.cmd.output_file import OutputFile, OutputFileError
-from kpng_py.serve.recording import Segment, read_segments
 from kpng_py.cmd.runner import RecordSink
+from kpng_py.serve.recording import Segment, read_segments
 from tests.streams.build import reset, sync
 from tests.support.process import Processes
 

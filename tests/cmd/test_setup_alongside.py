@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
+from kpng_py.cmd.setup_alongside import BackendNotSetUpError, SetUpAlongside
 from kpng_py.dataplane.contract import BackendSetupError
 from kpng_py.model import ServicePortChanges
-from kpng_py.cmd.setup_alongside import BackendNotSetUpError, SetUpAlongside
 
 
 class SlowBackend:

@@ -15,8 +15,15 @@ import pytest
 
 from kpng_py import __version__
 from kpng_py.cmd.cli import main
-from kpng_py.cmd.version import (SOURCE_DIR, Build, current_build, record, recorded_build, running,
-                             tree_build)
+from kpng_py.cmd.version import (
+    SOURCE_DIR,
+    Build,
+    current_build,
+    record,
+    recorded_build,
+    running,
+    tree_build,
+)
 
 ROOT = SOURCE_DIR
 # What Docker takes as a tag.

@@ -17,12 +17,12 @@ from typing import Callable, Iterator
 import pytest
 
 from kpng_py.api import localv1 as L
+from kpng_py.cmd.runner import ApplierSink
 from kpng_py.dataplane.applier import ChangeSetApplier
-from kpng_py.runtime.backoff import Backoff
 from kpng_py.healthcheck.proxier_health import BindAddress, HealthSink, SyncHealth, serve_healthz
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import ServicePortChanges, ServicePort
-from kpng_py.cmd.runner import ApplierSink
+from kpng_py.model import ServicePort, ServicePortChanges
+from kpng_py.runtime.backoff import Backoff
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from lab.procs import wait_until

@@ -11,6 +11,7 @@ import ipaddress
 
 import pytest
 
+from kpng_py.dataplane.print_backend import PrintBackend, service_port_json
 from kpng_py.model import (
     Endpoint,
     IPFamily,
@@ -20,7 +21,6 @@ from kpng_py.model import (
     ServicePortName,
     sorted_endpoints,
 )
-from kpng_py.dataplane.print_backend import PrintBackend, service_port_json
 
 ip = ipaddress.ip_address
 NAME = ServicePortName("shop", "web", "https", Protocol.TCP)

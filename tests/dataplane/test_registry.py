@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from kpng_py.dataplane import registry
 from kpng_py.cmd.cli import build_parser, main
-from kpng_py.metrics.metrics import Metrics
+from kpng_py.dataplane import registry
 from kpng_py.dataplane.registry import BackendSpec, RegistryError
+from kpng_py.metrics.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,21 +12,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from backends.ebpf.maps import layout as maps
 from backends.ebpf.datapath.loader import Datapath, DatapathConfig, cleanup
+from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps.node_addresses import FollowerFactory
 from backends.ebpf.programmer.service_programmer import Capacity, ServiceProgrammer
-from kpng_py.node.netns import in_netns
 from kpng_py.api import localv1
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import (
-    ServicePortChanges,
     Endpoint,
     IPFamily,
     Protocol,
     ServicePort,
+    ServicePortChanges,
     ServicePortName,
 )
+from kpng_py.node.netns import in_netns
 from kpng_py.node.nodeport_addresses import LocalAddressFollower, LocalAddressSet
 from kpng_py.state.skips import Skips
 from lab.cgroups import cgroup

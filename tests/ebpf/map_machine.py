@@ -35,19 +35,19 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, rule
 
 from backends.ebpf.maps import layout as maps
-from backends.ebpf.maps.contents import read_contents
-from backends.ebpf.tools.dump import services_of
 from backends.ebpf.maps.access import MapAccess
+from backends.ebpf.maps.contents import read_contents
 from backends.ebpf.programmer.service_programmer import ROUND_PORTS, Capacity, ServiceProgrammer
+from backends.ebpf.tools.dump import services_of
 from kpng_py.api import localv1 as L
-from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import ServicePortChanges, ServicePort
 from kpng_py.dataplane.print_backend import PrintBackend
+from kpng_py.metrics.metrics import Metrics
+from kpng_py.model import ServicePort, ServicePortChanges
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from tests.ebpf.helpers import programmed_frontends
-from tests.streams.build import endpoint, port, service, sync
 from tests.state.test_tracker_properties import KEYS, SERVICES, StreamMachine
+from tests.streams.build import endpoint, port, service, sync
 
 # No "explain" phase: its tracing makes a failing run take minutes. 30 steps
 # in "ci": enough for owners to come, go and be taken over; 200 examples

@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from backends.ebpf.tools.dump import read_dump
 from backends.ebpf.datapath.loader import cleanup
 from backends.ebpf.maps.layout import SIZED_SPECS
+from backends.ebpf.tools.dump import read_dump
 from lab.socket_lab import Lab, backend_ip, target
 from tests.brain.helpers import TCP, UDP, StateFile, endpoint, port, service, state
 from tests.kernel.ebpf.conftest import TEST_MAP_SIZES

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps.contents import (

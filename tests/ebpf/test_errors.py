@@ -10,14 +10,15 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
 import pytest
 
-from backends.ebpf.maps import libbpf
-from backends.ebpf.datapath import loader
 from backends.ebpf.backend import BackendNotReadyError, EbpfBackend
+from backends.ebpf.datapath import loader
 from backends.ebpf.datapath.build import BuildError
 from backends.ebpf.datapath.loader import HOOKS, LINKS_DIR, Datapath, DatapathConfig
 from backends.ebpf.datapath.ownership import DatapathLock
+from backends.ebpf.maps import libbpf
 from kpng_py.dataplane.contract import BackendSetupError
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges

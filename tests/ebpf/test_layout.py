@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.ebpf.maps import layout as maps
 from backends.ebpf.datapath.loader import BPF_SOURCE_DIR
+from backends.ebpf.maps import layout as maps
 from tests.ebpf.c_layout import assert_matches_c, constants, ctypes_members
 
 # BCC's names of the map types, and the C types of the scalar keys.

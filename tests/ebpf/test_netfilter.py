@@ -12,18 +12,37 @@ from typing import Iterator
 
 import pytest
 
-from backends.ebpf.netfilter.table import NetfilterError, NetfilterTable
 from backends.ebpf.netfilter.plan import NodePortMatch
-from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import (Endpoint, IPAddress, IPFamily, Protocol, ServicePort, ServicePortChanges,
-                           ServicePortName)
+from backends.ebpf.netfilter.table import NetfilterError, NetfilterTable
 from kpng_py.api import localv1 as L
+from kpng_py.metrics.metrics import Metrics
+from kpng_py.model import (
+    Endpoint,
+    IPAddress,
+    IPFamily,
+    Protocol,
+    ServicePort,
+    ServicePortChanges,
+    ServicePortName,
+)
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from lab.netns_worker import NetnsWorker
-from lab.nodeport_lab import (CLIENTS, NODE_OUTSIDE, NODE_OUTSIDE_2, NODE_POD_SIDE, PODS,
-                              Answer, Connection, NodePortLab, ip, nodeport_lab, tcp_probe,
-                              udp_probe, virtual_ip)
+from lab.nodeport_lab import (
+    CLIENTS,
+    NODE_OUTSIDE,
+    NODE_OUTSIDE_2,
+    NODE_POD_SIDE,
+    PODS,
+    Answer,
+    Connection,
+    NodePortLab,
+    ip,
+    nodeport_lab,
+    tcp_probe,
+    udp_probe,
+    virtual_ip,
+)
 from tests.streams import build
 from tests.support.kernel import require_root
 

@@ -12,12 +12,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.ebpf.netfilter.conntrack import StaleFlows, stale_udp_flows
-from backends.ebpf.netfilter.plan import (NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, Chain,
-                                          NodePortMatch, PortObjects, port_objects, skeleton)
+from backends.ebpf.netfilter.plan import (
+    NO_ENDPOINT_NODEPORTS,
+    NO_ENDPOINT_SERVICES,
+    Chain,
+    NodePortMatch,
+    PortObjects,
+    port_objects,
+    skeleton,
+)
 from backends.ebpf.netfilter.txn import Transaction, full_table
-from kpng_py.model import (Endpoint, IPFamily, Protocol, ServicePort, ServicePortName,
-                           sorted_endpoints)
 from kpng_py.dataplane.print_backend import service_port_json
+from kpng_py.model import (
+    Endpoint,
+    IPFamily,
+    Protocol,
+    ServicePort,
+    ServicePortName,
+    sorted_endpoints,
+)
 
 ip = ipaddress.ip_address
 

@@ -30,11 +30,11 @@ from backends.ebpf.programmer.service_programmer import (
     ServiceProgrammer,
 )
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import Frontend, ServicePortChanges, Protocol
+from kpng_py.model import Frontend, Protocol, ServicePortChanges
 from kpng_py.state.skips import Skips
+from lab.socket_lab import backend_ip
 from tests.ebpf.fake_maps import FakeMap
 from tests.ebpf.helpers import added, removed, service_port, updated
-from lab.socket_lab import backend_ip
 from tests.ebpf.map_machine import PROFILES, MapMachine, MapPair
 
 # The streams, not the maps, cost the time of an example: the kernel

@@ -4,10 +4,10 @@ every failure (no root needed: the namespaces are this process's own)."""
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import os
 import socket
-import ipaddress
 from pathlib import Path
 
 import pytest

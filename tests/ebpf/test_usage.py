@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import threading
 
-
 from backends.ebpf.maps.usage import CachedCount
 
 

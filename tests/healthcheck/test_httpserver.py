@@ -13,8 +13,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from kpng_py.healthcheck.proxier_health import BindAddress, SyncHealth, serve_healthz
 from kpng_py.healthcheck.httpserver import BoundedHTTPServer, ConnectionLimits, Response
+from kpng_py.healthcheck.proxier_health import BindAddress, SyncHealth, serve_healthz
 from kpng_py.metrics.metrics import Metrics
 
 WAIT = 30.0  # liveness bound: generous, the machine is shared

@@ -14,17 +14,22 @@ from typing import Callable, Iterator
 import pytest
 
 from kpng_py.api import localv1 as L
+from kpng_py.cmd.runner import ApplierSink
 from kpng_py.dataplane.applier import ChangeSetApplier
-from kpng_py.watch.client import ClientConfig, WatchClient
+from kpng_py.dataplane.print_backend import PrintBackend
 from kpng_py.healthcheck.proxier_health import (
-    BindAddress, HealthSink, Observability, SyncHealth, serve_healthz, serve_metrics,
+    BindAddress,
+    HealthSink,
+    Observability,
+    SyncHealth,
+    serve_healthz,
+    serve_metrics,
 )
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.dataplane.print_backend import PrintBackend
-from kpng_py.cmd.runner import ApplierSink
 from kpng_py.serve.server import Reply
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
+from kpng_py.watch.client import ClientConfig, WatchClient
 from tests.streams.build import port, reset, service, set_service, sync
 from tests.support.watch import ScriptedSource, changeset, start
 

@@ -7,15 +7,14 @@ from __future__ import annotations
 import ipaddress
 import re
 
-
+from bench.scenario import Scenario
+from kpng_py.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from lab.kube_proxy import KubeServicePort
 from lab.kube_proxy import iptables as ipt
 from lab.kube_proxy import nftables as nft
 from lab.kube_proxy.iptables import IptablesProxier
 from lab.kube_proxy.nftables import NftablesProxier
 from lab.kube_proxy.node import cleanup_input
-from bench.scenario import Scenario
-from kpng_py.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 
 CLUSTER_CIDR = "10.244.0.0/16"
 

@@ -16,7 +16,9 @@ from typing import Iterator
 import pytest
 
 from kpng_py.node.nodeport_addresses import (
-    LocalAddressSet, NodePortAddresses, add_nodeport_addresses_flag,
+    LocalAddressSet,
+    NodePortAddresses,
+    add_nodeport_addresses_flag,
 )
 from lab.netns import NetNS, netns
 from tests.support.kernel import require_root

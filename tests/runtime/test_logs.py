@@ -14,11 +14,10 @@ from typing import Callable, Iterator
 import pytest
 
 from kpng_py.dataplane.applier import changed_names
-from kpng_py.runtime.logs import JsonFormatter, TextFormatter, fields, setup_logging
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Protocol, ServicePort, ServicePortChanges, ServicePortName
+from kpng_py.runtime.logs import JsonFormatter, TextFormatter, fields, setup_logging
 from kpng_py.state.skips import SkipReason, Skips
-
 
 KPNG_PY = Path(sys.executable).parent / "kpng-py"
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kpng_py.serve.recording import RecordingWriter
 from kpng_py.runtime.termination import GRACE_SECONDS, Termination
+from kpng_py.serve.recording import RecordingWriter
 from tests.streams.build import port, reset, service, set_service, sync
 from tests.support.hostile import Abort, RawBrain
 from tests.support.process import KPNG_PY, LOOPBACK_PROBES, WAIT_SECONDS, Processes, wait_until

@@ -14,12 +14,12 @@ import grpc
 import pytest
 
 from kpng_py.api import localv1 as L
-from kpng_py.watch.client import ClientConfig
-from kpng_py.state.limits import MAX_ENDPOINT_IPS, Limits
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.serve.server import Reply
+from kpng_py.state.limits import MAX_ENDPOINT_IPS, Limits
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
+from kpng_py.watch.client import ClientConfig
 from tests.streams.build import (
     delete,
     endpoint,

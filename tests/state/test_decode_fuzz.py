@@ -13,20 +13,35 @@ import tempfile
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kpng_py.api import localv1 as L
-from kpng_py.watch.client import ClientConfig
-from kpng_py.state.decode import (DecodedEndpoint, EndpointTails, decode_endpoint, decode_service,
-                                  split_endpoint_path)
-from kpng_py.state.limits import Limits
-from kpng_py.model import MAX_PORT, IPAddress
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.model import MAX_PORT, IPAddress
 from kpng_py.serve.server import Reply
+from kpng_py.state.decode import (
+    DecodedEndpoint,
+    EndpointTails,
+    decode_endpoint,
+    decode_service,
+    split_endpoint_path,
+)
+from kpng_py.state.limits import Limits
 from kpng_py.state.skips import SkipReason, Skips
 from kpng_py.state.tracker import NodeState
-from tests.streams.build import (delete, endpoint, port, reset, service, set_endpoint, set_raw,
-                                 set_service, sync)
+from kpng_py.watch.client import ClientConfig
+from tests.streams.build import (
+    delete,
+    endpoint,
+    port,
+    reset,
+    service,
+    set_endpoint,
+    set_raw,
+    set_service,
+    sync,
+)
 from tests.support.hostile import RawBrain
 from tests.support.watch import RecordingSink, ScriptedSource, run_client, start
 

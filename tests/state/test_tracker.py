@@ -9,14 +9,23 @@ import logging
 import pytest
 
 from kpng_py.api import localv1 as L
+from kpng_py.metrics.metrics import Metrics
+from kpng_py.model import Protocol, ServicePort, ServicePortChanges, ServicePortName
 from kpng_py.state.decode import DecodedEndpoint, EndpointTail
 from kpng_py.state.limits import Limits, add_limit_flags, limits_from_args
-from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import ServicePortChanges, Protocol, ServicePort, ServicePortName
 from kpng_py.state.skips import SkipReason, Skips
 from kpng_py.state.tracker import NodeState, resolve_endpoint_port
 from tests.streams.build import (
-    SCENARIOS, delete, endpoint, port, reset, service, set_endpoint, set_raw, set_service, sync,
+    SCENARIOS,
+    delete,
+    endpoint,
+    port,
+    reset,
+    service,
+    set_endpoint,
+    set_raw,
+    set_service,
+    sync,
 )
 
 

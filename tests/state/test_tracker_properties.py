@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from kpng_py.api import localv1 as L
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import ServicePortChanges, Frontend, ServicePort, ServicePortName
+from kpng_py.model import Frontend, ServicePort, ServicePortChanges, ServicePortName
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from tests.streams.build import delete, endpoint, port, reset, service, set_raw, sync

@@ -9,15 +9,15 @@ import io
 import threading
 from pathlib import Path
 
+from kpng_py.cmd.runner import ApplierSink, StopAfter
 from kpng_py.dataplane.applier import ChangeSetApplier
-from kpng_py.watch.client import ClientConfig, WatchClient
-from kpng_py.metrics.metrics import Metrics
 from kpng_py.dataplane.print_backend import PrintBackend
+from kpng_py.metrics.metrics import Metrics
 from kpng_py.serve.recording import read_segments
 from kpng_py.serve.replay import ReplaySource
-from kpng_py.cmd.runner import ApplierSink, StopAfter
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
+from kpng_py.watch.client import ClientConfig, WatchClient
 from tests.support.watch import start
 
 

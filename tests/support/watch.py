@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kpng_py.api import localv1 as L
-from kpng_py.watch.client import ChangeSetSink, ClientConfig, WatchClient
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.serve.server import Reply, wait_until_cancelled
 from kpng_py.transport import TLSFiles
+from kpng_py.watch.client import ChangeSetSink, ClientConfig, WatchClient
 from lab.localv1_servers import GrpcioBrain
 from tests.streams.build import port, reset, service, set_service, sync
 

@@ -10,7 +10,7 @@ import pytest
 
 from backends.userspace.guard import ClusterIPGuard
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import ServicePortChanges, Protocol
+from kpng_py.model import Protocol, ServicePortChanges
 from kpng_py.state.skips import Skips
 from lab.proxy_node import service_port
 

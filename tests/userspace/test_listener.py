@@ -10,6 +10,7 @@ from typing import Iterator
 
 import pytest
 
+from backends.userspace.backend import ServicePortListeners
 from backends.userspace.context import (
     Housekeeping,
     NodeAddresses,
@@ -18,15 +19,14 @@ from backends.userspace.context import (
     ProxyStats,
     Tally,
 )
-from backends.userspace.backend import ServicePortListeners
 from backends.userspace.listener import Listener
 from backends.userspace.picker import FrontendPickers, PortAffinity
 from backends.userspace.tcp import TcpListener
 from backends.userspace.udp import UdpListener
+from kpng_py.dataplane.print_backend import service_port_json
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Endpoint, Protocol, ServicePort, ServicePortName
 from kpng_py.node.nodeport_addresses import LocalAddressSet
-from kpng_py.dataplane.print_backend import service_port_json
 from kpng_py.state.skips import Skips
 
 EP = (Endpoint(ipaddress.ip_address("10.244.1.1"), 8080),)

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from kpng_py.api import localv1 as L
-from kpng_py.watch.client import ClientConfig, WatchClient
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.serve.server import Reply
 from kpng_py.transport import AddressError, DialTarget, ListenAddress, TLSFiles, dial_target
+from kpng_py.watch.client import ClientConfig, WatchClient
 from lab.localv1_servers import H2Brain, framed
 from tests.streams.build import reset, service, set_service, sync
 from tests.support.watch import (

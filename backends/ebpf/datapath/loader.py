@@ -34,11 +34,11 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Iterator, Mapping, NoReturn
 
-from backends.ebpf.maps import libbpf
 from backends.ebpf.datapath.build import BuildFailed, BuildRequest, HookProgram, build_in_child
-from backends.ebpf.maps.layout import BPF_MAP_TYPE_LRU_HASH, DEFAULT_PIN_DIR, MAP_SPECS, MapSpec
 from backends.ebpf.datapath.ownership import START_WAIT_SECONDS, DatapathInUse, DatapathLock, holder
 from backends.ebpf.datapath.privileges import check_privileges, privilege_hint
+from backends.ebpf.maps import libbpf
+from backends.ebpf.maps.layout import BPF_MAP_TYPE_LRU_HASH, DEFAULT_PIN_DIR, MAP_SPECS, MapSpec
 from kpng_py.dataplane.contract import BackendSetupError
 from kpng_py.runtime.logs import fields
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from backends.ebpf.maps.contents import HostPort
 from backends.ebpf.maps.access import MapAccess
-from kpng_py.model import ServicePortName
+from backends.ebpf.maps.contents import HostPort
 from kpng_py.metrics.service_counters import ServiceCounts
+from kpng_py.model import ServicePortName
 
 
 def read_counts(counters: MapAccess) -> dict[int, ServiceCounts]:

@@ -15,10 +15,14 @@ from typing import Callable, Iterable, Protocol
 
 from backends.ebpf.maps.access import MapAccess
 from backends.ebpf.maps.layout import (
-    NodeAddressKey, NodeAddressValue, packed_address, unpacked_address)
-from kpng_py.runtime.logs import fields
+    NodeAddressKey,
+    NodeAddressValue,
+    packed_address,
+    unpacked_address,
+)
 from kpng_py.model import IPAddress
 from kpng_py.node.nodeport_addresses import LocalAddressSet
+from kpng_py.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,9 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
 
 from backends.ebpf.netfilter.plan import FAMILIES, node_port_of
+from kpng_py.model import IPAddress, IPFamily, ServicePort
+from kpng_py.model import Protocol as L4
 from kpng_py.runtime.logs import fields
-from kpng_py.model import IPAddress, IPFamily, Protocol as L4, ServicePort
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,26 @@ import nftables
 
 from backends.ebpf.netfilter import expr as nx
 from backends.ebpf.netfilter.conntrack import ConntrackCleaner, Failures, stale_udp_flows
-from backends.ebpf.netfilter.plan import (FAMILIES, TABLE, TABLE_FAMILY, NodePortMatch,
-                                          NODEPORT_IPS, PortObjects, per_family, port_objects,
-                                          skeleton)
-from backends.ebpf.netfilter.txn import (Command, Transaction, full_table, set_elements,
-                                         table_command)
-from kpng_py.runtime.logs import fields
+from backends.ebpf.netfilter.plan import (
+    FAMILIES,
+    NODEPORT_IPS,
+    TABLE,
+    TABLE_FAMILY,
+    NodePortMatch,
+    PortObjects,
+    per_family,
+    port_objects,
+    skeleton,
+)
+from backends.ebpf.netfilter.txn import (
+    Command,
+    Transaction,
+    full_table,
+    set_elements,
+    table_command,
+)
 from kpng_py.model import IPAddress, Protocol, ServicePort, ServicePortChanges, ServicePortName
+from kpng_py.runtime.logs import fields
 from kpng_py.state.skips import Skips
 
 log = logging.getLogger(__name__)

@@ -21,9 +21,15 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from backends.ebpf.netfilter import expr as nx
-from backends.ebpf.netfilter.plan import (TABLE, TABLE_FAMILY, Chain, Element, NamedSet,
-                                          PortObjects, VerdictMap)
-
+from backends.ebpf.netfilter.plan import (
+    TABLE,
+    TABLE_FAMILY,
+    Chain,
+    Element,
+    NamedSet,
+    PortObjects,
+    VerdictMap,
+)
 
 # One command of a transaction, as JSON text: rules are kept as JSON text
 # (`Chain.rules`), so a transaction is written without parsing them again.

@@ -33,19 +33,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from backends.ebpf.maps import libbpf
-from backends.ebpf.maps import layout as maps
-from backends.ebpf.tools.cgroup_paths import CgroupPaths
-from backends.ebpf.maps.contents import Contents, StoredEndpoint, StoredFrontend, read_contents
-from backends.ebpf.maps.counters import read_endpoint_counts, read_counts
-from backends.ebpf.maps.id_maps import is_of_service, read_names
-from backends.ebpf.maps.libbpf import BpfMap
-from backends.ebpf.maps.access import MapAccess
-from backends.ebpf.maps.layout import NodeAddressKey, NodeAddressValue
 from backends.ebpf.datapath.loader import AttachedLink, mount_point, open_pinned_map, pinned_links
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.maps import libbpf
+from backends.ebpf.maps.access import MapAccess
+from backends.ebpf.maps.contents import Contents, StoredEndpoint, StoredFrontend, read_contents
+from backends.ebpf.maps.counters import read_counts, read_endpoint_counts
+from backends.ebpf.maps.id_maps import is_of_service, read_names
+from backends.ebpf.maps.layout import NodeAddressKey, NodeAddressValue
+from backends.ebpf.maps.libbpf import BpfMap
+from backends.ebpf.tools.cgroup_paths import CgroupPaths
 from kpng_py.dataplane.contract import BackendSetupError, NothingMatched
-from kpng_py.model import FrontendKind, IPAddress, format_host_port
 from kpng_py.metrics.service_counters import ServiceCounts
+from kpng_py.model import FrontendKind, IPAddress, format_host_port
 
 
 def _open(bpffs_dir: Path, spec: maps.MapSpec) -> BpfMap:

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from backends.ebpf.maps import libbpf
-from backends.ebpf.maps import layout as maps
-from backends.ebpf.tools.cgroup_paths import CgroupPaths
-from backends.ebpf.maps.contents import HostPort
 from backends.ebpf.datapath.loader import mount_point, open_pinned_map
-from backends.ebpf.maps.layout import TraceConfig, TraceEvent
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.maps import libbpf
+from backends.ebpf.maps.contents import HostPort
 from backends.ebpf.maps.id_maps import is_of_service
+from backends.ebpf.maps.layout import TraceConfig, TraceEvent
+from backends.ebpf.tools.cgroup_paths import CgroupPaths
 from kpng_py.dataplane.contract import BackendSetupError
 from kpng_py.model import IPAddress
 

@@ -28,8 +28,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, TypeVar
 
-from kpng_py.brain.apiobjects import LeftOut, Listing, ObjectError, left_out_service, \
-    left_out_slice, node_of, service_of, slice_endpoints, slice_service, with_endpoints
+from kpng_py.brain.apiobjects import (
+    LeftOut,
+    Listing,
+    ObjectError,
+    left_out_service,
+    left_out_slice,
+    node_of,
+    service_of,
+    slice_endpoints,
+    slice_service,
+    with_endpoints,
+)
 from kpng_py.brain.kube.reflector import Store
 from kpng_py.brain.statefile import ClusterState, Node, ServiceEntry
 from kpng_py.state.skips import SkipReason, Skips

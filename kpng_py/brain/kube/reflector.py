@@ -26,8 +26,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from kpng_py.runtime.backoff import Backoff
 from kpng_py.brain.kube.client import ApiServerClient, ApiServerError, Expired
+from kpng_py.runtime.backoff import Backoff
 from kpng_py.runtime.logs import fields
 
 log = logging.getLogger(__name__)

@@ -23,18 +23,24 @@ import threading
 import time
 from typing import Callable, NamedTuple
 
-from kpng_py.runtime.aio import ThreadsafeEvent
 from kpng_py.brain.kube.client import ApiServerClient
 from kpng_py.brain.kube.cluster import ClusterBuilder
-from kpng_py.brain.kube.reflector import ENDPOINT_SLICES, NODES, SERVICES, Reflector, \
-    Resource, Timing
+from kpng_py.brain.kube.reflector import (
+    ENDPOINT_SLICES,
+    NODES,
+    SERVICES,
+    Reflector,
+    Resource,
+    Timing,
+)
 from kpng_py.brain.settings import Coalesce
 from kpng_py.brain.source import StateSnapshots
 from kpng_py.brain.statefile import ClusterState
-from kpng_py.runtime.collector import collector_paused, freeze_survivors
 from kpng_py.healthcheck.proxier_health import SyncHealth
-from kpng_py.runtime.logs import fields
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.runtime.aio import ThreadsafeEvent
+from kpng_py.runtime.collector import collector_paused, freeze_survivors
+from kpng_py.runtime.logs import fields
 from kpng_py.state.skips import Skips
 
 log = logging.getLogger(__name__)

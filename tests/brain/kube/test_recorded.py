@@ -15,8 +15,8 @@ import yaml
 
 from kpng_py.api import localv1
 from kpng_py.brain.convert import convert, dump
-from kpng_py.brain.statefile import ClusterState, parse_state
 from kpng_py.brain.kube.cluster import ClusterBuilder
+from kpng_py.brain.statefile import ClusterState, parse_state
 from kpng_py.brain.view import node_view
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.state.skips import Skips

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from backends.ebpf.datapath import loader
-from backends.ebpf.maps import layout as maps
 from backends.ebpf.datapath.loader import PROGRAMS_DIR, Datapath, DatapathConfig, cleanup
+from backends.ebpf.maps import layout as maps
 from kpng_py.dataplane.contract import BackendSetupError
 from lab.cgroups import cgroup
 from lab.socket_lab import unique_bpffs_dir
-from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
 from tests.ebpf.helpers import loaded
+from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
 from tests.support.kernel import require_root_bpf
 
 pytestmark = pytest.mark.kernel

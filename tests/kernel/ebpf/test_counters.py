@@ -10,17 +10,17 @@ import errno
 
 import pytest
 
+from backends.ebpf.backend import EbpfBackend
+from backends.ebpf.datapath.loader import open_pinned_map
 from backends.ebpf.maps import counters
 from backends.ebpf.maps import layout as maps
-from backends.ebpf.backend import EbpfBackend
 from backends.ebpf.tools.dump import read_dump
-from backends.ebpf.datapath.loader import open_pinned_map
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges
 from kpng_py.state.skips import Skips
 from lab.socket_lab import Agent, Lab
-from tests.kernel.ebpf.conftest import datapath_config
 from tests.ebpf.helpers import added, follower_in, removed, service_port
+from tests.kernel.ebpf.conftest import datapath_config
 
 pytestmark = pytest.mark.kernel
 

@@ -24,11 +24,10 @@ from typing import Iterator
 
 import pytest
 
-from backends.ebpf.maps import libbpf
+from backends.ebpf.maps import id_maps, libbpf
 from backends.ebpf.maps import layout as maps
-from backends.ebpf.maps import id_maps
-from backends.ebpf.tools.dump import dump_json, format_text, read_dump
 from backends.ebpf.maps.access import MapAccess
+from backends.ebpf.tools.dump import dump_json, format_text, read_dump
 from kpng_py.model import Protocol, ServicePortName
 from lab.procs import kpng_py_command
 from tests.ebpf.helpers import loaded

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.ebpf.maps import layout as maps
 from backends.ebpf.datapath.loader import Datapath
+from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps.access import MapAccess, MapFullError
 from tests.ebpf.fake_maps import FakeMap
 from tests.ebpf.helpers import loaded

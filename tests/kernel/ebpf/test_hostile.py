@@ -14,21 +14,21 @@ from typing import Iterator, Sequence
 
 import pytest
 
-from backends.ebpf.maps import layout as maps
 from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.maps.contents import KeyedFrontend
-from backends.ebpf.tools.dump import read_dump
-from backends.ebpf.maps.libbpf import MapFullError
 from backends.ebpf.datapath.loader import DatapathConfig, cleanup
+from backends.ebpf.maps import layout as maps
+from backends.ebpf.maps.contents import KeyedFrontend
+from backends.ebpf.maps.libbpf import MapFullError
+from backends.ebpf.tools.dump import read_dump
 from kpng_py.api import localv1 as L
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import Frontend, ServicePortChanges, Protocol
+from kpng_py.model import Frontend, Protocol, ServicePortChanges
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from lab.cgroups import cgroup
 from lab.socket_lab import Agent, Lab, backend_ip, target, unique_bpffs_dir
-from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
 from tests.ebpf.helpers import follower_in, programmed_frontends
+from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
 from tests.streams.build import delete, endpoint, port, reset, service, set_endpoint, set_service
 from tests.streams.build import sync as sync_op
 

@@ -15,8 +15,8 @@ from typing import Iterator
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
-from backends.ebpf.maps import layout as maps
 from backends.ebpf.datapath.loader import Datapath
+from backends.ebpf.maps import layout as maps
 from backends.ebpf.programmer.service_programmer import Capacity
 from tests.ebpf.helpers import loaded
 from tests.ebpf.map_machine import PROFILES, MapMachine, MapPair

@@ -18,8 +18,7 @@ import yaml
 
 from backends.ebpf.datapath.loader import cleanup
 from lab.cgroups import cgroup
-from lab.nodeport_lab import (NODE_OUTSIDE, PODS, Connection, NodePortLab, nodeport_lab,
-                              tcp_probe)
+from lab.nodeport_lab import NODE_OUTSIDE, PODS, Connection, NodePortLab, nodeport_lab, tcp_probe
 from lab.procs import JsonLog, Proc, in_namespace, run, spawn, wait_until
 from lab.socket_lab import unique_bpffs_dir
 from tests.support.kernel import require_root_bpf

@@ -22,15 +22,15 @@ from typing import Iterator
 import pytest
 
 from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.tools.dump import read_dump
 from backends.ebpf.datapath.loader import cleanup
+from backends.ebpf.tools.dump import read_dump
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges
 from kpng_py.node.nodeport_addresses import NodePortAddresses
 from kpng_py.state.skips import Skips
 from lab.socket_lab import Agent, Lab, unique_bpffs_dir
-from tests.kernel.ebpf.conftest import datapath_config
 from tests.ebpf.helpers import added, follower_in, removed, service_port, updated
+from tests.kernel.ebpf.conftest import datapath_config
 from tests.kernel.ebpf.test_datapath import served_by, vips
 from tests.support.process import wait_until
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.ebpf.maps import layout as maps
 from backends.ebpf.datapath.loader import pinned_links
+from backends.ebpf.maps import layout as maps
 from kpng_py.runtime.backoff import JITTER
 from lab.socket_lab import Agent, Lab, backend_ip, target
 from tests.brain.helpers import TCP

@@ -15,16 +15,16 @@ from typing import Iterator
 
 import pytest
 
-from backends.ebpf.datapath import loader
 from backends.ebpf.backend import EbpfBackend
+from backends.ebpf.datapath import loader
 from backends.ebpf.datapath.loader import Datapath, cleanup
 from backends.ebpf.datapath.ownership import DatapathInUse, DatapathLock, holder
 from kpng_py.healthcheck.proxier_health import SyncHealth
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.state.skips import Skips
 from lab.socket_lab import Lab, unique_bpffs_dir
-from tests.kernel.ebpf.conftest import datapath_config
 from tests.ebpf.helpers import added, follower_in, service_port
+from tests.kernel.ebpf.conftest import datapath_config
 from tests.support.process import KPNG_PY, wait_until
 
 pytestmark = pytest.mark.kernel

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from backends.ebpf.maps import layout as maps
 from backends.ebpf.datapath.loader import (
     LINKS_DIR,
     PROGRAMS_DIR,
@@ -25,12 +24,14 @@ from backends.ebpf.datapath.loader import (
     cleanup,
 )
 from backends.ebpf.datapath.privileges import privilege_hint
+from backends.ebpf.maps import layout as maps
 from kpng_py.dataplane.contract import BackendSetupError
 from lab.cgroups import cgroup
-from lab.names import BPFFS_ROOT as BPFFS, CGROUP2_ROOT, unique_name
+from lab.names import BPFFS_ROOT as BPFFS
+from lab.names import CGROUP2_ROOT, unique_name
 from lab.socket_lab import unique_bpffs_dir
-from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
 from tests.ebpf.helpers import loaded
+from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
 from tests.support.kernel import require_root_bpf
 from tests.support.process import KPNG_PY, LOOPBACK_PROBES
 

@@ -11,14 +11,14 @@ from typing import Iterator
 
 import pytest
 
+from backends.ebpf.datapath.loader import Datapath
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps.contents import KeyedFrontend
-from backends.ebpf.maps.libbpf import BpfMap
-from backends.ebpf.datapath.loader import Datapath
 from backends.ebpf.maps.layout import ServiceValue
+from backends.ebpf.maps.libbpf import BpfMap
 from backends.ebpf.programmer.service_programmer import FrontendClaimedTwice
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import Frontend, ServicePortChanges, Protocol, format_host_port
+from kpng_py.model import Frontend, Protocol, ServicePortChanges, format_host_port
 from lab.socket_lab import backend_ip
 from tests.ebpf.helpers import added, loaded, programmer, removed, service_port, updated
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from backends.ebpf.maps import layout as maps
 from backends.ebpf.backend import EbpfBackend
 from backends.ebpf.datapath.loader import mount_point, open_pinned_map
+from backends.ebpf.maps import layout as maps
 from backends.ebpf.tools.trace import TraceSession, Translation
 from lab.procs import kpng_py_command, wait_until
 from lab.socket_lab import Agent, Lab, backend_ip

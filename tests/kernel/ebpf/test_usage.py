@@ -3,11 +3,10 @@ tests/ebpf/test_usage.py)."""
 
 from __future__ import annotations
 
-
 import pytest
 
-from backends.ebpf.maps import layout as maps
 from backends.ebpf.backend import EbpfBackend
+from backends.ebpf.maps import layout as maps
 from kpng_py.metrics.metrics import Metrics
 from tests.ebpf.helpers import loaded
 

@@ -16,14 +16,18 @@ from typing import Iterator
 import pytest
 
 from lab import teardown
-from lab.kube_control_plane import (BINARIES, ControlPlaneError, KubeApi, KubeControlPlane,
-                                    slice_endpoints, version_of)
+from lab.kube_control_plane import (
+    BINARIES,
+    ControlPlaneError,
+    KubeApi,
+    KubeControlPlane,
+    slice_endpoints,
+    version_of,
+)
 from lab.names import RunNames, process_exists
-from lab.procs import wait_until
 from lab.netns import netns
-from lab.procs import spawn
-from tests.support.kube import (SERVICE_CIDRS, require_components, started_control_plane,
-                                web_pod)
+from lab.procs import spawn, wait_until
+from tests.support.kube import SERVICE_CIDRS, require_components, started_control_plane, web_pod
 
 pytestmark = pytest.mark.kernel
 

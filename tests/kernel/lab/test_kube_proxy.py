@@ -9,18 +9,17 @@ import subprocess
 
 import pytest
 
+from bench.scenario import Scenario
+from kpng_py.model import IPFamily
 from lab.kube_proxy import KubeServicePort
 from lab.kube_proxy import iptables as ipt
 from lab.kube_proxy import nftables as nft
 from lab.kube_proxy.iptables import IptablesProxier
 from lab.kube_proxy.nftables import NftablesProxier
 from lab.kube_proxy.node import KubeProxyRules
-from bench.scenario import Scenario
-from kpng_py.model import IPFamily
 from lab.netns import netns
-from tests.support.kernel import require_root_bpf
-
 from tests.lab.test_kube_proxy import CLUSTER_CIDR, SVC1, V6
+from tests.support.kernel import require_root_bpf
 
 
 def _load(ns, command: tuple[str, ...], text: str) -> subprocess.CompletedProcess:

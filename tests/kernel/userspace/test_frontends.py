@@ -19,8 +19,8 @@ from typing import Iterator
 import pytest
 
 from backends.userspace.context import DEFAULT_INTERFACE
-from kpng_py.model import ServicePortChanges, Protocol
 from kpng_py.dataplane.print_backend import PrintBackend
+from kpng_py.model import Protocol, ServicePortChanges
 from lab.netns import NetNS, netns
 from lab.proxy_node import addresses, node_starter, service_port
 from tests.support.kernel import require_root

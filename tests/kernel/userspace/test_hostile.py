@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from kpng_py.model import ServicePortChanges, Protocol, ServicePort
+from kpng_py.model import Protocol, ServicePort, ServicePortChanges
 from lab.proxy_node import SERVER_V4, SERVER_V6, SetupRefused, addresses, service_port
 
 pytestmark = pytest.mark.kernel

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 import pytest
 
 from backends.userspace.context import MARKER
-from kpng_py.model import ServicePortChanges, Protocol
+from kpng_py.model import Protocol, ServicePortChanges
 from lab.netns import NetNS, netns
 from lab.proxy_node import (
     REPO,

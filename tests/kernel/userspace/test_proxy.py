@@ -9,7 +9,7 @@ import time
 import pytest
 
 from backends.userspace.picker import EndpointPicker, PortAffinity
-from kpng_py.model import ServicePortChanges, IPFamily, Protocol, ServicePort
+from kpng_py.model import IPFamily, Protocol, ServicePort, ServicePortChanges
 from lab.proxy_node import CLOSED_PORT, ENDPOINT_PORT, SERVER_V4, SERVER_V6, service_port
 
 pytestmark = pytest.mark.kernel
