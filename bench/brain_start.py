@@ -9,7 +9,10 @@ a CPU-heavy run all the same (on a shared machine, under its lock).
 
 prints one JSON line a run: the checkout, the style, the brain's start to
 the client's first message and first Sync (s), the brain's CPU seconds by
-then and its peak RSS (MiB, the kernel's VmHWM of the brain). Runs alternate
+then (its second process's included) and its peak RSS (MiB, the kernel's
+VmHWM of the brain), and that of the second process that read half of the
+services of a big file (kpng_py/brain/processes.py; from the brain's log
+line about it, 0 when there was none): both run at once. Runs alternate
 between the checkouts given (default: this one); another checkout's brain
 runs with this Python, from its own tree (its generated protobuf code
 included), e.g. a `git worktree` of the commit before.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -35,6 +39,8 @@ from bench.scenario import Scenario
 STYLES = ("block", "flow", "json")
 # This checkout: the tree the bench package is in.
 HERE = Path(__file__).resolve().parent.parent
+# The brain's log line about the second process that read half the services.
+SECOND_PROCESS_PEAK = re.compile(r"second process read its share.* peak_rss_mib=([0-9.]+)")
 
 
 def state_file_in_style(scenario: Scenario, style: str) -> str:
@@ -62,22 +68,27 @@ def brain_start(checkout: Path, state: Path, timeout: float) -> dict:
         started = time.monotonic()
         # `-c` puts its working directory first on the path: the checkout's
         # kpng_py before the one installed.
-        brain = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from kpng_py.cmd.cli import main; sys.exit(main())",
-             "file", "-i", str(state), "to-api", "--listen", f"unix://{socket}"],
-            cwd=checkout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log = Path(workdir) / "brain.log"
+        with log.open("wb") as log_file:
+            brain = subprocess.Popen(
+                [sys.executable, "-c",
+                 "import sys; from kpng_py.cmd.cli import main; sys.exit(main())",
+                 "file", "-i", str(state), "to-api", "--listen", f"unix://{socket}"],
+                cwd=checkout, stdout=subprocess.DEVNULL, stderr=log_file)
         try:
             out, _ = probe.communicate(timeout=timeout + 10)
             cpu, peak = _cpu_seconds(brain.pid), _peak_mib(brain.pid)
         finally:
             brain.terminate()
             brain.wait()
+        second = SECOND_PROCESS_PEAK.search(log.read_text())
     if probe.returncode != 0:
         raise RuntimeError(f"{checkout}: the brain did not serve {state} in {timeout} s")
     report = json.loads(out)
     return {"first_message_s": round(report["first_message"] - started, 2),
             "first_sync_s": round(report["first_sync"] - started, 2),
-            "brain_cpu_s": round(cpu, 2), "peak_rss_mib": round(peak)}
+            "brain_cpu_s": round(cpu, 2), "peak_rss_mib": round(peak),
+            "second_process_peak_rss_mib": round(float(second[1])) if second else 0}
 
 
 def _cpu_seconds(pid: int) -> float:

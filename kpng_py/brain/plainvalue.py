@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from typing import Callable, Iterable, Mapping, NoReturn
+from typing import Callable, Iterable, Mapping, NoReturn, TypeVar
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
@@ -21,6 +21,8 @@ from google.protobuf.message_factory import GetMessageClass
 
 from kpng_py.brain.plainload import Plain, Unchecked
 from kpng_py.brain.reader import INT_RANGES, FieldChecks, Place
+
+M = TypeVar("M", bound=Message)
 
 
 class PlainMembers(dict):
@@ -93,8 +95,8 @@ class PlainValue:
     def string_map(self) -> dict[str, str]:
         return _string_map(self._value)
 
-    def fill(self, message: Message, checks: FieldChecks) -> None:
-        message.MergeFrom(_message(self._value, _plan(message.DESCRIPTOR), checks))
+    def message(self, kind: type[M], checks: FieldChecks) -> M:
+        return _message(self._value, _plan(kind.DESCRIPTOR), checks)  # type: ignore[return-value]
 
 
 _NULL = PlainValue(None)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Protocol
+from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Protocol, TypeVar
 
 import yaml
 from google.protobuf.descriptor import EnumDescriptor, FieldDescriptor
@@ -29,6 +29,7 @@ from kpng_py.brain.settings import StateFileError
 # libyaml's parser when PyYAML was built with it (much faster on big files);
 # both give the same nodes and line marks.
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+M = TypeVar("M", bound=Message)
 _TAG = "tag:yaml.org,2002:"
 # A document's aliases may make it at most this many times its own size in
 # nodes (and at least the floor), once expanded: see _check_alias_expansion.
@@ -203,6 +204,12 @@ class Value:
         return {key: value.string() for key, value in self.mapping(keys).items()}
 
     # -- protobuf messages -----------------------------------------------------
+
+    def message(self, kind: type[M], checks: FieldChecks) -> M:
+        """A new message read from this mapping (null: an empty one)."""
+        message = kind()
+        self.fill(message, checks)
+        return message
 
     def fill(self, message: Message, checks: FieldChecks) -> None:
         """Read this mapping into `message` (lower-cased field names)."""

@@ -33,6 +33,7 @@ from typing import Callable, NamedTuple, TypeVar
 from kpng_py.api import localv1
 from kpng_py.brain.plainload import Plain, Unchecked, plain_document
 from kpng_py.brain.plainvalue import PlainValue
+from kpng_py.brain.processes import ReadProcesses
 from kpng_py.brain.reader import Blame, FieldChecks, StateFileError, Value, read_document
 from kpng_py.model import MAX_AFFINITY_TIMEOUT_SECONDS, MAX_PORT
 from kpng_py.runtime.collector import collector_paused, freeze_survivors
@@ -148,10 +149,12 @@ class StateReader:
     writes them one per column-0 `- ` under `services:` (block style, or flow
     style inside each service) are read item by item, and an item whose text
     is the same as in the last version read is not read again: a
-    one-endpoint edit of a big file reads one service."""
+    one-endpoint edit of a big file reads one service. The services to
+    read of a big file are read by two processes (processes.py)."""
 
-    def __init__(self, file: str) -> None:
+    def __init__(self, file: str, processes: ReadProcesses | None = None) -> None:
         self._file = file
+        self._processes = processes or ReadProcesses.available()
         self._services: dict[str, ServiceEntry] = {}  # by item text, of the last version
 
     def read(self, data: bytes) -> ClusterState:
@@ -180,15 +183,24 @@ class StateReader:
             if items and in_place:
                 return None  # services both in place and as column-0 items: not YAML
             state = _cluster_state(PlainValue(document))
-            services = {item: self._services.get(item) or _service_item(item)
-                        for item in items}
-            entries = [services[item] for item in items] if items else _entries(in_place)
+            services = self._item_services(items)
+            entries = ([services[item] for item in items] if items
+                       else self._processes.read_each(_plain_service_entry, in_place))
         except Unchecked:
             return None
         if len({entry.path for entry in entries}) < len(entries):
             return None  # two services with one name: the strict reader says where
         self._services = services
         return replace(state, services=tuple(entries))
+
+
+    def _item_services(self, items: list[str]) -> dict[str, ServiceEntry]:
+        """Each item's service: the last version's where its text is the
+        same, else read (by two processes if many)."""
+        services = {item: self._services.get(item) for item in items}
+        unread = [item for item, entry in services.items() if entry is None]
+        services.update(zip(unread, self._processes.read_each(_service_item, unread.copy())))
+        return services  # type: ignore[return-value]  # none is None any more
 
 
 def _taken_services(document: Plain) -> list[Plain]:
@@ -199,14 +211,8 @@ def _taken_services(document: Plain) -> list[Plain]:
     return []
 
 
-def _entries(services: list[Plain]) -> list[ServiceEntry]:
-    """The services read in order, each one's plain values freed once read:
-    a big document's values are not all kept beside the state they become."""
-    services.reverse()
-    entries = []
-    while services:
-        entries.append(_service_entry(PlainValue(services.pop())))
-    return entries
+def _plain_service_entry(plain: Plain) -> ServiceEntry:
+    return _service_entry(PlainValue(plain))
 
 
 def _split_services(text: str) -> tuple[str, list[str]]:
@@ -292,8 +298,7 @@ def _service_entry(value: Doc) -> ServiceEntry:
     members = value.mapping(("service", "endpoints"))
     if members["service"].is_null:
         value.fail("each entry of services needs a `service`")
-    service = localv1.Service()
-    members["service"].fill(service, CHECKS)
+    service = members["service"].message(localv1.Service, CHECKS)
     service.Namespace = service.Namespace or DEFAULT_NAMESPACE
     check_service_path(members["service"], service)
     return ServiceEntry(
@@ -322,8 +327,7 @@ def _endpoint_info(value: Doc) -> EndpointInfo:
         members[key].string()
     if members["endpoint"].is_null:
         value.fail("an endpoint needs `endpoint` (its ips and port overrides)")
-    endpoint = localv1.Endpoint()
-    members["endpoint"].fill(endpoint, CHECKS)
+    endpoint = members["endpoint"].message(localv1.Endpoint, CHECKS)
     for name in _PER_NODE_ENDPOINT_FIELDS:
         endpoint.ClearField(name)
     wire = endpoint.SerializeToString(deterministic=True)
