@@ -20,6 +20,7 @@ from kpng_py.brain.source import (
 )
 from kpng_py.brain.statefile import ClusterState, StateReader, parse_state
 from kpng_py.brain.view import node_view
+from kpng_py.runtime.logs import record_fields
 from kpng_py.serve.server import Reply
 from tests.brain.helpers import endpoint, op_kinds, port, service, state
 
@@ -133,7 +134,7 @@ def test_each_version_a_stream_answers_is_logged_at_debug_with_its_ops(
         await asyncio.wait_for(waiting, 10)
 
     asyncio.run(answers())
-    answered = [getattr(r, "kpng_fields") for r in caplog.records
+    answered = [record_fields(r) for r in caplog.records
                 if r.getMessage() == "node view answered"]
     assert answered == [{"node": "n1", "version": 1, "ops": 5},
                         {"node": "n1", "version": 2, "ops": 0},

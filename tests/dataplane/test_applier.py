@@ -23,6 +23,7 @@ from kpng_py.healthcheck.proxier_health import BindAddress, HealthSink, SyncHeal
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePort, ServicePortChanges
 from kpng_py.runtime.backoff import Backoff
+from kpng_py.runtime.logs import record_fields
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from lab.procs import wait_until
@@ -154,7 +155,7 @@ def test_retry_delays_double_up_to_the_cap_and_start_over_after_a_success(
         backend.failures = 1
         applier.apply_ops(another_web_endpoint())
         backend.wait_for(lambda: len(backend.successes()) == 2)
-    delays = [record.kpng_fields["retry_in_s"] for record in caplog.records]
+    delays = [record_fields(record)["retry_in_s"] for record in caplog.records]
     first, cap = FAST
     bases = [first, 2 * first, cap, cap, cap, first]
     assert len(delays) == len(bases)

@@ -15,6 +15,7 @@ import pytest
 
 from kpng_py.api import localv1 as L
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.runtime.logs import record_fields
 from kpng_py.serve.server import Reply
 from kpng_py.state.limits import MAX_ENDPOINT_IPS, Limits
 from kpng_py.state.skips import Skips
@@ -262,7 +263,7 @@ def test_one_line_one_count_and_the_rest_applied(name: str,
         changes = state.apply(_fresh() + list(case.ops) + [sync()])
 
     lines = [r for r in caplog.records if r.name.startswith("kpng_py")]
-    assert [r.kpng_fields["reason"] for r in lines] == [case.reason], [
+    assert [record_fields(r)["reason"] for r in lines] == [case.reason], [
         r.getMessage() for r in lines]
     assert _skipped(metrics) == {case.reason: 1}
     assert FRESH in [str(p.name) for p in changes.added]
@@ -353,7 +354,7 @@ def test_a_change_set_cut_short_is_dropped_with_one_line_and_one_count(
     whole = Reply((reset(), set_service(web("fresh")), sync()))
     sink, warnings = _watch([cut_short, whole], tmp_path, caplog, metrics)
     assert [r.getMessage() for r in warnings] == ["watch stream to the brain failed"]
-    assert warnings[0].kpng_fields["reason"] == "incomplete-changeset"
+    assert record_fields(warnings[0])["reason"] == "incomplete-changeset"
     assert _skipped(metrics) == {"incomplete-changeset": 1}
     assert _paths(sink.changesets) == [["default/fresh"]]
 
@@ -367,7 +368,7 @@ def test_a_message_over_the_size_limit_gets_one_line_and_one_count(
     oversized = Reply((set_service(big), sync()))
     whole = Reply((reset(), set_service(web("fresh")), sync()))
     sink, warnings = _watch([oversized, whole], tmp_path, caplog, metrics, max_msg_size=4096)
-    assert len(warnings) == 1 and "raise --max-msg-size" in warnings[0].kpng_fields["error"]
+    assert len(warnings) == 1 and "raise --max-msg-size" in record_fields(warnings[0])["error"]
     assert _skipped(metrics) == {"oversized-message": 1}
     assert _paths(sink.changesets) == [["default/fresh"]]
 
@@ -381,7 +382,7 @@ def test_an_undecodable_message_is_one_bad_op_and_the_stream_goes_on(
     first = [reset(), b"\x12\xff", set_service(web("fresh")), sync()]
     second = [set_service(web("later", v4=["10.96.0.12"])), sync()]
     brain, sink, warnings = _watch_raw([first, second], tmp_path, caplog, metrics, changesets=2)
-    assert len(warnings) == 1 and warnings[0].kpng_fields["reason"] == "bad-op"
+    assert len(warnings) == 1 and record_fields(warnings[0])["reason"] == "bad-op"
     assert "message 2 of a change set" in warnings[0].getMessage()
     assert _skipped(metrics) == {"bad-op": 1}
     assert _paths(sink.changesets) == [["default/fresh"], ["default/later"]]
@@ -398,7 +399,7 @@ def test_a_resource_exhausted_status_from_the_brain_is_reported_as_the_brains(
     whole = [reset(), set_service(web("fresh")), sync()]
     _, sink, warnings = _watch_raw([refused, whole], tmp_path, caplog, metrics)
     assert len(warnings) == 1
-    error = warnings[0].kpng_fields["error"]
+    error = record_fields(warnings[0])["error"]
     assert "the brain answered RESOURCE_EXHAUSTED: quota" in error and "--max-msg-size" not in error
     assert _skipped(metrics) == {"incomplete-changeset": 1}
     assert _paths(sink.changesets) == [["default/fresh"]]
@@ -413,7 +414,7 @@ def test_a_change_set_that_stalls_is_dropped_and_retried(
     whole = [reset(), set_service(web("fresh")), sync()]
     _, sink, warnings = _watch_raw([stalled, whole], tmp_path, caplog, metrics,
                                    changeset_stall_timeout=0.3)
-    assert len(warnings) == 1 and "--changeset-stall-timeout" in warnings[0].kpng_fields["error"]
+    assert len(warnings) == 1 and "--changeset-stall-timeout" in record_fields(warnings[0])["error"]
     assert _skipped(metrics) == {"incomplete-changeset": 1}
     assert _paths(sink.changesets) == [["default/fresh"]]
     assert sink.started == 2  # each change set was seen starting
@@ -442,7 +443,7 @@ def test_a_change_set_over_max_changeset_size_is_dropped_with_one_line_and_one_c
     whole = [reset(), set_service(web("fresh")), sync()]
     _, sink, warnings = _watch_raw([endless, whole], tmp_path, caplog, metrics,
                                    max_changeset_size=3000)
-    assert len(warnings) == 1 and "--max-changeset-size" in warnings[0].kpng_fields["error"]
-    assert warnings[0].kpng_fields["reason"] == "oversized-changeset"
+    assert len(warnings) == 1 and "--max-changeset-size" in record_fields(warnings[0])["error"]
+    assert record_fields(warnings[0])["reason"] == "oversized-changeset"
     assert _skipped(metrics) == {"oversized-changeset": 1}
     assert _paths(sink.changesets) == [["default/fresh"]]

@@ -93,10 +93,15 @@ class RecordingSink:
         self.changesets.append(ops)
         busy.clear()
         if self.stop_after and len(self.changesets) >= self.stop_after:
-            self.client.stop()
+            self.stop_client()
 
     def on_stream_error(self, reason, partial):
         self.errors.append(reason)
+
+    def stop_client(self) -> None:
+        """Stop the client that run_client made for this sink."""
+        assert self.client is not None, "run_client gives the sink its client"
+        self.client.stop()
 
 
 def changeset(name: str) -> Reply:

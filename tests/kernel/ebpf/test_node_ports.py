@@ -27,6 +27,7 @@ from backends.ebpf.tools.dump import read_dump
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges
 from kpng_py.node.nodeport_addresses import NodePortAddresses
+from kpng_py.runtime.logs import record_fields
 from kpng_py.state.skips import Skips
 from lab.socket_lab import Agent, Lab, unique_bpffs_dir
 from tests.ebpf.helpers import added, follower_in, removed, service_port, updated
@@ -269,7 +270,7 @@ def test_a_node_addresses_map_too_small_is_logged_and_counted_not_raised(
     try:
         with caplog.at_level(logging.ERROR):
             ebpf.setup()
-        assert [getattr(r, "kpng_fields", {}).get("map_size_flag") for r in caplog.records
+        assert [record_fields(r).get("map_size_flag") for r in caplog.records
                 if "node-port addresses" in r.getMessage()] == ["--map-size-node-addresses"]
         assert metrics.registry.get_sample_value(
             "kpng_py_dataplane_errors_total", {"kind": "node-addresses"}) == 1
