@@ -10,16 +10,19 @@ import ipaddress
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 
+from backends.ebpf.backend import EbpfBackend
 from backends.ebpf.datapath.loader import Datapath, DatapathConfig, cleanup
 from backends.ebpf.maps import layout as maps
+from backends.ebpf.maps.access import MapAccess
 from backends.ebpf.maps.node_addresses import FollowerFactory
 from backends.ebpf.programmer.service_programmer import Capacity, ServiceProgrammer
 from kpng_py.api import localv1
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import (
     Endpoint,
+    Endpoints,
     IPFamily,
     Protocol,
     ServicePort,
@@ -33,11 +36,14 @@ from lab.cgroups import cgroup
 from lab.socket_lab import Lab, backend_ip, unique_bpffs_dir
 from tests.support.kernel import require_root_bpf
 
+K = TypeVar("K")
+V = TypeVar("V")
+
 
 @contextmanager
-def loaded(bpffs_dir: Path | None = None, **sizes: int) -> Iterator[Datapath]:
+def loaded(bpffs_dir: Path | None = None, /, **sizes: int) -> Iterator[Datapath]:
     """A loaded (not attached) datapath in a bpffs directory and a cgroup of its
-    own; both are removed afterwards."""
+    own; both are removed afterwards. `sizes`: entries by pin name."""
     require_root_bpf()
     bpffs_dir = bpffs_dir or unique_bpffs_dir()
     with cgroup() as group:
@@ -49,6 +55,12 @@ def loaded(bpffs_dir: Path | None = None, **sizes: int) -> Iterator[Datapath]:
                 datapath.close()
         finally:
             cleanup(bpffs_dir)
+
+
+def datapath_of(backend: EbpfBackend) -> Datapath:
+    """The datapath of a backend that is set up."""
+    assert backend._datapath is not None, "the backend is not set up"
+    return backend._datapath
 
 
 class FollowerIn:
@@ -69,6 +81,13 @@ class FollowerIn:
 
 def follower_in(lab: Lab) -> FollowerFactory:
     return lambda on_change: FollowerIn(Path("/run/netns") / lab.node.name, on_change)
+
+
+def held(bpf_map: MapAccess[K, V], key: K | int) -> V:
+    """The value at a key the test knows the map holds."""
+    value = bpf_map.get(key)
+    assert value is not None, f"map {bpf_map.name} holds no {key}"
+    return value
 
 
 def programmer(datapath: Datapath, metrics: Metrics | None = None,
@@ -92,7 +111,7 @@ def service_port(name: str, vips: Sequence[str], port: int, backends: Sequence[i
     It is a ClusterIP service, a NodePort one with `node_port` (in the
     families of its ClusterIPs, as decode sets them), a LoadBalancer one
     with `lb_ips`."""
-    endpoints = tuple(
+    endpoints = Endpoints.of(
         Endpoint(backend_ip(i, family), target_port,
                  local=local_only is None or i in local_only,
                  internal=local_only is None or i in local_only)

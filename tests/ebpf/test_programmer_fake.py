@@ -11,7 +11,6 @@ service ports).
 
 from __future__ import annotations
 
-import ctypes as ct
 import ipaddress
 import os
 import threading
@@ -22,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import rule, run_state_machine_as_test
 
 from backends.ebpf.maps import layout as maps
+from backends.ebpf.maps.access import Packed
 from backends.ebpf.maps.contents import KeyedFrontend
 from backends.ebpf.programmer.service_programmer import (
     ROUND_PORTS,
@@ -30,11 +30,11 @@ from backends.ebpf.programmer.service_programmer import (
     ServiceProgrammer,
 )
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import Frontend, Protocol, ServicePortChanges
+from kpng_py.model import Frontend, Protocol, ServicePort, ServicePortChanges
 from kpng_py.state.skips import Skips
 from lab.socket_lab import backend_ip
 from tests.ebpf.fake_maps import FakeMap
-from tests.ebpf.helpers import added, removed, service_port, updated
+from tests.ebpf.helpers import added, held, removed, service_port, updated
 from tests.ebpf.map_machine import PROFILES, MapMachine, MapPair
 
 # The streams, not the maps, cost the time of an example: the kernel
@@ -42,7 +42,11 @@ from tests.ebpf.map_machine import PROFILES, MapMachine, MapPair
 FAKE_PROFILE = PROFILES[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
 
 
-def fake_pair(services: int, backends: int, max_id: int | None = None) -> MapPair:
+FakePair = MapPair[FakeMap[maps.ServiceKey, maps.ServiceValue],
+                   FakeMap[int, maps.EndpointValue]]
+
+
+def fake_pair(services: int, backends: int, max_id: int | None = None) -> FakePair:
     return MapPair(FakeMap(maps.SERVICES.key, maps.SERVICES.value, services, maps.SERVICES.pin),
                    FakeMap(maps.ENDPOINTS.key, maps.ENDPOINTS.value, backends, maps.ENDPOINTS.pin),
                    Capacity(services, backends, *(() if max_id is None else (max_id,))))
@@ -51,6 +55,11 @@ def fake_pair(services: int, backends: int, max_id: int | None = None) -> MapPai
 class FakeMapMachine(MapMachine):
     # A round per service port: writes fail between rounds too.
     round_ports = 1
+    # Entries of the services and endpoints maps.
+    sizes = (4096, 4096)
+
+    def __init__(self) -> None:
+        super().__init__(fake_pair(*self.sizes))
 
     @rule(pin=st.sampled_from([maps.SERVICES.pin, maps.ENDPOINTS.pin]),
           after=st.integers(0, 12))
@@ -67,23 +76,22 @@ class CrampedMapMachine(FakeMapMachine):
     its room in the repair."""
 
     roomy = False
+    sizes = (10, 5)
 
 
 def test_fake_maps_hold_what_to_print_shows() -> None:
-    run_state_machine_as_test(lambda: FakeMapMachine(fake_pair(4096, 4096)),
-                              settings=FAKE_PROFILE)
+    run_state_machine_as_test(FakeMapMachine, settings=FAKE_PROFILE)
 
 
 def test_a_port_that_does_not_fit_keeps_its_old_version() -> None:
-    run_state_machine_as_test(lambda: CrampedMapMachine(fake_pair(10, 5)),
-                              settings=FAKE_PROFILE)
+    run_state_machine_as_test(CrampedMapMachine, settings=FAKE_PROFILE)
 
 
 def skipped(metrics: Metrics, reason: str) -> float | None:
     return metrics.registry.get_sample_value("kpng_py_skipped_total", {"reason": reason})
 
 
-def programmed(pair: MapPair, vip: str, port: int = 80) -> dict[int, int]:
+def programmed(pair: FakePair, vip: str, port: int = 80) -> dict[int, int]:
     """slot -> id (service id of the master, backend id of a slot) of vip:port/TCP."""
     frontend = KeyedFrontend(Frontend(ipaddress.ip_address(vip), port, Protocol.TCP))
     return {key.slot: value.id for key, value in pair.services.items()
@@ -115,54 +123,30 @@ def test_running_out_of_ids_skips_that_port_once_and_programs_the_rest(
     assert (p.service_entries, p.endpoint_entries) == (len(pair.services), len(pair.endpoints))
 
 
-class BatchSizes(FakeMap):
-    """A fake map that remembers how many entries each batched write held."""
-
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
-        self.batches: list[int] = []
-
-    def put_packed(self, keys, values) -> None:
-        self.batches.append(len(keys) // ct.sizeof(self.key_type))
-        super().put_packed(keys, values)
-
-
 def test_a_full_sync_is_written_in_rounds_of_service_ports() -> None:
     """Each round's steps are written before the next round's: no batch
     holds more than a round's entries, and the maps end up holding every
     port, as one write would have left them."""
     ports = [service_port(f"p{i}", [f"10.96.{i // 200}.{i % 200 + 1}"], 80,
                           backends=[1, 2], families=(4,)) for i in range(ROUND_PORTS * 2 + 1)]
-    services = BatchSizes(maps.SERVICES.key, maps.SERVICES.value, 10000, maps.SERVICES.pin)
-    backends = BatchSizes(maps.ENDPOINTS.key, maps.ENDPOINTS.value, 10000, maps.ENDPOINTS.pin)
-    p = ServiceProgrammer(services, backends, Capacity(10000, 10000), Skips(Metrics()))
+    pair = fake_pair(10000, 10000)
+    services, backends = pair.services, pair.endpoints
+    p = ServiceProgrammer(services, backends, pair.capacity, Skips(Metrics()))
     writes = p.apply(added(*ports, full=True))
+    service_batches, backend_batches = ([w.entries for w in m.writes] for m in (services, backends))
     # Per round: slots, then masters (services); new backends (backends).
-    assert max(services.batches) == 2 * ROUND_PORTS and max(backends.batches) == 2 * ROUND_PORTS
-    assert sorted(b for b in backends.batches if b) == [2, 2 * ROUND_PORTS, 2 * ROUND_PORTS]
+    assert max(service_batches) == 2 * ROUND_PORTS and max(backend_batches) == 2 * ROUND_PORTS
+    assert sorted(b for b in backend_batches if b) == [2, 2 * ROUND_PORTS, 2 * ROUND_PORTS]
     assert writes.entries_written() == {maps.SERVICES.pin: 3 * len(ports),
                                         maps.ENDPOINTS.pin: 2 * len(ports)}
     assert (len(services), len(backends)) == (3 * len(ports), 2 * len(ports))
     assert (p.service_entries, p.endpoint_entries) == (len(services), len(backends))
     # The port planned first in the second round (p1024 is 10.96.5.25) took
     # the first service id and backend ids of that round.
-    assert programmed(MapPair(services, backends, Capacity(10000, 10000)),
-                      "10.96.5.25") == {0: 1025, 1: 2049, 2: 2050}
+    assert programmed(pair, "10.96.5.25") == {0: 1025, 1: 2049, 2: 2050}
 
 
-class WritingThreads(FakeMap):
-    """A fake map that remembers the thread of each batched write."""
-
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
-        self.threads: list[str] = []
-
-    def put_packed(self, keys, values) -> None:
-        self.threads.append(threading.current_thread().name)
-        super().put_packed(keys, values)
-
-
-def rounds_of_ports(count: int) -> list:
+def rounds_of_ports(count: int) -> list[ServicePort]:
     return [service_port(f"p{i}", [f"10.96.9.{i + 1}"], 80, backends=[1], families=(4,))
             for i in range(count)]
 
@@ -171,19 +155,19 @@ def test_the_rounds_before_the_last_are_written_beside_the_planning() -> None:
     """Three rounds: the first two are written by the writer thread (while
     the next is planned), the last by the caller; a change set of one round
     never leaves the caller's thread."""
-    services = WritingThreads(maps.SERVICES.key, maps.SERVICES.value, 100, maps.SERVICES.pin)
-    backends = FakeMap(maps.ENDPOINTS.key, maps.ENDPOINTS.value, 100, maps.ENDPOINTS.pin)
-    p = ServiceProgrammer(services, backends, Capacity(100, 100), Skips(Metrics()),
+    pair = fake_pair(100, 100)
+    services = pair.services
+    p = ServiceProgrammer(services, pair.endpoints, pair.capacity, Skips(Metrics()),
                           round_ports=2)
     ports = rounds_of_ports(5)
     p.apply(added(*ports, full=True))
     caller = threading.current_thread().name
     # Per round: slots, then masters.
-    assert [name == caller for name in services.threads] == [False] * 4 + [True] * 2
+    assert [w.thread == caller for w in services.writes] == [False] * 4 + [True] * 2
     assert len(services) == 2 * len(ports)
-    services.threads.clear()
+    services.writes.clear()
     p.apply(added(service_port("p0", ["10.96.9.1"], 80, backends=[2], families=(4,))))
-    assert services.threads and set(services.threads) == {caller}
+    assert services.writes and {w.thread for w in services.writes} == {caller}
 
 
 def test_a_round_that_fails_in_the_writer_thread_fails_the_apply_and_is_repaired() -> None:
@@ -264,7 +248,7 @@ def test_the_repair_of_a_failed_write_reuses_the_backends_it_wrote() -> None:
         p.apply(ServicePortChanges(updated=((p1, p2),), removed=(r,)))
     p.apply(added(a2, p2, full=True))
     slots = programmed(pair, "10.96.9.2")
-    assert sorted(pair.endpoints.get(slots[slot]).addr.ip for slot in (1, 2)) == [
+    assert sorted(held(pair.endpoints, slots[slot]).addr.ip for slot in (1, 2)) == [
         backend_ip(2), backend_ip(3)]
     assert len(slots) == 3
     assert sorted(programmed(pair, "10.96.9.1")) == [0, 1]  # a still waits, as it was
@@ -281,10 +265,10 @@ def test_a_frontend_that_changes_kind_keeps_its_id_and_gets_its_master_rewritten
                                external_ips=["10.96.9.1"])
     p.apply(added(cluster_ip))
     key = KeyedFrontend(Frontend(ipaddress.ip_address("10.96.9.1"), 80, Protocol.TCP)).key(0)
-    before = pair.services.get(key)
+    before = held(pair.services, key)
     assert before.flags == 0
     writes = p.apply(updated(cluster_ip, external_ip))
-    after = pair.services.get(key)
+    after = held(pair.services, key)
     assert (after.id, after.count, after.flags) == (before.id, 1, maps.SVC_F_EXTERNAL_IP)
     assert writes.steps()["slots"] == 1  # the new ClusterIP's only: 10.96.9.1 kept its slot
 
@@ -355,7 +339,7 @@ def test_a_frontend_given_to_a_second_service_port_is_a_broken_contract() -> Non
     p.apply(removed(owner))
     p.apply(added(claimant))
     slots = programmed(pair, "10.96.9.1")
-    assert [pair.endpoints.get(slots[1]).addr.ip] == [backend_ip(2)]
+    assert [held(pair.endpoints, slots[1]).addr.ip] == [backend_ip(2)]
     assert p.service_port_of_ids() == {slots[0]: claimant.name}
 
 
@@ -380,10 +364,10 @@ def test_a_full_change_set_with_two_claimants_of_a_frontend_is_refused(
         maps.SERVICES.pin: 0, maps.ENDPOINTS.pin: 0}
 
 
-class SlowWrites(FakeMap):
-    """A fake map whose batched writes take a while."""
+class SlowWrites(FakeMap[maps.ServiceKey, maps.ServiceValue]):
+    """A fake services map whose batched writes take a while."""
 
-    def put_packed(self, keys, values) -> None:
+    def put_packed(self, keys: Packed, values: Packed) -> None:
         time.sleep(0.1)
         super().put_packed(keys, values)
 

@@ -19,6 +19,7 @@ from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from lab.socket_lab import BACKEND_COUNT, Agent, backend_ip, target
 from tests.ebpf.helpers import added, brain_ops, removed, service_port, updated
+from tests.support.state import apply_synced
 
 pytestmark = pytest.mark.kernel
 
@@ -130,8 +131,7 @@ def test_named_target_ports_resolve_per_endpoint(backend: EbpfBackend, agent: Ag
     endpoints = [localv1.Endpoint(IPs=localv1.IPSet(V4=[str(backend_ip(i))]), Local=True,
                                   PortOverrides=[localv1.PortName(Name="web", Port=port)])
                  for i, port in ((1, 8080), (2, 9090))]
-    changes = NodeState(Skips(Metrics())).apply(brain_ops(service, endpoints))
-    backend.apply(changes)
+    backend.apply(apply_synced(NodeState(Skips(Metrics())), brain_ops(service, endpoints)))
     seen = {agent.call("tcp", host="10.96.5.1", port=80, family=4)["served_by"]
             for _ in range(40)}
     assert seen == {"10.244.0.2:8080", "10.244.0.3:9090"}

@@ -76,7 +76,8 @@ BACKENDS = [
 ]
 
 
-def write_state(services: MapAccess, backends: MapAccess) -> None:
+def write_state(services: MapAccess[maps.ServiceKey, maps.ServiceValue],
+                backends: MapAccess[int, maps.EndpointValue]) -> None:
     keys, values = [], []
     for vip, port, proto, slot, value_id, count, timeout, flags in SERVICES:
         prefix = maps.ServiceKey.frontend_prefix(
