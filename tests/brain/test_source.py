@@ -10,6 +10,7 @@ import re
 import pytest
 import yaml
 
+from kpng_py.api import localv1
 from kpng_py.brain.source import (
     PART_OPS,
     BrainSource,
@@ -261,7 +262,7 @@ def test_the_written_wire_is_the_replys_ops_for_every_kind_of_op() -> None:
     before = node_view(_state(WEB, DB), "n1")
     after = node_view(_state(DB, service(long_name, ("10.96.0.30",), [port("http")], [
         endpoint(*(f"10.2.{i // 250}.{i % 250}" for i in range(40)), pod="big")])), "n1")
-    after[(2, "default/db/empty")] = b""
+    after[(localv1.EndpointsSet, "default/db/empty")] = b""
     for sent, view in ((None, before), (before, after), (after, before), (None, after)):
         specs = changeset_specs(sent, view)
         reply = ChangeSetReply(specs)

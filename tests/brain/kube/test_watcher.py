@@ -269,7 +269,8 @@ def test_each_state_names_the_resource_version_of_each_kind_it_was_made_from(
                           "endpointslices_resource_version": str(listed)}
         fake.put("nodes", api_node("node-a", zone="z1"))  # the same: no new version
         node_at = fake.version
-        wait_until(lambda: _records(caplog, "state from the API server unchanged"), "a rebuild")
+        wait_until(lambda: bool(_records(caplog, "state from the API server unchanged")),
+                   "a rebuild")
         (unchanged,) = _records(caplog, "state from the API server unchanged")
         assert unchanged == {"version": 2, "services_resource_version": str(cache_at),
                              "endpointslices_resource_version": str(listed),
