@@ -257,8 +257,6 @@ def test_a_cut_change_set_counts_its_staged_ops_and_hands_over_only_the_rest(
 
 def test_whole_change_sets_gives_the_ops_held_with_the_rest() -> None:
     inner = RecordingSink()
-    partials: list[list[L.OpItem]] = []
-    inner.on_stream_error = lambda reason, partial: partials.append(partial)
     sink = WholeChangeSets(inner)
     first, second = (set_service(service(name, v4=["10.96.0.1"])) for name in ("a", "b"))
     sink.on_ops([reset(), first])
@@ -266,7 +264,7 @@ def test_whole_change_sets_gives_the_ops_held_with_the_rest() -> None:
     sink.on_ops([reset()])
     sink.on_stream_error("cut", [first])
     assert inner.changesets == [[reset(), first, second, sync()]]
-    assert partials == [[reset(), first]]
+    assert inner.partials == [[reset(), first]]
 
 
 def test_keepalive_goes_on_while_the_sink_applies(tmp_path: Path) -> None:
@@ -331,12 +329,7 @@ def test_a_length_prefix_over_the_limit_is_refused_before_its_bytes_come(
     brain = H2Brain(framed(reset()) + struct.pack(">?I", False, 1 << 30) + b"x" * 10)
     target = brain.start(tmp_path / "h2.sock")
 
-    class StopAtTheError(RecordingSink):
-        def on_stream_error(self, reason, partial):
-            super().on_stream_error(reason, partial)
-            self.stop_client()
-
-    sink, metrics = StopAtTheError(), Metrics()
+    sink, metrics = RecordingSink(stop_at_error=True), Metrics()
     try:
         run_client(ClientConfig(target, "n", max_msg_size=4096, changeset_stall_timeout=600,
                                 error_delay=600), sink, 20, metrics)
@@ -356,12 +349,7 @@ def test_a_change_set_before_a_bad_prefix_in_the_same_read_is_applied(tmp_path: 
     brain = H2Brain(framed(reset(), web, sync()) + struct.pack(">?I", False, 1 << 30))
     target = brain.start(tmp_path / "h2.sock")
 
-    class StopAtTheError(RecordingSink):
-        def on_stream_error(self, reason, partial):
-            super().on_stream_error(reason, partial)
-            self.stop_client()
-
-    sink = StopAtTheError()
+    sink = RecordingSink(stop_at_error=True)
     try:
         run_client(ClientConfig(target, "n", max_msg_size=4096, error_delay=600), sink, 20)
     finally:
@@ -380,20 +368,12 @@ def test_ops_before_a_status_and_reset_read_at_once_are_a_cut_short_change_set(
     brain = H2Brain(framed(reset(), lost), end_status=(14, "brain crashed"))
     target = brain.start(tmp_path / "h2.sock")
 
-    class StopAtTheError(RecordingSink):
-        partials: list[int] = []
-
-        def on_stream_error(self, reason, partial):
-            super().on_stream_error(reason, partial)
-            self.partials.append(len(partial))
-            self.stop_client()
-
-    sink, metrics = StopAtTheError(), Metrics()
+    sink, metrics = RecordingSink(stop_at_error=True), Metrics()
     try:
         run_client(ClientConfig(target, "n", error_delay=600), sink, 20, metrics)
     finally:
         brain.stop()
-    assert sink.errors == ["UNAVAILABLE: brain crashed"] and sink.partials == [2]
+    assert sink.errors == ["UNAVAILABLE: brain crashed"] and [len(p) for p in sink.partials] == [2]
     assert metrics.registry.get_sample_value(
         "kpng_py_skipped_total", {"reason": "incomplete-changeset"}) == 1
 
