@@ -93,12 +93,14 @@ def serve(request, socket_dir: Path, pki: dict[str, TLSFiles]) -> Iterator:
                        f"unix://{socket_dir / 'reference.sock'}")
         else:
             targets = (f"127.0.0.1:{ours.port}", f"127.0.0.1:{reference_port}")
-        if tls is None:
-            channels = tuple(grpc.insecure_channel(t) for t in targets)
-        else:
-            credentials = grpcio_channel_credentials(pki["client"])
-            channels = tuple(grpc.secure_channel(t, credentials) for t in targets)
-        served = Served(ours, reference, reference_port, channels)  # type: ignore[arg-type]
+        credentials = None if tls is None else grpcio_channel_credentials(pki["client"])
+
+        def channel(target: str) -> grpc.Channel:
+            if credentials is None:
+                return grpc.insecure_channel(target)
+            return grpc.secure_channel(target, credentials)
+
+        served = Served(ours, reference, reference_port, (channel(targets[0]), channel(targets[1])))
         started.append(served)
         return served
 
