@@ -292,7 +292,7 @@ class MapMachine(StreamMachine):
         programmer counts what the maps hold."""
         for svc in self.maps.dump()["services"]:
             for slot in svc["backends"]:
-                assert slot["address"] is not None, f"{svc} slot {slot} names no backend"
+                assert slot["address"] is not None, f"{svc} slot {slot} names no endpoint"
                 assert slot["serviceId"] == svc["serviceId"], f"{slot} of another service"
         self.check_entry_counts()
 

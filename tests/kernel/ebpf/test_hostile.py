@@ -36,18 +36,18 @@ from tests.support.state import apply_synced
 pytestmark = pytest.mark.kernel
 
 
-def service_ops(name: str, backends: Sequence[int], v4: Sequence[str] = (),
+def service_ops(name: str, endpoints: Sequence[int], v4: Sequence[str] = (),
                 v6: Sequence[str] = (), ns: str = "default") -> list[L.OpItem]:
-    """A service (TCP 80 -> 8080) with lab backends as its endpoints, as the
-    brain sends it."""
+    """A service (TCP 80 -> 8080) whose endpoints are the lab's servers of
+    these numbers, as the brain sends it."""
     return [set_service(service(name, v4=v4, v6=v6, ns=ns, ports=[port("http", 80, target=8080)]))
             ] + [set_endpoint(ns, name, f"ep{i}", endpoint([str(backend_ip(i))],
                                                            [str(backend_ip(i, 6))], local=True))
-                 for i in backends]
+                 for i in endpoints]
 
 
-def deleted_ops(name: str, backends: Sequence[int], ns: str = "default") -> list[L.OpItem]:
-    return [delete(L.EndpointsSet, f"{ns}/{name}/ep{i}") for i in backends] + [
+def deleted_ops(name: str, endpoints: Sequence[int], ns: str = "default") -> list[L.OpItem]:
+    return [delete(L.EndpointsSet, f"{ns}/{name}/ep{i}") for i in endpoints] + [
         delete(L.ServicesSet, f"{ns}/{name}")]
 
 
@@ -89,8 +89,8 @@ def at(index: int, family: int = 4) -> str:
     return f"{ip}:8080" if family == 4 else f"[{ip}]:8080"
 
 
-# keep (default/keep, backend 1) is programmed first; then an intruder in
-# another namespace (backend 2) claims the same map key: (keep's ClusterIPs,
+# keep (default/keep, endpoint 1) is programmed first; then an intruder in
+# another namespace (endpoint 2) claims the same map key: (keep's ClusterIPs,
 # the intruder's, the skip the intruder gets, what dials of keep's VIP must
 # reach, dials that nobody may serve).
 CONFLICTS = [

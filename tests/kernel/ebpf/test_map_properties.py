@@ -31,9 +31,9 @@ def datapath() -> Iterator[Datapath]:
 
 
 def test_maps_hold_what_to_print_shows(datapath: Datapath) -> None:
-    services, backends = datapath.maps[maps.SERVICES.pin], datapath.maps[maps.ENDPOINTS.pin]
-    pair = MapPair(services, backends, Capacity(services.info().max_entries,
-                                                backends.info().max_entries))
+    services, endpoints = datapath.maps[maps.SERVICES.pin], datapath.maps[maps.ENDPOINTS.pin]
+    pair = MapPair(services, endpoints, Capacity(services.info().max_entries,
+                                                 endpoints.info().max_entries))
 
     class OnTheseMaps(MapMachine):
         def __init__(self) -> None:

@@ -23,10 +23,10 @@ from tests.ebpf.helpers import added, held, service_port
 
 pytestmark = pytest.mark.kernel
 
-WEB = service_port("traced", ["10.96.11.1", "fd00:96::11:1"], 80, backends=[1], port_name="http")
-DNS = service_port("traced", ["10.96.11.1"], 53, backends=[2], protocol="UDP",
+WEB = service_port("traced", ["10.96.11.1", "fd00:96::11:1"], 80, endpoints=[1], port_name="http")
+DNS = service_port("traced", ["10.96.11.1"], 53, endpoints=[2], protocol="UDP",
                    target_port=5353, port_name="dns")
-STICKY = service_port("sticky", ["10.96.11.2"], 80, backends=[1, 2, 3], affinity=60)
+STICKY = service_port("sticky", ["10.96.11.2"], 80, endpoints=[1, 2, 3], affinity=60)
 EMPTY = service_port("empty", ["10.96.11.3"], 80)
 
 
