@@ -22,8 +22,8 @@ test: setup lint
 	hack/test_e2e.sh -a
 	hack/test_e2e.sh -a -c kube
 
-# ruff over the whole tree, then mypy over the packages (the rules of both:
-# pyproject.toml).
+# ruff over the whole tree, then mypy over the packages and the tests (the
+# rules of both: pyproject.toml).
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy

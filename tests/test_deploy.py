@@ -12,7 +12,8 @@ from pathlib import Path
 import yaml
 
 from kpng_py.cmd.cli import build_parser
-from kpng_py.cmd.version import record, tree_build
+from kpng_py.cmd.version import record
+from tests.cmd.test_version import checkout_build
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -147,7 +148,7 @@ def fake_docker(tmp_path: Path) -> dict[str, str]:
 
 def test_hack_image_sh_builds_with_the_trees_version_and_prints_the_image(
         tmp_path: Path) -> None:
-    build = tree_build(ROOT)
+    build = checkout_build(ROOT)
     image = f"registry.example/kpng-py:{build.image_tag}"
     done = subprocess.run([ROOT / "hack" / "image.sh", "registry.example/kpng-py"],
                           env=fake_docker(tmp_path), capture_output=True, text=True, check=True)
@@ -162,7 +163,7 @@ def test_hack_image_sh_builds_with_the_trees_version_and_prints_the_image(
 def test_hack_image_sh_tag_only_builds_nothing(tmp_path: Path) -> None:
     done = subprocess.run([ROOT / "hack" / "image.sh", "--tag-only"], env=fake_docker(tmp_path),
                           capture_output=True, text=True, check=True)
-    assert done.stdout == f"kpng-py:{tree_build(ROOT).image_tag}\n"
+    assert done.stdout == f"kpng-py:{checkout_build(ROOT).image_tag}\n"
     assert not (tmp_path / "docker-args").exists()
 
 

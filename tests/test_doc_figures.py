@@ -118,7 +118,7 @@ def resources_comment(manifest: str = "kpng-py.yaml") -> str:
     lines = (DEPLOY / manifest).read_text().splitlines()
     container = lines.index("        - name: kpng-py")
     at = next(i for i in range(container, len(lines)) if lines[i].strip() == "resources:")
-    above = []
+    above: list[str] = []
     while lines[at - 1 - len(above)].strip().startswith("#"):
         above.append(lines[at - 1 - len(above)].strip().lstrip("# "))
     return " ".join(reversed(above))

@@ -44,7 +44,7 @@ def repository_files() -> list[Path]:
 
 
 def lines_matching(pattern: re.Pattern[bytes]) -> list[tuple[str, int, bytes]]:
-    found = []
+    found: list[tuple[str, int, bytes]] = []
     for path in repository_files():
         if path == Path(__file__).resolve():
             continue
@@ -63,19 +63,24 @@ def definitions() -> dict[str, list[str]]:
     return pages
 
 
+def _registered_name(node: ast.AST, register: str) -> str | None:
+    """The name a call of `register` gives as its first argument, a string."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == register and node.args):
+        return None
+    first = node.args[0]
+    return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+
+
 def e2e_checks() -> dict[str, set[str]]:
     """The e2e checks named after an item (`S7/client-ip-affinity`), by item:
     the first argument of each call of the topologies' register functions."""
     checks: dict[str, set[str]] = defaultdict(set)
     for path, register in E2E_CHECKS.items():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                    and node.func.id == register and node.args
-                    and isinstance(node.args[0], ast.Constant)):
-                name = node.args[0].value
-                item = name.split("/")[0]
-                if ITEM_ID.fullmatch(item):
-                    checks[item].add(name)
+            name = _registered_name(node, register)
+            if name is not None and ITEM_ID.fullmatch(item := name.split("/")[0]):
+                checks[item].add(name)
     return checks
 
 

@@ -73,8 +73,10 @@ def test_targets_are_the_address_and_port_of_the_endpoints_with_a_flag(
 
 def test_a_service_port_keeps_the_endpoints_it_is_given_packed() -> None:
     ep = Endpoint(ipaddress.ip_address("10.244.0.2"), 8080, local=True, internal=False)
+    # A tuple where the field is Endpoints: the port packs what it is given.
     port = ServicePort(ServicePortName("ns", "web", "", Protocol.TCP), "ClusterIP",
-                       (ipaddress.ip_address("10.96.0.10"),), 80, endpoints=(ep,))
+                       (ipaddress.ip_address("10.96.0.10"),), 80,
+                       endpoints=(ep,))  # type: ignore[arg-type]
     assert isinstance(port.endpoints, Endpoints) and port.endpoints == (ep,)
     assert port.cluster_endpoints() == () and port == ServicePort(
         port.name, "ClusterIP", port.cluster_ips, 80, endpoints=Endpoints.of([ep]))

@@ -51,16 +51,19 @@ def selectors(expr: str) -> list[promql_parser.VectorSelector]:
     return found
 
 
-def series(expr: str) -> set[str]:
+def series(expr: str) -> set[str | None]:
+    """The metric names `expr` selects (None for a selector without one)."""
     return {selector.name for selector in selectors(expr)}
 
 
 def dashboard_exprs() -> list[str]:
     dashboard = json.loads((MONITORING / "kpng-py-dashboard.json").read_text())
     exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
-    exprs += [_LABEL_VALUES.fullmatch(variable["query"]["query"])["selector"]
-              for variable in dashboard["templating"]["list"]
-              if isinstance(variable.get("query"), dict)]
+    for variable in dashboard["templating"]["list"]:
+        if isinstance(variable.get("query"), dict):
+            query = _LABEL_VALUES.fullmatch(variable["query"]["query"])
+            assert query, variable
+            exprs.append(query["selector"])
     return exprs
 
 
@@ -153,8 +156,8 @@ def test_each_alert_says_what_happened_and_what_to_do_about_it() -> None:
         assert set(annotations) == {"summary", "description", "runbook"}, alert["alert"]
         assert all(len(text) > 40 for text in annotations.values()), alert["alert"]
         named = set(_TEMPLATED_LABEL.findall(" ".join(annotations.values())))
-        assert "instance" in named and named <= output_labels(
-            promql_parser.parse(alert["expr"])), alert["alert"]
+        labels = output_labels(promql_parser.parse(alert["expr"]))
+        assert labels is not None and "instance" in named and named <= labels, alert["alert"]
 
 
 def test_staleness_is_a_change_set_waiting_not_a_quiet_cluster() -> None:

@@ -111,6 +111,7 @@ def test_cli_replay_to_print(tmp_path: Path) -> None:
     server = subprocess.Popen(
         [*KPNG_PY_OPTIMIZED, "replay", "-i", STREAMS / "endpoints-churn.jsonl", "to-api",
          "--listen", f"unix://{sock}"], stderr=subprocess.PIPE, text=True)
+    assert server.stderr is not None
     try:
         deadline = time.monotonic() + 20
         while not sock.exists():

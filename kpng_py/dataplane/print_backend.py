@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import IO, Iterable, Mapping
+from typing import Iterable, Mapping, Protocol
 
 from kpng_py.dataplane.registry import BackendSpec
 from kpng_py.healthcheck.service_health import needs_health_check
@@ -89,8 +89,17 @@ def _family_name(family: IPFamily) -> str:
     return f"IPv{family.value}"
 
 
+class TextOut(Protocol):
+    """Where `to-print` writes its lines (standard output, or a test's
+    reader): text, flushed after each line."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
 class PrintBackend:
-    def __init__(self, out: IO[str]) -> None:
+    def __init__(self, out: TextOut) -> None:
         self._out = out
         self._ports: dict[ServicePortName, ServicePort] = {}
         self._syncs = 0

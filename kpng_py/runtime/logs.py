@@ -43,7 +43,8 @@ def _escape_control(text: str) -> str:
     return text.translate(_CONTROL_ESCAPES)
 
 
-def _record_fields(record: logging.LogRecord) -> dict[str, Any]:
+def record_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The fields a log call attached with `fields` (none: an empty dict)."""
     return getattr(record, _FIELDS_ATTR, {})
 
 
@@ -68,7 +69,7 @@ class TextFormatter(logging.Formatter):
         record.message = _escape_control(record.getMessage())
         record.asctime = self.formatTime(record, self.datefmt)
         line = self.formatMessage(record)
-        extra = {**_record_fields(record), **_failure_fields(self, record)}
+        extra = {**record_fields(record), **_failure_fields(self, record)}
         pairs = " ".join(f"{k}={_text_value(v)}" for k, v in extra.items() if v is not None)
         return f"{line} {pairs}" if pairs else line
 
@@ -92,7 +93,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        body.update({k: _json_value(v) for k, v in _record_fields(record).items()
+        body.update({k: _json_value(v) for k, v in record_fields(record).items()
                      if v is not None})
         body.update(_failure_fields(self, record))
         return json.dumps(body)

@@ -75,7 +75,9 @@ def test_each_change_moves_an_endpoint_to_an_address_no_change_gave_before() -> 
     recorder = _Recorder()
     plan = kube_brain.KubePlan((3,), 2, 2, 4, 1.0)
     for rep in range(plan.reps):
-        kube_brain._changes(recorder, recorder, plan, 3, rep * plan.changes)  # type: ignore
+        # The recorder stands in for the Poster and the probe, which _changes
+        # takes as classes.
+        kube_brain._changes(recorder, recorder, plan, 3, rep * plan.changes)  # type: ignore[arg-type]
     addresses = [obj["endpoints"][0]["addresses"][0] for _, _, obj in recorder.sent]
     assert len(set(addresses)) == len(addresses) == 8
     assert {method for method, _, _ in recorder.sent} == {"PATCH"}

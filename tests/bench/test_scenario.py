@@ -105,7 +105,8 @@ def test_ebpf_worker_gets_maps_sized_for_the_state():
 def test_userspace_is_unfit_beyond_the_open_files_limit(monkeypatch):
     monkeypatch.setattr(contenders, "open_files_ceiling", lambda: 20_000)
     assert CONTENDERS["userspace"].unfit(Scenario(10_000, 10)) is None
-    assert "open-files limit here is 20,000" in CONTENDERS["userspace"].unfit(Scenario(30_000, 1))
+    why = CONTENDERS["userspace"].unfit(Scenario(30_000, 1))
+    assert why is not None and "open-files limit here is 20,000" in why
     assert CONTENDERS["ebpf"].unfit(Scenario(30_000, 10)) is None
 
 

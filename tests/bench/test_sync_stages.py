@@ -25,6 +25,7 @@ from kpng_py.dataplane.applier import ChangeSetApplier
 from kpng_py.dataplane.contract import Backend
 from kpng_py.dataplane.print_backend import PrintBackend
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.runtime.logs import record_fields
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from lab.cgroups import cgroup
@@ -52,7 +53,7 @@ def one_endpoint_added() -> list[L.OpItem]:
 
 
 def sync_lines(caplog: pytest.LogCaptureFixture) -> list[dict]:
-    return [r.kpng_fields for r in caplog.records if r.getMessage() == "sync applied"]
+    return [record_fields(r) for r in caplog.records if r.getMessage() == "sync applied"]
 
 
 def check_nesting(line: dict) -> None:

@@ -226,7 +226,8 @@ def test_convert_keeps_a_file_that_is_not_empty_unless_forced(
     assert converted_paths(out) == ["shop/web"]
 
 
-def _slice(name: str, endpoints: str, address_type: str = "IPv4") -> str:
+def _slice_item(name: str, endpoints: str, address_type: str = "IPv4") -> str:
+    """An EndpointSlice of shop/web, as an item of `_cluster`'s List."""
     return textwrap.dedent(f"""\
         - kind: EndpointSlice
           metadata: {{name: {name}, namespace: shop, labels: {{kubernetes.io/service-name: web}}}}
@@ -246,7 +247,7 @@ def test_conditions_are_kept_as_kube_proxy_reads_them() -> None:
     """A terminating pod that still serves is kept (KPNG's converter dropped
     it as not ready); an unknown serving counts as serving, as kube-proxy
     reads it."""
-    text = _cluster(_slice("web-1", """\
+    text = _cluster(_slice_item("web-1", """\
         - addresses: [10.244.0.5]
           conditions: {ready: false, serving: true, terminating: true}
           targetRef: {name: web-0}
@@ -266,7 +267,7 @@ def test_conditions_are_kept_as_kube_proxy_reads_them() -> None:
 
 
 def test_node_hints_are_kept_beside_zone_hints() -> None:
-    text = _cluster(_slice("web-1", """\
+    text = _cluster(_slice_item("web-1", """\
         - addresses: [10.244.0.5]
           nodeName: node-a
           zone: z1
@@ -280,11 +281,11 @@ def test_node_hints_are_kept_beside_zone_hints() -> None:
 def test_a_pod_in_two_slices_is_one_endpoint_terminating_if_one_slice_says_so() -> None:
     """A pod moving between slices is listed twice for a while: its address
     once, ready only if both listings say so."""
-    text = _cluster(_slice("web-1", """\
+    text = _cluster(_slice_item("web-1", """\
         - addresses: [10.244.0.5]
           conditions: {ready: true, serving: true, terminating: false}
           targetRef: {name: web-0}
-        """), _slice("web-2", """\
+        """), _slice_item("web-2", """\
         - addresses: [10.244.0.5]
           conditions: {ready: false, serving: true, terminating: true}
           targetRef: {name: web-0}
@@ -304,7 +305,7 @@ def test_a_cluster_without_terminating_endpoints_converts_to_upstreams_format() 
 
 
 def test_a_services_last_terminating_pods_are_in_every_nodes_view() -> None:
-    text = _cluster(_slice("web-1", """\
+    text = _cluster(_slice_item("web-1", """\
         - addresses: [10.244.0.5]
           conditions: {ready: false, serving: true, terminating: true}
           nodeName: node-a

@@ -53,7 +53,7 @@ class IdleStreams:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         self._channels: list[grpc.aio.Channel] = []
-        self._calls: list[grpc.aio.StreamStreamCall] = []
+        self._calls: list[grpc.aio.StreamStreamCall[localv1.WatchReq, localv1.OpItem]] = []
 
     def open(self) -> None:
         self._run(self._open())
@@ -76,18 +76,21 @@ class IdleStreams:
             ("grpc.use_local_subchannel_pool", 1)]) for _ in range(self._connections)]
         for index in range(self._streams):
             channel = self._channels[index % self._connections]
-            self._calls.append(channel.stream_stream(
-                WATCH_METHOD, request_serializer=localv1.WatchReq.SerializeToString,
-                response_deserializer=localv1.OpItem.FromString)())
+            watch: grpc.aio.StreamStreamMultiCallable[localv1.WatchReq, localv1.OpItem] = (
+                channel.stream_stream(
+                    WATCH_METHOD, request_serializer=localv1.WatchReq.SerializeToString,
+                    response_deserializer=localv1.OpItem.FromString))
+            self._calls.append(watch())
         await asyncio.gather(*(self._start(index, call) for index, call in enumerate(self._calls)))
 
-    async def _start(self, index: int, call: grpc.aio.StreamStreamCall) -> None:
+    async def _start(self, index: int,
+                     call: grpc.aio.StreamStreamCall[localv1.WatchReq, localv1.OpItem]) -> None:
         if index % 3 == 0:
             await call.wait_for_connection()
             return
         await call.write(localv1.WatchReq(NodeName=f"idle-{index}"))
         first = await call.read()
-        assert first.WhichOneof("Op") == "Reset"
+        assert isinstance(first, localv1.OpItem) and first.WhichOneof("Op") == "Reset"
 
     async def _close(self) -> None:
         for call in self._calls:
@@ -102,7 +105,9 @@ class IdleStreams:
 
 def _threads(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"^Threads:\s+(\d+)$", status, re.MULTILINE).group(1))
+    threads = re.search(r"^Threads:\s+(\d+)$", status, re.MULTILINE)
+    assert threads, status
+    return int(threads.group(1))
 
 
 @pytest.fixture

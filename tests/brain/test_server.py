@@ -234,7 +234,7 @@ def test_a_stopping_brain_leaves_the_socket_of_its_successor(socket_dir: Path) -
         iter(requests.get, None))  # never read: the reply stalls on flow control
     successor: LocalApiServer | None = None
     try:
-        wait_until(lambda: old_source.requests, "the old brain to answer")
+        wait_until(lambda: bool(old_source.requests), "the old brain to answer")
         stopping = threading.Thread(target=old.stop, kwargs={"grace": 3.0})
         stopping.start()
         wait_until(lambda: _refuses_connections(path), "the old brain to stop listening")
@@ -334,7 +334,8 @@ def test_a_client_reset_as_the_brain_stops_is_not_answered_with_a_status() -> No
 
         async def handle() -> None:  # as grpclib's request_handler runs a method
             with wrapper:
-                await streams.watch(stream)
+                # A stand-in with only what watch reads of grpclib's Stream.
+                await streams.watch(stream)  # type: ignore[arg-type]
 
         handler = asyncio.ensure_future(handle())
         await asyncio.sleep(0)  # waiting for the WatchReq

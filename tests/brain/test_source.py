@@ -10,6 +10,7 @@ import re
 import pytest
 import yaml
 
+from kpng_py.api import localv1
 from kpng_py.brain.source import (
     PART_OPS,
     BrainSource,
@@ -20,6 +21,7 @@ from kpng_py.brain.source import (
 )
 from kpng_py.brain.statefile import ClusterState, StateReader, parse_state
 from kpng_py.brain.view import node_view
+from kpng_py.runtime.logs import record_fields
 from kpng_py.serve.server import Reply
 from tests.brain.helpers import endpoint, op_kinds, port, service, state
 
@@ -133,7 +135,7 @@ def test_each_version_a_stream_answers_is_logged_at_debug_with_its_ops(
         await asyncio.wait_for(waiting, 10)
 
     asyncio.run(answers())
-    answered = [getattr(r, "kpng_fields") for r in caplog.records
+    answered = [record_fields(r) for r in caplog.records
                 if r.getMessage() == "node view answered"]
     assert answered == [{"node": "n1", "version": 1, "ops": 5},
                         {"node": "n1", "version": 2, "ops": 0},
@@ -260,7 +262,7 @@ def test_the_written_wire_is_the_replys_ops_for_every_kind_of_op() -> None:
     before = node_view(_state(WEB, DB), "n1")
     after = node_view(_state(DB, service(long_name, ("10.96.0.30",), [port("http")], [
         endpoint(*(f"10.2.{i // 250}.{i % 250}" for i in range(40)), pod="big")])), "n1")
-    after[(2, "default/db/empty")] = b""
+    after[(localv1.EndpointsSet, "default/db/empty")] = b""
     for sent, view in ((None, before), (before, after), (after, before), (None, after)):
         specs = changeset_specs(sent, view)
         reply = ChangeSetReply(specs)

@@ -414,7 +414,9 @@ def test_aliases_that_expand_without_bound_are_refused_at_the_alias() -> None:
     with pytest.raises(StateFileError) as error:
         parse_state(text.encode(), "state.yaml")
     message = str(error.value)
-    line = int(re.match(r"state\.yaml:(\d+): ", message).group(1))
+    at = re.match(r"state\.yaml:(\d+): ", message)
+    assert at, message
+    line = int(at.group(1))
     assert "*ips" in text.splitlines()[line - 1]  # the line of the alias that ran over
     assert "the alias *ips takes the document past" in message
     assert message.endswith("write the aliased values out instead")

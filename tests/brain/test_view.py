@@ -56,8 +56,8 @@ def test_endpoints_that_are_not_ready_are_not_sent() -> None:
 
 
 # Two nodes in two zones, and one in none.
-_ZONED = [{"name": "n1", "topology": {"zone": "z1"}}, {"name": "n2", "topology": {"zone": "z2"}},
-          {"name": "n3"}]
+_ZONED: list[dict] = [{"name": "n1", "topology": {"zone": "z1"}},
+                      {"name": "n2", "topology": {"zone": "z2"}}, {"name": "n3"}]
 _TERMINATING = {"ready": False, "serving": True, "terminating": True}
 
 

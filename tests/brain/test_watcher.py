@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
@@ -47,7 +48,7 @@ class _Clock:
 
 
 def _watcher(state_file: StateFile, document: dict | str = WEB,
-             clock: _Clock | None = None, **options) -> StateFileWatcher:
+             clock: Callable[[], float] | None = None, **options) -> StateFileWatcher:
     """A watcher polled by hand (its thread is not started), of a file saved
     a while ago."""
     state_file.write(document)
@@ -419,5 +420,7 @@ def test_stop_does_not_wait_for_a_parse_in_progress(
         assert not stopper.is_alive(), "stop() waits for the parse"
     finally:
         release.set()
-    wait_until(lambda: not watcher._thread.is_alive(), "the watcher thread's end")
+    thread = watcher._thread
+    assert thread is not None
+    wait_until(lambda: not thread.is_alive(), "the watcher thread's end")
     assert watcher.snapshots.version == 1

@@ -36,6 +36,9 @@ class SlowBackend:
     def apply_stages(self) -> dict[str, float]:
         return {"plan_ms": 1.0}
 
+    def not_programmed(self) -> dict[str, int]:
+        return {"capacity": 2}
+
 
 def test_the_first_apply_waits_for_the_setup() -> None:
     backend = SlowBackend()
@@ -48,7 +51,9 @@ def test_the_first_apply_waits_for_the_setup() -> None:
     alongside.close()
     alongside.raise_failure()
     assert backend.calls == ["setup", "apply", "close"]
-    assert alongside.apply_stages() == {"plan_ms": 1.0}  # the backend's own methods
+    # The backend's own methods.
+    assert (alongside.apply_stages(), alongside.not_programmed()) == ({"plan_ms": 1.0},
+                                                                      {"capacity": 2})
 
 
 def test_a_failed_setup_stops_the_client_and_is_raised_as_it_was() -> None:

@@ -37,6 +37,13 @@ def git(repo: Path, *args: str) -> str:
                           check=True, env={**os.environ, **_GIT_ENV}).stdout.strip()
 
 
+def checkout_build(directory: Path) -> Build:
+    """The build of a checkout's top folder (tree_build gives None elsewhere)."""
+    build = tree_build(directory)
+    assert build is not None, f"{directory} is no checkout's top folder"
+    return build
+
+
 def commit(repo: Path, name: str, text: str) -> str:
     (repo / name).write_text(text)
     git(repo, "add", name)
@@ -57,8 +64,7 @@ def test_version_reports_kpng_py_its_commit_python_the_kernel_and_bcc(
         capsys: pytest.CaptureFixture) -> None:
     assert main(["version", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    build = tree_build(ROOT)
-    assert build is not None
+    build = checkout_build(ROOT)
     assert (report["kpng-py"], report["commit"]) == (build.version, build.source)
     assert report["python"] == platform.python_version()
     assert report["kernel"] == platform.release()
@@ -86,9 +92,9 @@ def test_dash_dash_version_prints_the_build(capsys: pytest.CaptureFixture) -> No
 
 
 def test_a_checkouts_version_changes_with_every_commit_and_marks_changes(repo: Path) -> None:
-    first = tree_build(repo)
+    first = checkout_build(repo)
     head = commit(repo, "b.txt", "b\n")
-    second = tree_build(repo)
+    second = checkout_build(repo)
     assert first == Build(__version__, 1, first.commit, dirty=False)
     assert second == Build(__version__, 2, head[:12], dirty=False)
     assert second.version == f"{__version__}+2.g{head[:12]}" != first.version
@@ -97,7 +103,7 @@ def test_a_checkouts_version_changes_with_every_commit_and_marks_changes(repo: P
     assert tree_build(repo) == Build(__version__, 2, head[:12], dirty=True)
     git(repo, "checkout", "-q", "--", "b.txt")
     (repo / "new.txt").write_text("not added\n")  # an image build would copy it
-    changed = tree_build(repo)
+    changed = checkout_build(repo)
     assert changed.dirty
     assert changed.version.endswith(".dirty") and changed.source.endswith("-dirty")
 
@@ -112,7 +118,7 @@ def test_only_the_top_of_a_checkout_has_a_tree_build(repo: Path, tmp_path: Path)
 
 def test_an_image_tag_has_no_plus_and_keeps_the_build_apart(repo: Path) -> None:
     commit(repo, "b.txt", "b\n")
-    build = tree_build(repo)
+    build = checkout_build(repo)
     assert "+" in build.version and _IMAGE_TAG.fullmatch(build.image_tag)
     assert build.image_tag == build.version.replace("+", "-")
     dirty = Build(build.base, build.commits, build.commit, dirty=True)
@@ -121,7 +127,7 @@ def test_an_image_tag_has_no_plus_and_keeps_the_build_apart(repo: Path) -> None:
 
 def test_an_image_reads_the_version_its_build_recorded(repo: Path, tmp_path: Path) -> None:
     """No .git in the image: the file the Dockerfile's `--record` writes."""
-    built = tree_build(repo)
+    built = checkout_build(repo)
     path = tmp_path / "BUILD_VERSION"
     assert record(built.version, path) == built
     image_dir = tmp_path / "opt"  # the image's source folder: no checkout
@@ -154,7 +160,7 @@ def test_a_damaged_record_is_reported_not_a_crash(tmp_path: Path) -> None:
 
 def test_the_module_prints_a_checkouts_build_with_the_standard_library_alone() -> None:
     """hack/image.sh runs it with the host's python3, no venv."""
-    build = tree_build(ROOT)
+    build = checkout_build(ROOT)
     for args, expected in (([], build.version), (["--image-tag"], build.image_tag)):
         done = subprocess.run(["python3", "-E", "-s", "-m", "kpng_py.cmd.version", *args], cwd=ROOT,
                               capture_output=True, text=True, check=True)

@@ -23,6 +23,7 @@ from kpng_py.healthcheck.proxier_health import BindAddress, HealthSink, SyncHeal
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePort, ServicePortChanges
 from kpng_py.runtime.backoff import Backoff
+from kpng_py.runtime.logs import record_fields
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from lab.procs import wait_until
@@ -84,6 +85,12 @@ class FlakyBackend:
 
     def successes(self) -> list[ServicePortChanges]:
         return [changes for changes, _, applied in self.calls if applied]
+
+    def apply_stages(self) -> dict[str, float]:
+        return {}
+
+    def not_programmed(self) -> dict[str, int]:
+        return {}
 
 
 def web_and_dns() -> list[L.OpItem]:
@@ -154,7 +161,7 @@ def test_retry_delays_double_up_to_the_cap_and_start_over_after_a_success(
         backend.failures = 1
         applier.apply_ops(another_web_endpoint())
         backend.wait_for(lambda: len(backend.successes()) == 2)
-    delays = [record.kpng_fields["retry_in_s"] for record in caplog.records]
+    delays = [record_fields(record)["retry_in_s"] for record in caplog.records]
     first, cap = FAST
     bases = [first, 2 * first, cap, cap, cap, first]
     assert len(delays) == len(bases)
@@ -359,8 +366,10 @@ def test_healthz_is_503_while_applies_fail_past_the_timeout_and_200_after(
     assert len(backend.held["default/web:http"].cluster_endpoints()) == 2
 
 
-def _gauge(metrics: Metrics, name: str, **labels: str) -> float | None:
-    return metrics.registry.get_sample_value(name, labels)
+def _gauge(metrics: Metrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    assert value is not None, f"no sample {name}{labels}"
+    return value
 
 
 def test_metrics_of_the_programmed_dataplane_follow_each_change_set() -> None:
@@ -434,3 +443,29 @@ def test_what_is_not_programmed_stays_in_view_by_reason() -> None:
     assert _gauge(metrics, "kpng_py_service_ports") == 2
     for reason in ("capacity", "frontend-conflict"):  # still exported, at 0
         assert _gauge(metrics, "kpng_py_service_ports_not_programmed", reason=reason) == 0
+
+
+class OldBackend:
+    """A backend of another package, older than the contract's apply_stages
+    and not_programmed: setup, apply and close only."""
+
+    def setup(self) -> None:
+        pass
+
+    def apply(self, changes: ServicePortChanges) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_backend_older_than_apply_stages_and_not_programmed_still_applies(
+        caplog: pytest.LogCaptureFixture) -> None:
+    metrics = Metrics()
+    # No Backend to the type checker: the two later methods are missing on purpose.
+    applier = ChangeSetApplier(OldBackend(), NodeState(Skips(metrics)), metrics)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="kpng_py"):
+        applier.apply_ops(web_and_dns())
+    assert _gauge(metrics, "kpng_py_service_ports") == 2
+    (applied,) = [record_fields(r) for r in caplog.records if r.getMessage() == "sync applied"]
+    assert applied["added"] == 2

@@ -14,6 +14,7 @@ import pytest
 from kpng_py.dataplane.print_backend import PrintBackend, service_port_json
 from kpng_py.model import (
     Endpoint,
+    Endpoints,
     IPFamily,
     Protocol,
     ServicePort,
@@ -115,14 +116,14 @@ def test_source_ranges_are_shown_with_lb_ips_only_and_only_bad_ones_admit_no_one
 
 def test_an_external_ip_is_served_from_outside_on_a_cluster_ip_port() -> None:
     port = ServicePort(NAME, "ClusterIP", (ip("10.96.0.5"),), 443,
-                       external_ips=(ip("192.0.2.9"),), endpoints=(ELSEWHERE_V6,))
+                       external_ips=(ip("192.0.2.9"),), endpoints=Endpoints.of([ELSEWHERE_V6]))
     printed = service_port_json(port)
     assert printed["externalEndpoints"] == [] and printed["externalNoEndpoints"] == {
         "IPv4": "reject"}
 
 
 def test_a_port_with_cluster_ips_only_has_no_outside_fields() -> None:
-    port = ServicePort(NAME, "ClusterIP", (ip("10.96.0.5"),), 443, endpoints=(HERE,),
+    port = ServicePort(NAME, "ClusterIP", (ip("10.96.0.5"),), 443, endpoints=Endpoints.of([HERE]),
                        load_balancer_source_ranges=("192.0.2.0/24",))
     printed = service_port_json(port)
     assert printed["type"] == "ClusterIP" and printed["localEndpoints"] == ["10.244.0.5:8443"]

@@ -7,7 +7,8 @@ writes in order and stops with MapFullError (E2BIG) at the first new key
 that finds the map full (replacing a key needs no room), a batch delete
 skips keys the map does not hold, and iteration follows no order the
 writes chose. `fail_after` makes a later write fail part-way, as a write
-the kernel refuses for another reason would (EIO here).
+the kernel refuses for another reason would (EIO here). `writes` lists every
+batched write the map was given: how many entries, from which thread.
 """
 
 from __future__ import annotations
@@ -15,23 +16,48 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import os
-from typing import Generic, Iterator, Sequence, TypeVar
+import threading
+from dataclasses import dataclass
+from typing import Generic, Iterator, Sequence, TypeVar, cast, overload
 
 from backends.ebpf.maps.access import MapFullError, Packed
 
+# As in MapAccess: the key as the map's users give and get it (an int for
+# maps with integer keys) and the value.
 K = TypeVar("K")
 V = TypeVar("V", bound=ct.Structure)
+S = TypeVar("S", bound=ct.Structure)
+
+
+@dataclass(frozen=True)
+class Write:
+    """One batched write: the entries it held and the thread that made it."""
+
+    entries: int
+    thread: str
 
 
 class FakeMap(Generic[K, V]):
-    def __init__(self, key_type: type[K], value_type: type[V], max_entries: int,
-                 name: str) -> None:
+    """A `MapAccess[K, V]`: built with a ctypes integer key type, it is a
+    FakeMap[int, V]; with a Structure key type S, a FakeMap[S, V]."""
+
+    @overload
+    def __init__(self: FakeMap[int, V], key_type: type[ct._SimpleCData[int]],
+                 value_type: type[V], max_entries: int, name: str) -> None: ...
+
+    @overload
+    def __init__(self: FakeMap[S, V], key_type: type[S], value_type: type[V],
+                 max_entries: int, name: str) -> None: ...
+
+    def __init__(self, key_type: type[ct._SimpleCData[int] | ct.Structure],
+                 value_type: type[V], max_entries: int, name: str) -> None:
         self.key_type = key_type
         self.value_type = value_type
         self.max_entries = max_entries
         self.name = name
         self._entries: dict[bytes, bytes] = {}
         self._writes_left: int | None = None
+        self.writes: list[Write] = []
 
     def fail_after(self, entries: int) -> None:
         """Let `entries` more entries be written or deleted, then fail the
@@ -51,6 +77,7 @@ class FakeMap(Generic[K, V]):
     def put_packed(self, keys: Packed, values: Packed) -> None:
         raw_keys = _chunks(bytes(keys), ct.sizeof(self.key_type))
         raw_values = _chunks(bytes(values), ct.sizeof(self.value_type))
+        self.writes.append(Write(len(raw_keys), threading.current_thread().name))
         if len(raw_keys) != len(raw_values):
             raise ValueError(f"write to map {self.name}: {len(raw_keys)} keys but "
                              f"{len(raw_values)} values; pass one value per key")
@@ -67,7 +94,7 @@ class FakeMap(Generic[K, V]):
             self._count_write(f"delete from map {self.name}", deleted)
             self._entries.pop(key, None)
 
-    def items(self) -> Iterator[tuple[K | int, V]]:
+    def items(self) -> Iterator[tuple[K, V]]:
         """In the order of the key bytes: neither insertion order nor the
         kernel's, so nothing may rely on either."""
         for key in sorted(self._entries):
@@ -81,9 +108,10 @@ class FakeMap(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _key_of(self, raw: bytes) -> K | int:
+    def _key_of(self, raw: bytes) -> K:
         key = self.key_type.from_buffer_copy(raw)
-        return key.value if isinstance(key, ct._SimpleCData) else key
+        # The overloads of __init__ tie K to key_type: int for an integer type.
+        return cast(K, key.value if isinstance(key, ct._SimpleCData) else key)
 
     def _count_write(self, what: str, done: int) -> None:
         if self._writes_left is None:
@@ -94,7 +122,7 @@ class FakeMap(Generic[K, V]):
         self._writes_left -= 1
 
 
-def _packed(of: type, items: Sequence) -> bytes:
+def _packed(of: type[ct._SimpleCData[int] | ct.Structure], items: Sequence) -> bytes:
     return bytes((of * len(items))(*items))
 
 

@@ -28,7 +28,7 @@ import io
 import ipaddress
 import json
 from dataclasses import dataclass
-from typing import Protocol, Sized
+from typing import Generic, Protocol, Sized, TypeVar
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -48,6 +48,7 @@ from kpng_py.state.tracker import NodeState
 from tests.ebpf.helpers import programmed_frontends
 from tests.state.test_tracker_properties import KEYS, SERVICES, StreamMachine
 from tests.streams.build import endpoint, port, service, sync
+from tests.support.state import apply_synced
 
 # No "explain" phase: its tracing makes a failing run take minutes. 30 steps
 # in "ci": enough for owners to come, go and be taken over; 200 examples
@@ -123,19 +124,28 @@ endpoints = st.builds(
                        st.sampled_from([8080, 9090])), max_size=2))
 
 
-class SizedMap(MapAccess, Sized, Protocol):
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class SizedMap(MapAccess[K, V], Sized, Protocol[K, V]):
     """A map the machine can also count."""
 
 
+# The kind of map of each: real pinned ones or fakes.
+ServicesMap = TypeVar("ServicesMap", bound=SizedMap[maps.ServiceKey, maps.ServiceValue])
+EndpointsMap = TypeVar("EndpointsMap", bound=SizedMap[int, maps.EndpointValue])
+
+
 @dataclass(frozen=True)
-class MapPair:
-    services: SizedMap
-    endpoints: SizedMap
+class MapPair(Generic[ServicesMap, EndpointsMap]):
+    services: ServicesMap
+    endpoints: EndpointsMap
     capacity: Capacity
 
     def clear(self) -> None:
-        for bpf_map in (self.services, self.endpoints):
-            bpf_map.delete_many([key for key, _ in bpf_map.items()])
+        _clear(self.services)
+        _clear(self.endpoints)
 
     def dump(self) -> dict:
         """The parts of an `ebpf dump` that `lab.programmed_frontends` reads
@@ -144,14 +154,15 @@ class MapPair:
                 "maps": {maps.SERVICES.pin: {"entries": len(self.services)},
                          maps.ENDPOINTS.pin: {"entries": len(self.endpoints)}}}
 
-    def snapshot(self) -> tuple[frozenset, frozenset]:
+    def snapshot(self) -> tuple[frozenset[tuple[bytes, bytes]], frozenset[tuple[bytes, bytes]]]:
         """Every entry of both maps, as bytes."""
-        return tuple(frozenset((_raw(key), bytes(value)) for key, value in bpf_map.items())
-                     for bpf_map in (self.services, self.endpoints))
+        return (frozenset((bytes(key), bytes(value)) for key, value in self.services.items()),
+                frozenset((key.to_bytes(4, "little"), bytes(value))
+                          for key, value in self.endpoints.items()))
 
 
-def _raw(key: object) -> bytes:
-    return key.to_bytes(4, "little") if isinstance(key, int) else bytes(key)
+def _clear(bpf_map: MapAccess[K, V]) -> None:
+    bpf_map.delete_many([key for key, _ in bpf_map.items()])
 
 
 def _family(address: str) -> int:
@@ -243,7 +254,7 @@ class MapMachine(StreamMachine):
     def sync(self) -> None:
         ops = self.pending + [sync()]
         super().sync()
-        self.print_backend.apply(self.to_print.apply(ops))
+        self.print_backend.apply(apply_synced(self.to_print, ops))
         self.check_maps()
 
     @rule()
@@ -281,7 +292,7 @@ class MapMachine(StreamMachine):
         programmer counts what the maps hold."""
         for svc in self.maps.dump()["services"]:
             for slot in svc["backends"]:
-                assert slot["address"] is not None, f"{svc} slot {slot} names no backend"
+                assert slot["address"] is not None, f"{svc} slot {slot} names no endpoint"
                 assert slot["serviceId"] == svc["serviceId"], f"{slot} of another service"
         self.check_entry_counts()
 

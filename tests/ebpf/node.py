@@ -1,6 +1,6 @@
 """The node as users run it, in the lab: the brain (`kpng-py file -i STATE
 to-api`) and the eBPF backend (`kpng-py local --api ... to-ebpf`) as separate
-processes, serving services whose endpoints are the lab's backends."""
+processes, serving services whose endpoints are the lab's servers."""
 
 from __future__ import annotations
 
@@ -28,19 +28,20 @@ TARGETS = [target("tcp", WEB_VIPS[0], 80), target("tcp", WEB_VIPS[1], 80),
 
 
 def lab_service(name: str, vips: Sequence[str], protocol: int, number: int, target_port: int,
-                backends: Sequence[int]) -> dict:
-    """A service of the state file whose endpoints are lab backends (by
-    number), with an address in each family of its ClusterIPs."""
+                endpoints: Sequence[int]) -> dict:
+    """A service of the state file whose endpoints are the lab's servers of
+    these numbers (lab.socket_lab.backend_ip), with an address in each family
+    of its ClusterIPs."""
     families = sorted({ipaddress.ip_address(vip).version for vip in vips})
     return service(name, tuple(vips), [port(name, protocol, number, targetport=target_port)],
                    [endpoint(*(str(backend_ip(i, f)) for f in families), pod=f"{name}-{i}")
-                    for i in backends])
+                    for i in endpoints])
 
 
 def web_and_dns(web: Sequence[int], dns: Sequence[int], web_vips: Sequence[str] = WEB_VIPS,
                 more: Sequence[dict] = ()) -> dict:
-    """web (TCP 80 -> 8080) and dns (UDP 53 -> 5353) on these lab backends,
-    and `more` services."""
+    """web (TCP 80 -> 8080) and dns (UDP 53 -> 5353) with these lab servers
+    as endpoints, and `more` services."""
     return state(lab_service("web", web_vips, TCP, 80, 8080, web),
                  lab_service("dns", (DNS_VIP,), UDP, 53, 5353, dns), *more)
 

@@ -19,17 +19,23 @@ from backends.ebpf.maps.contents import (
 )
 from backends.ebpf.programmer.service_programmer import Capacity, ServiceProgrammer
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import Endpoint, Endpoints, Frontend, Protocol, ServicePortChanges
+from kpng_py.model import Endpoint, Endpoints, Frontend, IPAddress, Protocol, ServicePortChanges
 from kpng_py.state.skips import Skips
 from tests.ebpf.fake_maps import FakeMap
-from tests.kernel.ebpf.test_dump import BACKENDS, SERVICES, SIZES, write_state
+from tests.ebpf.helpers import held
+from tests.kernel.ebpf.test_dump import ENDPOINTS, SERVICES, SIZES, write_state
+
+CAPACITY = Capacity(SIZES[maps.SERVICES.pin], SIZES[maps.ENDPOINTS.pin])
 
 
-def fake_maps() -> tuple[FakeMap, FakeMap]:
-    services = FakeMap(maps.SERVICES.key, maps.SERVICES.value, SIZES["services"], "services")
-    backends = FakeMap(maps.ENDPOINTS.key, maps.ENDPOINTS.value, SIZES["backends"], "backends")
-    write_state(services, backends)
-    return services, backends
+def fake_maps() -> tuple[FakeMap[maps.ServiceKey, maps.ServiceValue],
+                        FakeMap[int, maps.EndpointValue]]:
+    services = FakeMap(maps.SERVICES.key, maps.SERVICES.value, SIZES[maps.SERVICES.pin],
+                       maps.SERVICES.pin)
+    endpoints = FakeMap(maps.ENDPOINTS.key, maps.ENDPOINTS.value, SIZES[maps.ENDPOINTS.pin],
+                        maps.ENDPOINTS.pin)
+    write_state(services, endpoints)
+    return services, endpoints
 
 
 def frontend(vip: str, port: int, protocol: Protocol) -> KeyedFrontend:
@@ -53,7 +59,7 @@ def test_a_master_is_adopted_with_its_slots_and_everything_else_is_a_stray() -> 
         frontend("10.96.0.10", 80, Protocol.UDP): Programmed(
             11, packed_slot_ids((111,)), target("10.244.0.2", 5353), 0),
         frontend("10.96.0.11", 443, Protocol.TCP): Programmed(9, b"", b"", 0),  # no affinity flag
-        # Slot 2 is missing, slot 3 names no backend: both to be rewritten.
+        # Slot 2 is missing, slot 3 names no endpoint: both to be rewritten.
         frontend("fd00::10", 53, Protocol.UDP): Programmed(
             8, packed_slot_ids((201, 0, 0)),
             target("fd00:244::2", 5353) + bytes(2 * TARGET_SIZE), 30),
@@ -85,56 +91,56 @@ def test_a_master_is_adopted_with_its_slots_and_everything_else_is_a_stray() -> 
 
 
 def test_the_programmer_counts_what_it_recovered_and_a_full_sync_deletes_it_all() -> None:
-    services, backends = fake_maps()
-    p = ServiceProgrammer(services, backends, Capacity(SIZES["services"], SIZES["backends"]),
-                          Skips(Metrics()))
+    services, endpoints = fake_maps()
+    p = ServiceProgrammer(services, endpoints, CAPACITY, Skips(Metrics()))
     # Counted with the missing slot 2 of fd00::10, which the next change set
     # that keeps the frontend writes: room for it is kept.
-    assert (p.service_entries, p.endpoint_entries) == (len(SERVICES) + 1, len(BACKENDS))
+    assert (p.service_entries, p.endpoint_entries) == (len(SERVICES) + 1, len(ENDPOINTS))
     p.apply(ServicePortChanges(full=True))
-    assert (len(services), len(backends)) == (0, 0) == (p.service_entries, p.endpoint_entries)
+    assert (len(services), len(endpoints)) == (0, 0) == (p.service_entries, p.endpoint_entries)
 
 
-def test_a_backend_of_an_adopted_service_that_no_slot_names_is_adopted_with_it() -> None:
+def test_an_endpoint_of_an_adopted_service_that_no_slot_names_is_adopted_with_it() -> None:
     """What a write that failed between steps 1 and 5 leaves: the next change
-    set that programs the frontend reuses the backend or deletes it."""
-    services, backends = fake_maps()
-    backends.put_many([400], [maps.EndpointValue(
+    set that programs the frontend reuses the endpoint or deletes it."""
+    services, endpoints = fake_maps()
+    endpoints.put_many([400], [maps.EndpointValue(
         addr=maps.L4Addr.of(ipaddress.ip_address("10.244.0.7"), 8080), frontend_id=11)])
-    recovered = read_contents(services, backends).recovered()
+    recovered = read_contents(services, endpoints).recovered()
     assert recovered.unnamed == {frontend("10.96.0.10", 80, Protocol.UDP): {400: bytes(
-        backends.get(400))}}
+        held(endpoints, 400))}}
     assert 400 in recovered.adopted_endpoint_ids() and recovered.stray_endpoints == (300,)
-    p = ServiceProgrammer(services, backends, Capacity(SIZES["services"], SIZES["backends"]),
-                          Skips(Metrics()))
+    p = ServiceProgrammer(services, endpoints, CAPACITY, Skips(Metrics()))
     p.apply(ServicePortChanges(full=True))
-    assert (len(services), len(backends)) == (0, 0) == (p.service_entries, p.endpoint_entries)
+    assert (len(services), len(endpoints)) == (0, 0) == (p.service_entries, p.endpoint_entries)
 
 
-def test_a_slot_naming_a_backend_of_another_affinity_group_is_missing() -> None:
-    """What a write that failed between a group's new backends and its master
-    leaves: the slot is rewritten, the backend is reused or deleted by the
+def test_a_slot_naming_an_endpoint_of_another_affinity_group_is_missing() -> None:
+    """What a write that failed between a group's new endpoints and its master
+    leaves: the slot is rewritten, the endpoint is reused or deleted by the
     value it holds."""
-    services, backends = fake_maps()
-    backends.put_many([101], [maps.EndpointValue(
+    services, endpoints = fake_maps()
+    endpoints.put_many([101], [maps.EndpointValue(
         addr=maps.L4Addr.of(ipaddress.ip_address("10.244.0.2"), 8080), frontend_id=7,
         affinity_group=7)])
-    recovered = read_contents(services, backends).recovered()
+    recovered = read_contents(services, endpoints).recovered()
     tcp = frontend("10.96.0.10", 80, Protocol.TCP)
     assert recovered.frontends[tcp].slots == (0, 102)
     assert list(recovered.unnamed[tcp]) == [101] and len(recovered.unnamed) == 1
-    p = ServiceProgrammer(services, backends, Capacity(SIZES["services"], SIZES["backends"]),
-                          Skips(Metrics()))
+    p = ServiceProgrammer(services, endpoints, CAPACITY, Skips(Metrics()))
     assert 101 in p.endpoint_ids() and p.endpoint_targets()[101][0] == 7
 
 
-_ORDINARY_IPS = st.ip_addresses(v=4) | st.ip_addresses(v=6).filter(
-    lambda ip: ip.ipv4_mapped is None)
+def _not_v4_mapped(ip: IPAddress) -> bool:
+    return isinstance(ip, ipaddress.IPv4Address) or ip.ipv4_mapped is None
+
+
+_ORDINARY_IPS = st.ip_addresses(v=4) | st.ip_addresses(v=6).filter(_not_v4_mapped)
 
 
 @settings(max_examples=200, deadline=None)
 @given(_ORDINARY_IPS, st.integers(0, 65535))
-def test_a_packed_target_reads_back_as_its_address_and_port(ip, port: int) -> None:
+def test_a_packed_target_reads_back_as_its_address_and_port(ip: IPAddress, port: int) -> None:
     """The lb_l4addr bytes the programmer packs are the struct's fields:
     the address as the maps hold it (IPv4 mapped), the port in network
     order, no padding; a state model's packed endpoint is its target."""

@@ -1,5 +1,5 @@
 """`kpng-py ebpf dump`'s views of test_dump.py's state in fake maps (no root):
-connections per backend unknown unless counted, and filters that match
+connections per endpoint unknown unless counted, and filters that match
 nothing. test_dump.py prints the same from the kernel's maps."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def slot_connections(dump: dict) -> set[object]:
     return {slot["connections"] for svc in dump["services"] for slot in svc["backends"]}
 
 
-def test_connections_per_backend_not_counted_are_unknown_not_zero() -> None:
+def test_connections_per_endpoint_not_counted_are_unknown_not_zero() -> None:
     dump = dump_of(None)
     assert slot_connections(json.loads(dump_json(dump))) == {None}
     text = format_text(dump).splitlines()
@@ -40,7 +40,7 @@ def test_connections_per_backend_not_counted_are_unknown_not_zero() -> None:
     assert "    slot 1: backend 101 10.244.0.2:8080" in text
 
 
-def test_connections_per_backend_counted_are_shown_zero_included() -> None:
+def test_connections_per_endpoint_counted_are_shown_zero_included() -> None:
     dump = dump_of({101: 3})
     assert slot_connections(dump) == {0, 3}
     text = format_text(dump).splitlines()

@@ -28,10 +28,11 @@ class _ReferencePool:
 
     def __init__(self, in_use: set[int], limit: int) -> None:
         self.in_use, self.limit = set(in_use), limit
-        self.cursor, self.released = max(in_use, default=0), []
+        self.cursor = max(in_use, default=0)
+        self.released: list[int] = []
 
     def allocate_many(self, count: int) -> list[int]:
-        ids = []
+        ids: list[int] = []
         while len(ids) < count:
             self.cursor = self.cursor % self.limit + 1
             if self.cursor not in self.in_use:

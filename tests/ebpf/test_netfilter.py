@@ -18,6 +18,7 @@ from kpng_py.api import localv1 as L
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import (
     Endpoint,
+    Endpoints,
     IPAddress,
     IPFamily,
     Protocol,
@@ -105,8 +106,8 @@ def service(name: str = "web", protocol: Protocol = Protocol.TCP, port: int = 80
             endpoints: tuple[Endpoint, ...] = (), **fields) -> ServicePort:
     return ServicePort(ServicePortName("default", name, "p", protocol), "LoadBalancer",
                        (ip("10.96.0.10"), ip("fd96::10")), port, node_port=NODE_PORT,
-                       node_port_families=(IPFamily.V4, IPFamily.V6), endpoints=endpoints,
-                       **fields)
+                       node_port_families=(IPFamily.V4, IPFamily.V6),
+                       endpoints=Endpoints.of(endpoints), **fields)
 
 
 def tcp_and_udp(**fields) -> tuple[ServicePort, ServicePort]:
@@ -276,7 +277,7 @@ def test_n17_a_udp_client_with_a_fixed_port_reaches_a_new_endpoint(node: OnNode,
     client = CLIENTS[family][0]
     assert served_ip(outside(node.lab, udp_probe, NODE_OUTSIDE[family], NODE_PORT,
                              src=client, sport=40000)) == first
-    new = dataclasses.replace(old, endpoints=(Endpoint(second, 8080, local=True),))
+    new = dataclasses.replace(old, endpoints=Endpoints.of([Endpoint(second, 8080, local=True)]))
     node.apply(updated=((old, new),))
     # The first pod still serves: only the deleted conntrack entry sends the
     # client's next datagram to the second.
@@ -305,7 +306,7 @@ def test_describe_lists_the_table_and_an_update_keeps_unchanged_objects(node: On
     web = service(endpoints=both_families(1), external_ips=(virtual_ip(7),))
     node.full(web)
     handles_before = _chain_names(node)
-    grown = dataclasses.replace(web, endpoints=both_families(2))
+    grown = dataclasses.replace(web, endpoints=Endpoints.of(both_families(2)))
     node.apply(updated=((web, grown),))
     after = _chain_names(node)
     assert handles_before < after

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+from typing import Sequence
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ from backends.ebpf.netfilter.txn import Transaction, full_table
 from kpng_py.dataplane.print_backend import service_port_json
 from kpng_py.model import (
     Endpoint,
+    Endpoints,
     IPFamily,
     Protocol,
     ServicePort,
@@ -38,7 +40,8 @@ ip = ipaddress.ip_address
 def web(*endpoints: Endpoint, **fields) -> ServicePort:
     return ServicePort(ServicePortName("ns", "web", "http", Protocol.TCP), "LoadBalancer",
                        (ip("10.96.0.1"),), 80, node_port=30080,
-                       node_port_families=(IPFamily.V4,), endpoints=endpoints, **fields)
+                       node_port_families=(IPFamily.V4,), endpoints=Endpoints.of(endpoints),
+                       **fields)
 
 
 def ep(last: int, local: bool = True, external: bool = True) -> Endpoint:
@@ -55,7 +58,7 @@ def change(old: ServicePort | None, new: ServicePort | None) -> list[dict]:
     return [json.loads(command) for command in txn.commands()]
 
 
-def summary(commands: list[dict | str]) -> list[tuple[str, str, str]]:
+def summary(commands: Sequence[dict | str]) -> list[tuple[str, str, str]]:
     """(verb, kind, name) of each command; a rule's name is its chain."""
     out = []
     for command in commands:
@@ -168,7 +171,7 @@ def test_the_full_table_replaces_the_old_one_in_the_same_transaction() -> None:
 def test_a_name_that_is_no_dns_label_gets_a_hashed_chain_name() -> None:
     hostile = ServicePort(ServicePortName("ns", 'we b"; flush ruleset', "http", Protocol.TCP),
                           "NodePort", (ip("10.96.0.1"),), 80, node_port=30080,
-                          node_port_families=(IPFamily.V4,), endpoints=(ep(2),))
+                          node_port_families=(IPFamily.V4,), endpoints=Endpoints.of([ep(2)]))
     names = [c.name for c in objects(hostile).chains]
     assert len(names) == 2 and all(n.startswith(("svc4-h", "ep4-h")) for n in names)
     assert all(" " not in n and '"' not in n for n in names)

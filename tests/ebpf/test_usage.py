@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import threading
+from typing import Iterator
 
 from backends.ebpf.maps.usage import CachedCount
 
@@ -57,7 +58,7 @@ def test_concurrent_scrapers_share_one_walk() -> None:
 
 def test_a_failed_count_keeps_the_last_one() -> None:
     now = [0.0]
-    answers = iter([4, OSError(errno.EBADF, "closed")])
+    answers: Iterator[int | OSError] = iter([4, OSError(errno.EBADF, "closed")])
 
     def count() -> int:
         answer = next(answers)

@@ -180,11 +180,16 @@ def test_a_failed_changeset_from_a_new_stream_ends_the_outage_once_reconciled(
 
 
 class Sink:
+    """An OpsSink that records what it was handed."""
+
     def __init__(self) -> None:
         self.calls: list[str] = []
 
     def on_changeset_started(self) -> None:
         self.calls.append("started")
+
+    def on_ops(self, ops: list[L.OpItem]) -> None:
+        self.calls.append(f"ops of {len(ops)}")
 
     def on_changeset(self, ops: list[L.OpItem]) -> None:
         self.calls.append(f"changeset of {len(ops)}")

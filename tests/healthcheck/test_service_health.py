@@ -8,7 +8,7 @@ import ipaddress
 import json
 import socket
 from dataclasses import replace
-from typing import Iterator
+from typing import Coroutine, Iterator
 
 import pytest
 
@@ -20,7 +20,14 @@ from kpng_py.healthcheck.service_health import (
     health_check_services,
 )
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import Endpoint, Protocol, ServicePort, ServicePortChanges, ServicePortName
+from kpng_py.model import (
+    Endpoint,
+    Endpoints,
+    Protocol,
+    ServicePort,
+    ServicePortChanges,
+    ServicePortName,
+)
 from kpng_py.node.nodeport_addresses import LocalAddressSet, NodePortAddresses
 
 LOOPBACK = ipaddress.ip_address("127.0.0.1")
@@ -38,13 +45,12 @@ def _endpoint(ip: str, port: int = 8080, local: bool = True, external: bool = Tr
 
 
 def _port(hc_port: int, *endpoints: Endpoint, name: str = "web", port_name: str = "http",
-          **fields) -> ServicePort:
-    values = dict(type="LoadBalancer", external_traffic_local=True,
-                  health_check_node_port=hc_port)
-    values.update(fields)
-    return ServicePort(name=ServicePortName("ns", name, port_name, Protocol.TCP),
+          type: str = "LoadBalancer", external_traffic_local: bool = True) -> ServicePort:
+    return ServicePort(name=ServicePortName("ns", name, port_name, Protocol.TCP), type=type,
                        cluster_ips=(ipaddress.ip_address("10.96.0.1"),), port=80,
-                       endpoints=endpoints, **values)
+                       health_check_node_port=hc_port,
+                       external_traffic_local=external_traffic_local,
+                       endpoints=Endpoints.of(endpoints))
 
 
 def _get(port: int, path: str = "/some/path") -> tuple[int, dict[str, str], dict]:
@@ -203,13 +209,17 @@ def test_ports_without_a_health_check_do_not_call_the_servers_thread(servers, mo
     cluster_only = _cluster_only("10.0.0.2")
     checks.apply(ServicePortChanges(added=(served, cluster_only), full=True))
     calls: list[object] = []
-    monkeypatch.setattr(checks, "_call", lambda coroutine: (calls.append(coroutine),
-                                                            coroutine.close()))
-    moved = replace(cluster_only, endpoints=(_endpoint("10.0.0.3"),))
+
+    def call(coroutine: Coroutine[None, None, None]) -> None:
+        calls.append(coroutine)
+        coroutine.close()
+
+    monkeypatch.setattr(checks, "_call", call)
+    moved = replace(cluster_only, endpoints=Endpoints.of([_endpoint("10.0.0.3")]))
     checks.apply(ServicePortChanges(updated=((cluster_only, moved),)))
     checks.apply(ServicePortChanges(removed=(moved,)))
     assert calls == []
-    checks.apply(ServicePortChanges(updated=((served, replace(served, endpoints=())),)))
+    checks.apply(ServicePortChanges(updated=((served, replace(served, endpoints=Endpoints())),)))
     assert len(calls) == 1
 
 

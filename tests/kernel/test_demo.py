@@ -54,6 +54,7 @@ def test_a_kept_demo_can_be_entered_and_is_torn_down_on_ctrl_c() -> None:
     try:
         assert demo.stdout is not None
         vip = re.search(r"curl http://([\d.]+)/", lines_until(demo.stdout, "curl http://", seen))
+        assert vip, seen
         lines_until(demo.stdout, "== kept up", seen)
         enter = shlex.split(next(demo.stdout))
         assert enter[-1] == "bash", enter

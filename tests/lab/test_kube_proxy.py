@@ -8,7 +8,7 @@ import ipaddress
 import re
 
 from bench.scenario import Scenario
-from kpng_py.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
+from kpng_py.model import Endpoint, Endpoints, IPFamily, Protocol, ServicePort, ServicePortName
 from lab.kube_proxy import KubeServicePort
 from lab.kube_proxy import iptables as ipt
 from lab.kube_proxy import nftables as nft
@@ -20,12 +20,19 @@ CLUSTER_CIDR = "10.244.0.0/16"
 
 
 def _port(name: str, vip: str, *endpoints: str, port_name: str = "p80") -> ServicePort:
-    eps = tuple(Endpoint(ipaddress.ip_address(e.rsplit(":", 1)[0].strip("[]")),
-                         int(e.rsplit(":", 1)[1]))
-                for e in endpoints)
+    eps = Endpoints.of(Endpoint(ipaddress.ip_address(e.rsplit(":", 1)[0].strip("[]")),
+                                int(e.rsplit(":", 1)[1]))
+                       for e in endpoints)
     return ServicePort(name=ServicePortName("ns1", name, port_name, Protocol.TCP),
                        type="ClusterIP", cluster_ips=(ipaddress.ip_address(vip),), port=80,
                        target_port=80, endpoints=eps)
+
+
+def _ipv4(port: ServicePort) -> KubeServicePort:
+    """The IPv4 view of a port with an IPv4 ClusterIP."""
+    view = KubeServicePort.of(port)
+    assert view is not None, f"{port.name} has no IPv4 ClusterIP"
+    return view
 
 
 SVC1 = _port("svc1", "172.30.0.41", "10.180.0.1:80", "10.180.0.2:80", "10.180.0.3:80")
@@ -35,7 +42,7 @@ EMPTY = _port("svc3", "172.30.0.43")
 
 def test_chain_names_are_kube_proxys():
     """The names kube-proxy's own tests expect for ns1/svc1:p80 and 10.180.0.1:80."""
-    svc1 = KubeServicePort.of(SVC1)
+    svc1 = _ipv4(SVC1)
     assert ipt.service_chain(svc1) == "KUBE-SVC-XPGD46QRK7WJZT7O"
     assert ipt.endpoint_chain(svc1, "10.180.0.1:80") == "KUBE-SEP-SXIVWICOYRO3J4NJ"
     assert nft.service_chain(svc1) == "service-ULMVA6XW-ns1/svc1/tcp/p80"
@@ -51,7 +58,7 @@ def test_iptables_full_sync_is_services_to_svc_to_sep():
     text = IptablesProxier(CLUSTER_CIDR).full_sync([SVC1, SVC2, EMPTY])
     tables = re.findall(r"^\*(\w+)$", text, re.M)
     assert tables == ["filter", "nat"] and text.count("COMMIT") == 2
-    svc1 = KubeServicePort.of(SVC1)
+    svc1 = _ipv4(SVC1)
     svc_chain = ipt.service_chain(svc1)
     services = _rules(text.split("*nat")[1], "KUBE-SERVICES")
     assert services[0] == ('-A KUBE-SERVICES -m comment --comment "ns1/svc1:p80 cluster IP" '
@@ -77,7 +84,7 @@ def test_iptables_full_sync_is_services_to_svc_to_sep():
 def test_iptables_large_cluster_drops_endpoint_comments():
     ports = Scenario(101, 10).service_ports()  # 1010 endpoints: above kube-proxy's 1000
     text = IptablesProxier(CLUSTER_CIDR).full_sync(ports)
-    first = KubeServicePort.of(ports[0])
+    first = _ipv4(ports[0])
     sep = ipt.endpoint_chain(first, first.endpoints[0])
     assert all("comment" not in rule for rule in _rules(text, sep))
     assert all("comment" not in rule for rule in _rules(text, ipt.service_chain(first))[1:])
@@ -89,7 +96,7 @@ def test_iptables_partial_sync_rewrites_services_and_the_changed_chains_only():
     before, after = scenario.endpoint_moves()
     ports[scenario.changed_index()] = after
     text = IptablesProxier(CLUSTER_CIDR).partial_sync(ports, [(before, after)])
-    changed = KubeServicePort.of(after)
+    changed = _ipv4(after)
     declared = re.findall(r"^:(KUBE-(?:SVC|SEP)-\w+)", text, re.M)
     assert declared == [ipt.service_chain(changed),
                         *(ipt.endpoint_chain(changed, ep) for ep in changed.endpoints)]
@@ -108,7 +115,7 @@ def test_jump_rules_hook_kube_proxys_chains_in():
 def test_nftables_full_sync_dispatches_through_the_service_map():
     text = NftablesProxier(CLUSTER_CIDR, "172.30.0.0/16").full_sync([SVC1, SVC2, EMPTY])
     lines = text.splitlines()
-    svc1 = KubeServicePort.of(SVC1)
+    svc1 = _ipv4(SVC1)
     svc_chain = nft.service_chain(svc1)
     element = (f"add element ip kube-proxy service-ips {{ 172.30.0.41 . tcp . 80 : "
                f"goto {svc_chain} }}")
@@ -129,7 +136,7 @@ def test_nftables_partial_sync_touches_the_changed_service_only():
     scenario = Scenario(20, 3)
     before, after = scenario.endpoint_moves()
     text = NftablesProxier(CLUSTER_CIDR, "10.96.0.0/16").partial_sync([(before, after)])
-    old, new = KubeServicePort.of(before), KubeServicePort.of(after)
+    old, new = _ipv4(before), _ipv4(after)
     assert "add table" not in text and "service-ips" not in text  # same VIP: element kept
     chains = set(re.findall(r"chain ip kube-proxy (\S+)", text))
     gone = nft.endpoint_chain(old, old.endpoints[0])

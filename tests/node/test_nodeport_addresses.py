@@ -82,14 +82,22 @@ class Follower:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
+        assert self._process.stdout is not None
         for line in self._process.stdout:
             self._lines.put(line.strip())
 
-    def next(self) -> dict | str:
-        line = self._lines.get(timeout=20)
-        return line if line == "stopped" else json.loads(line)
+    def next_line(self) -> str:
+        """The next report as written, or "stopped"."""
+        return self._lines.get(timeout=20)
+
+    def report(self) -> dict:
+        """The next report."""
+        line = self.next_line()
+        assert line != "stopped", "the follower stopped instead of reporting"
+        return json.loads(line)
 
     def stop(self) -> None:
+        assert self._process.stdin is not None
         if self._process.poll() is None:
             self._process.stdin.write("\n")
             self._process.stdin.flush()
@@ -117,17 +125,17 @@ def test_the_follower_sees_the_addresses_and_each_change(node: NetNS) -> None:
     address added later, and one removed, are each one report."""
     follower = Follower(node)
     try:
-        assert follower.next() == {"addresses": ["10.0.0.5", "127.0.0.1", "::1", "fd00::5"],
+        assert follower.report() == {"addresses": ["10.0.0.5", "127.0.0.1", "::1", "fd00::5"],
                                    "primary": []}
         node.ip("addr", "add", "10.0.1.7/24", "dev", "eth0")
-        assert follower.next()["addresses"] == [
+        assert follower.report()["addresses"] == [
             "10.0.0.5", "10.0.1.7", "127.0.0.1", "::1", "fd00::5"]
         node.ip("addr", "del", "10.0.0.5/24", "dev", "eth0")
-        assert follower.next()["addresses"] == ["10.0.1.7", "127.0.0.1", "::1", "fd00::5"]
+        assert follower.report()["addresses"] == ["10.0.1.7", "127.0.0.1", "::1", "fd00::5"]
         node.ip("route", "add", "default", "dev", "eth0")  # a route inside the namespace only
-        assert follower.next()["primary"] == ["10.0.1.7"]
+        assert follower.report()["primary"] == ["10.0.1.7"]
         node.ip("-6", "route", "add", "default", "dev", "eth0", "src", "fd00::5")
-        assert follower.next()["primary"] == ["10.0.1.7", "fd00::5"]
+        assert follower.report()["primary"] == ["10.0.1.7", "fd00::5"]
     finally:
         follower.stop()
-    assert follower.next() == "stopped"
+    assert follower.next_line() == "stopped"

@@ -211,8 +211,8 @@ def test_every_command_stops_on_sigterm_through_the_same_mechanism(tmp_path: Pat
     brains = [RawBrain([[reset(), set_service(svc), sync()]]) for _ in range(2)]  # then quiet
     local_api, record_api = (b.start(tmp_path / f"raw-{i}.sock") for i, b in enumerate(brains))
     recording = tmp_path / "rec.jsonl"
-    with recording.open("w") as out:
-        writer = RecordingWriter(out)
+    with recording.open("w") as recording_out:
+        writer = RecordingWriter(recording_out)
         for op in (reset(), set_service(svc), sync()):
             writer.op(op)
     state_file = tmp_path / "state.yaml"
@@ -234,8 +234,8 @@ def test_every_command_stops_on_sigterm_through_the_same_mechanism(tmp_path: Pat
             for name, (argv, ready) in commands.items():
                 process = processes.start(*argv)
                 if ready is None:  # record logs nothing while all is well
-                    out = tmp_path / "out.jsonl"
-                    wait_until(lambda: out.exists() and '"Sync"' in out.read_text(),
+                    recorded = tmp_path / "out.jsonl"
+                    wait_until(lambda: recorded.exists() and '"Sync"' in recorded.read_text(),
                                "the recorded sync", 30)
                 else:
                     process.wait_for_log(ready, seconds=30)

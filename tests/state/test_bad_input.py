@@ -9,12 +9,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import grpc
 import pytest
 
 from kpng_py.api import localv1 as L
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.runtime.logs import record_fields
 from kpng_py.serve.server import Reply
 from kpng_py.state.limits import MAX_ENDPOINT_IPS, Limits
 from kpng_py.state.skips import Skips
@@ -32,6 +34,7 @@ from tests.streams.build import (
     sync,
 )
 from tests.support.hostile import Abort, RawBrain, Stall, Step
+from tests.support.state import apply_synced
 from tests.support.watch import RecordingSink, ScriptedSource, run_client, start
 
 KEEP = "default/keep:http"
@@ -259,10 +262,10 @@ def test_one_line_one_count_and_the_rest_applied(name: str,
     assert _skipped(metrics) == {}
 
     with caplog.at_level(logging.DEBUG, logger="kpng_py"):
-        changes = state.apply(_fresh() + list(case.ops) + [sync()])
+        changes = apply_synced(state, _fresh() + list(case.ops) + [sync()])
 
     lines = [r for r in caplog.records if r.name.startswith("kpng_py")]
-    assert [r.kpng_fields["reason"] for r in lines] == [case.reason], [
+    assert [record_fields(r)["reason"] for r in lines] == [case.reason], [
         r.getMessage() for r in lines]
     assert _skipped(metrics) == {case.reason: 1}
     assert FRESH in [str(p.name) for p in changes.added]
@@ -278,7 +281,7 @@ def test_one_line_one_count_and_the_rest_applied(name: str,
               for op in _base() + _fresh() + list(case.ops) if op.HasField("Set")}
     resync = [reset(), *latest.values()]
     with caplog.at_level(logging.DEBUG, logger="kpng_py"):
-        again = state.apply(resync + [sync()])
+        again = apply_synced(state, resync + [sync()])
     assert [r.getMessage() for r in caplog.records if r.name.startswith("kpng_py")] == []
     assert _skipped(metrics) == {case.reason: 1}
     assert len(again) == 0
@@ -317,7 +320,7 @@ def _watch(replies: list[Reply], tmp_path: Path, caplog: pytest.LogCaptureFixtur
         server.stop(0)
 
 
-def _watch_raw(replies: list[list[Step]], tmp_path: Path, caplog: pytest.LogCaptureFixture,
+def _watch_raw(replies: Sequence[Sequence[Step]], tmp_path: Path, caplog: pytest.LogCaptureFixture,
                metrics: Metrics, changesets: int = 1,
                **config) -> tuple[RawBrain, RecordingSink, list[logging.LogRecord]]:
     """`_watch` against a brain that sends raw bytes, until `changesets`."""
@@ -353,7 +356,7 @@ def test_a_change_set_cut_short_is_dropped_with_one_line_and_one_count(
     whole = Reply((reset(), set_service(web("fresh")), sync()))
     sink, warnings = _watch([cut_short, whole], tmp_path, caplog, metrics)
     assert [r.getMessage() for r in warnings] == ["watch stream to the brain failed"]
-    assert warnings[0].kpng_fields["reason"] == "incomplete-changeset"
+    assert record_fields(warnings[0])["reason"] == "incomplete-changeset"
     assert _skipped(metrics) == {"incomplete-changeset": 1}
     assert _paths(sink.changesets) == [["default/fresh"]]
 
@@ -367,7 +370,7 @@ def test_a_message_over_the_size_limit_gets_one_line_and_one_count(
     oversized = Reply((set_service(big), sync()))
     whole = Reply((reset(), set_service(web("fresh")), sync()))
     sink, warnings = _watch([oversized, whole], tmp_path, caplog, metrics, max_msg_size=4096)
-    assert len(warnings) == 1 and "raise --max-msg-size" in warnings[0].kpng_fields["error"]
+    assert len(warnings) == 1 and "raise --max-msg-size" in record_fields(warnings[0])["error"]
     assert _skipped(metrics) == {"oversized-message": 1}
     assert _paths(sink.changesets) == [["default/fresh"]]
 
@@ -378,10 +381,10 @@ def test_an_undecodable_message_is_one_bad_op_and_the_stream_goes_on(
     bad-op skip; the ops around it are applied, and so are later change sets
     of the same stream."""
     metrics = Metrics()
-    first = [reset(), b"\x12\xff", set_service(web("fresh")), sync()]
+    first: list[Step] = [reset(), b"\x12\xff", set_service(web("fresh")), sync()]
     second = [set_service(web("later", v4=["10.96.0.12"])), sync()]
     brain, sink, warnings = _watch_raw([first, second], tmp_path, caplog, metrics, changesets=2)
-    assert len(warnings) == 1 and warnings[0].kpng_fields["reason"] == "bad-op"
+    assert len(warnings) == 1 and record_fields(warnings[0])["reason"] == "bad-op"
     assert "message 2 of a change set" in warnings[0].getMessage()
     assert _skipped(metrics) == {"bad-op": 1}
     assert _paths(sink.changesets) == [["default/fresh"], ["default/later"]]
@@ -393,12 +396,12 @@ def test_a_resource_exhausted_status_from_the_brain_is_reported_as_the_brains(
     """Only grpcio's own limit is an oversized message with advice to raise
     --max-msg-size; the brain's status is what it says."""
     metrics = Metrics()
-    refused = [reset(), set_service(web("lost")),
-               Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "quota")]
+    refused: list[Step] = [reset(), set_service(web("lost")),
+                           Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "quota")]
     whole = [reset(), set_service(web("fresh")), sync()]
     _, sink, warnings = _watch_raw([refused, whole], tmp_path, caplog, metrics)
     assert len(warnings) == 1
-    error = warnings[0].kpng_fields["error"]
+    error = record_fields(warnings[0])["error"]
     assert "the brain answered RESOURCE_EXHAUSTED: quota" in error and "--max-msg-size" not in error
     assert _skipped(metrics) == {"incomplete-changeset": 1}
     assert _paths(sink.changesets) == [["default/fresh"]]
@@ -409,11 +412,11 @@ def test_a_change_set_that_stalls_is_dropped_and_retried(
     """Ops stop coming before the Sync: after --changeset-stall-timeout the
     stream is dropped (one line, one count) and the next one applies."""
     metrics = Metrics()
-    stalled = [reset(), set_service(web("lost")), Stall()]
+    stalled: list[Step] = [reset(), set_service(web("lost")), Stall()]
     whole = [reset(), set_service(web("fresh")), sync()]
     _, sink, warnings = _watch_raw([stalled, whole], tmp_path, caplog, metrics,
                                    changeset_stall_timeout=0.3)
-    assert len(warnings) == 1 and "--changeset-stall-timeout" in warnings[0].kpng_fields["error"]
+    assert len(warnings) == 1 and "--changeset-stall-timeout" in record_fields(warnings[0])["error"]
     assert _skipped(metrics) == {"incomplete-changeset": 1}
     assert _paths(sink.changesets) == [["default/fresh"]]
     assert sink.started == 2  # each change set was seen starting
@@ -438,11 +441,11 @@ def test_a_change_set_over_max_changeset_size_is_dropped_with_one_line_and_one_c
     """A brain that never Syncs cannot make the client buffer without limit."""
     metrics = Metrics()
     big = [web(f"big-{i}", Annotations={"filler": "x" * 1000}) for i in range(5)]
-    endless = [reset(), *(set_service(svc) for svc in big), Stall()]
+    endless: list[Step] = [reset(), *(set_service(svc) for svc in big), Stall()]
     whole = [reset(), set_service(web("fresh")), sync()]
     _, sink, warnings = _watch_raw([endless, whole], tmp_path, caplog, metrics,
                                    max_changeset_size=3000)
-    assert len(warnings) == 1 and "--max-changeset-size" in warnings[0].kpng_fields["error"]
-    assert warnings[0].kpng_fields["reason"] == "oversized-changeset"
+    assert len(warnings) == 1 and "--max-changeset-size" in record_fields(warnings[0])["error"]
+    assert record_fields(warnings[0])["reason"] == "oversized-changeset"
     assert _skipped(metrics) == {"oversized-changeset": 1}
     assert _paths(sink.changesets) == [["default/fresh"]]

@@ -82,6 +82,7 @@ def test_any_bytes_decode_or_are_skipped(data: bytes) -> None:
         assert record is None and skips.seen == [(SkipReason.BAD_BYTES, "service default/fuzz")]
     else:
         again = RecordedSkips()
+        assert record is not None
         assert record == decode_service("default/fuzz", svc.SerializeToString(), again, Limits())
         assert again.seen == skips.seen
         for sp in record.ports:
@@ -172,6 +173,7 @@ def test_only_short_tails_are_remembered() -> None:
         tails = EndpointTails(longest=longest)
         a, b = (decode_endpoint("default/web", key, _ips_field([ip], []) + tail, SKIPS, tails)
                 for key, ip in (("a", "10.244.0.5"), ("b", "10.244.0.6")))
+        assert a is not None and b is not None
         assert a.port_overrides == b.port_overrides == (("http", 8080),)
         assert (a.port_overrides is b.port_overrides) == shared
 
@@ -219,6 +221,7 @@ def test_only_usable_addresses_are_decoded(cluster_v4, cluster_v6, external, end
     svc.IPs.ExternalIPs.V4.extend(external)
     svc.IPs.LoadBalancerIPs.V6.extend(external)
     record = decode_service("default/fuzz", svc.SerializeToString(), SKIPS, Limits())
+    assert record is not None
     cluster = expected_ips(cluster_v4, cluster_v6)
     first_per_family = [ip for i, ip in enumerate(cluster)
                         if all(other.version != ip.version for other in cluster[:i])]
@@ -232,7 +235,7 @@ def test_only_usable_addresses_are_decoded(cluster_v4, cluster_v6, external, end
 
     ep = endpoint(v4=endpoint_ips, v6=endpoint_ips)
     decoded = decode_endpoint("default/fuzz", "k", ep.SerializeToString(), SKIPS)
-    assert list(decoded.ips) == expected_ips(endpoint_ips, endpoint_ips)
+    assert decoded is not None and list(decoded.ips) == expected_ips(endpoint_ips, endpoint_ips)
 
 
 # Good values among the garbage, on paths that fit them, so that something is

@@ -27,6 +27,7 @@ from tests.streams.build import (
     set_service,
     sync,
 )
+from tests.support.state import apply_synced
 
 
 def new_state() -> tuple[NodeState, Metrics]:
@@ -48,10 +49,10 @@ def endpoints_of(changes: ServicePortChanges) -> dict[str, list[str]]:
 
 def test_first_sync_is_full_and_later_ones_incremental() -> None:
     state, _ = new_state()
-    first = state.apply([reset(), set_service(web()),
-                         set_endpoint("default", "web", "a", pod("10.244.0.5")), sync()])
+    first = apply_synced(state, [reset(), set_service(web()),
+                                 set_endpoint("default", "web", "a", pod("10.244.0.5")), sync()])
     assert first.full and [str(p.name) for p in first.added] == ["default/web:http"]
-    second = state.apply([set_endpoint("default", "web", "b", pod("10.244.0.6")), sync()])
+    second = apply_synced(state, [set_endpoint("default", "web", "b", pod("10.244.0.6")), sync()])
     assert not second.full and not second.added and not second.removed
     assert endpoints_of(second) == {"default/web:http": ["10.244.0.5:8080", "10.244.0.6:8080"]}
     assert (second.service_changes, second.endpoint_changes) == (0, 1)
@@ -62,11 +63,11 @@ def test_a_second_reset_drops_what_only_the_first_stream_sent() -> None:
     came, even within the same change set, forgets what is not re-sent."""
     state, _ = new_state()
     other = service("other", v4=["10.96.0.11"], ports=[port("http", 80, target=8080)])
-    changes = state.apply([reset(), set_service(web()), set_service(other),
-                           set_endpoint("default", "web", "a", pod("10.244.0.5")),
-                           set_endpoint("default", "web", "b", pod("10.244.0.6")),
-                           reset(), set_service(web()),
-                           set_endpoint("default", "web", "b", pod("10.244.0.6")), sync()])
+    changes = apply_synced(state, [reset(), set_service(web()), set_service(other),
+                                   set_endpoint("default", "web", "a", pod("10.244.0.5")),
+                                   set_endpoint("default", "web", "b", pod("10.244.0.6")),
+                                   reset(), set_service(web()),
+                                   set_endpoint("default", "web", "b", pod("10.244.0.6")), sync()])
     assert changes.full and endpoints_of(changes) == {"default/web:http": ["10.244.0.6:8080"]}
     assert [str(p.name) for p in state.service_ports()] == ["default/web:http"]
 
@@ -99,16 +100,16 @@ def test_resync_after_reconnect_reports_only_real_differences() -> None:
                  set_endpoint("default", "web", "b", pod("10.244.0.6")),
                  set_endpoint("default", "other", "c", pod("10.244.0.7")), sync()])
 
-    same = state.apply([reset(), set_service(web()), set_service(other),
-                        set_endpoint("default", "web", "a", pod("10.244.0.5")),
-                        set_endpoint("default", "web", "b", pod("10.244.0.6")),
-                        set_endpoint("default", "other", "c", pod("10.244.0.7")), sync()])
+    same = apply_synced(state, [reset(), set_service(web()), set_service(other),
+                                set_endpoint("default", "web", "a", pod("10.244.0.5")),
+                                set_endpoint("default", "web", "b", pod("10.244.0.6")),
+                                set_endpoint("default", "other", "c", pod("10.244.0.7")), sync()])
     assert len(same) == 0 and not same.full
     assert (same.service_changes, same.endpoint_changes) == (0, 0)
 
     # "other" and endpoint b were deleted while disconnected: not re-sent
-    changed = state.apply([reset(), set_service(web()),
-                           set_endpoint("default", "web", "a", pod("10.244.0.5")), sync()])
+    changed = apply_synced(state, [reset(), set_service(web()),
+                                   set_endpoint("default", "web", "a", pod("10.244.0.5")), sync()])
     assert not changed.full and not changed.added
     assert [str(p.name) for p in changed.removed] == ["default/other:http"]
     assert endpoints_of(changed) == {"default/web:http": ["10.244.0.5:8080"]}
@@ -132,26 +133,27 @@ def test_work_is_proportional_to_what_changed(monkeypatch: pytest.MonkeyPatch) -
         return original(self, entry)
 
     monkeypatch.setattr(NodeState, "_compute_ports", spy)
-    changes = state.apply([set_endpoint("default", "s7", "q", pod("10.244.2.1")), sync()])
+    changes = apply_synced(state, [set_endpoint("default", "s7", "q", pod("10.244.2.1")), sync()])
     assert computed == ["s7"]
     assert [str(new.name) for _, new in changes.updated] == ["default/s7:http"]
 
 
 def test_endpoints_before_their_service_and_deletes_in_kpng_order() -> None:
     state, _ = new_state()
-    changes = state.apply([reset(), set_endpoint("default", "web", "a", pod("10.244.0.5")), sync()])
+    changes = apply_synced(state, [reset(), set_endpoint("default", "web", "a", pod("10.244.0.5")),
+                                   sync()])
     assert len(changes) == 0
-    changes = state.apply([set_service(web()), sync()])
+    changes = apply_synced(state, [set_service(web()), sync()])
     assert endpoints_of(changes) == {"default/web:http": ["10.244.0.5:8080"]}
-    changes = state.apply([delete(L.EndpointsSet, "default/web/a"),
-                           delete(L.ServicesSet, "default/web"), sync()])
+    changes = apply_synced(state, [delete(L.EndpointsSet, "default/web/a"),
+                                   delete(L.ServicesSet, "default/web"), sync()])
     assert [str(p.name) for p in changes.removed] == ["default/web:http"]
     assert state.service_ports() == []
 
 
 def test_scopes_decide_cluster_endpoints() -> None:
     state, _ = new_state()
-    changes = state.apply([
+    changes = apply_synced(state, [
         reset(), set_service(web(InternalTrafficToLocal=True)),
         set_endpoint("default", "web", "here", pod("10.244.0.5", local=True, internal=True)),
         set_endpoint("default", "web", "there", pod("10.244.1.5", internal=False)),
@@ -166,7 +168,7 @@ def test_missing_scopes_are_derived_like_the_brain() -> None:
     state, _ = new_state()
     bare = lambda ip, local: L.Endpoint(IPs=L.IPSet(V4=[ip]), Local=local,  # noqa: E731
                                         PortOverrides=[L.PortName(Name="http", Port=8080)])
-    changes = state.apply([
+    changes = apply_synced(state, [
         reset(), set_service(web(InternalTrafficToLocal=True)),
         set_endpoint("default", "web", "here", bare("10.244.0.5", True)),
         set_endpoint("default", "web", "there", bare("10.244.1.5", False)), sync()])
@@ -177,8 +179,8 @@ def test_garbage_keeps_the_previous_version_in_force() -> None:
     state, metrics = new_state()
     state.apply([reset(), set_service(web()),
                  set_endpoint("default", "web", "a", pod("10.244.0.5")), sync()])
-    changes = state.apply([set_raw(L.ServicesSet, "default/web", b"\x0a\xff"),
-                           set_raw(L.EndpointsSet, "default/web/a", b"\x12\xff"), sync()])
+    changes = apply_synced(state, [set_raw(L.ServicesSet, "default/web", b"\x0a\xff"),
+                                   set_raw(L.EndpointsSet, "default/web/a", b"\x12\xff"), sync()])
     assert len(changes) == 0
     assert [str(e) for e in state.service_ports()[0].endpoints] == ["10.244.0.5:8080"]
     assert metrics.registry.get_sample_value("kpng_py_skipped_total", {"reason": "bad-bytes"}) == 2
@@ -230,7 +232,7 @@ def _port(name: str = "http", target: int = 0, target_name: str = "") -> Service
 
 
 def _ep(*overrides: tuple[str, int]) -> DecodedEndpoint:
-    return DecodedEndpoint((), EndpointTail(overrides, False, None))
+    return DecodedEndpoint(b"", EndpointTail(overrides, False, None))
 
 
 @pytest.mark.parametrize("sp, ep, expected", [
@@ -285,15 +287,15 @@ def test_the_issue_s_intruders_change_nothing() -> None:
     intruders = [set_service(vip("mapped", ns="other", v6=["::ffff:10.96.0.10"])),
                  set_service(vip("scope-a", ns="other", v6=["fd00::1%a"])),
                  set_service(vip("scope-b", ns="other", v6=["fd00::1%b"]))]
-    first = state.apply([reset(), *good, *intruders, sync()])
+    first = apply_synced(state, [reset(), *good, *intruders, sync()])
     assert names(first.added) == ["default/keep:http"]
     assert published(state) == {"default/keep:http": ["10.96.0.10", "fd00::1"]}
     assert skipped(metrics, "bad-ip") == 3
 
-    gone = state.apply([delete(L.ServicesSet, f"other/{n}") for n in ("mapped", "scope-a",
-                                                                       "scope-b")] + [sync()])
+    gone = apply_synced(state, [delete(L.ServicesSet, f"other/{n}")
+                                for n in ("mapped", "scope-a", "scope-b")] + [sync()])
     assert len(gone) == 0
-    assert len(state.apply([reset(), *good, sync()])) == 0
+    assert len(apply_synced(state, [reset(), *good, sync()])) == 0
     assert published(state) == {"default/keep:http": ["10.96.0.10", "fd00::1"]}
 
 
@@ -302,20 +304,20 @@ def test_a_waiting_claimant_takes_over_in_the_same_changeset() -> None:
     state.apply([reset(), set_service(vip("keep", v4=["10.96.0.10"])), sync()])
     # "aaa" sorts before "default": keep owns the VIP because it claimed it first.
     intruder = vip("intruder", ns="aaa", v4=["10.96.0.10"])
-    waits = state.apply([set_service(intruder), set_endpoint("aaa", "intruder", "i0",
-                                                              pod("10.244.0.9")), sync()])
+    waits = apply_synced(state, [set_service(intruder), set_endpoint("aaa", "intruder", "i0",
+                                                                      pod("10.244.0.9")), sync()])
     assert len(waits) == 0 and skipped(metrics, "frontend-conflict") == 1
     assert published(state) == {"default/keep:http": ["10.96.0.10"]}
     assert state.not_published() == {SkipReason.FRONTEND_CONFLICT: 1}
 
     # keep's own updates do not give the VIP away, nor report the intruder again
-    kept = state.apply([set_endpoint("default", "keep", "k0", pod("10.244.0.5")),
-                        set_service(vip("keep", v4=["10.96.0.10"], number=80)), sync()])
+    kept = apply_synced(state, [set_endpoint("default", "keep", "k0", pod("10.244.0.5")),
+                                set_service(vip("keep", v4=["10.96.0.10"], number=80)), sync()])
     assert names(new for _, new in kept.updated) == ["default/keep:http"]
     assert skipped(metrics, "frontend-conflict") == 1
 
-    taken = state.apply([delete(L.EndpointsSet, "default/keep/k0"),
-                         delete(L.ServicesSet, "default/keep"), sync()])
+    taken = apply_synced(state, [delete(L.EndpointsSet, "default/keep/k0"),
+                                 delete(L.ServicesSet, "default/keep"), sync()])
     assert names(taken.removed) == ["default/keep:http"]
     assert [(str(p.name), [str(e) for e in p.endpoints]) for p in taken.added] == [
         ("aaa/intruder:http", ["10.244.0.9:8080"])]
@@ -323,7 +325,7 @@ def test_a_waiting_claimant_takes_over_in_the_same_changeset() -> None:
     assert state.not_published() == {}
 
     # keep comes back: now it is the one that waits
-    back = state.apply([set_service(vip("keep", v4=["10.96.0.10"])), sync()])
+    back = apply_synced(state, [set_service(vip("keep", v4=["10.96.0.10"])), sync()])
     assert len(back) == 0 and skipped(metrics, "frontend-conflict") == 2
     assert state.not_published() == {SkipReason.FRONTEND_CONFLICT: 1}
 
@@ -333,7 +335,7 @@ def test_an_owner_that_changes_its_clusterip_hands_the_old_one_over() -> None:
     state.apply([reset(), set_service(vip("a", v4=["10.96.0.10"])),
                  set_service(vip("b", v4=["10.96.0.10"])), sync()])
     assert published(state) == {"default/a:http": ["10.96.0.10"]}
-    moved = state.apply([set_service(vip("a", v4=["10.96.0.11"])), sync()])
+    moved = apply_synced(state, [set_service(vip("a", v4=["10.96.0.11"])), sync()])
     assert names(new for _, new in moved.updated) == ["default/a:http"]
     assert names(moved.added) == ["default/b:http"]
     assert published(state) == {"default/a:http": ["10.96.0.11"], "default/b:http": ["10.96.0.10"]}
@@ -342,11 +344,12 @@ def test_an_owner_that_changes_its_clusterip_hands_the_old_one_over() -> None:
 def test_a_port_is_published_with_the_clusterips_it_owns() -> None:
     state, _ = new_state()
     state.apply([reset(), set_service(vip("keep", v4=["10.96.0.10"])), sync()])
-    half = state.apply([set_service(vip("half", v4=["10.96.0.10"], v6=["fd00::1"])), sync()])
+    half = apply_synced(state, [set_service(vip("half", v4=["10.96.0.10"], v6=["fd00::1"])),
+                                sync()])
     assert [[str(ip) for ip in p.cluster_ips] for p in half.added] == [["fd00::1"]]
     assert [str(f) for p in state.claiming_ports() for f in p.frontends()] == [
         "10.96.0.10:80/TCP", "[fd00::1]:80/TCP", "10.96.0.10:80/TCP"]
-    whole = state.apply([delete(L.ServicesSet, "default/keep"), sync()])
+    whole = apply_synced(state, [delete(L.ServicesSet, "default/keep"), sync()])
     assert [([str(ip) for ip in old.cluster_ips], [str(ip) for ip in new.cluster_ips])
             for old, new in whole.updated] == [(["fd00::1"], ["10.96.0.10", "fd00::1"])]
 
@@ -358,7 +361,7 @@ def test_the_oldest_waiting_claim_takes_over_then_the_first_by_name() -> None:
     state.apply([set_service(vip("bee", v4=["10.96.0.10"])),
                  set_service(vip("ant", v4=["10.96.0.10"])), sync()])
     for gone, heir in (("owner", "zed"), ("zed", "ant"), ("ant", "bee")):
-        changes = state.apply([delete(L.ServicesSet, f"default/{gone}"), sync()])
+        changes = apply_synced(state, [delete(L.ServicesSet, f"default/{gone}"), sync()])
         assert (names(changes.removed), names(changes.added)) == (
             [f"default/{gone}:http"], [f"default/{heir}:http"])
 
@@ -379,7 +382,7 @@ def test_a_reconnect_keeps_the_owners(caplog: pytest.LogCaptureFixture) -> None:
     state.apply([intruder, sync()])
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="kpng_py"):
-        again = state.apply([reset(), intruder, keep, sync()])
+        again = apply_synced(state, [reset(), intruder, keep, sync()])
     assert len(again) == 0 and caplog.records == []
     assert published(state) == {"default/keep:http": ["10.96.0.10"]}
     assert skipped(metrics, "frontend-conflict") == 1
@@ -416,7 +419,7 @@ def test_a_service_over_the_limit_is_refused_before_its_endpoints_are_resolved(
                  set_endpoint("default", "big", "a", pod("10.244.0.5", "10.244.0.6")), sync()])
     assert len(resolved) == 2
     resolved.clear()
-    refused = state.apply([set_endpoint("default", "big", "b", pod("10.244.0.7")), sync()])
+    refused = apply_synced(state, [set_endpoint("default", "big", "b", pod("10.244.0.7")), sync()])
     assert len(refused) == 0 and resolved == []
     assert [len(p.endpoints) for p in state.service_ports()] == [2, 2]
 
@@ -426,25 +429,25 @@ def test_room_made_under_the_node_limit_lets_a_refused_service_in() -> None:
     state = NodeState(Skips(metrics), Limits(max_endpoints=3))
     state.apply([reset(), set_service(vip("zed", v4=["10.96.0.10"])),
                  set_endpoint("default", "zed", "z0", pod("10.244.0.5", "10.244.0.6")), sync()])
-    refused = state.apply([set_service(vip("bee", v4=["10.96.0.11"])),
-                           set_endpoint("default", "bee", "b0", pod("10.244.0.7", "10.244.0.8")),
-                           sync()])
+    refused = apply_synced(state, [
+        set_service(vip("bee", v4=["10.96.0.11"])),
+        set_endpoint("default", "bee", "b0", pod("10.244.0.7", "10.244.0.8")), sync()])
     assert len(refused) == 0 and skipped(metrics, "limit") == 1
     assert state.not_published() == {SkipReason.LIMIT: 1}  # bee's port, while it is out
     # nothing else changes: bee stays out and is not reported again
-    assert len(state.apply([set_endpoint("default", "zed", "z1", pod("10.244.0.9")),
-                            delete(L.EndpointsSet, "default/zed/z1"), sync()])) == 0
+    assert len(apply_synced(state, [set_endpoint("default", "zed", "z1", pod("10.244.0.9")),
+                                    delete(L.EndpointsSet, "default/zed/z1"), sync()])) == 0
     assert skipped(metrics, "limit") == 1
     # zed shrinks: bee gets in in the same change set (zed is taken first, though
     # bee sorts first, so that its room counts)
-    room = state.apply([set_endpoint("default", "zed", "z0", pod("10.244.0.5")), sync()])
+    room = apply_synced(state, [set_endpoint("default", "zed", "z0", pod("10.244.0.5")), sync()])
     assert names(room.added) == ["default/bee:http"]
     assert state.not_published() == {}
     assert names(new for _, new in room.updated) == ["default/zed:http"]
     assert skipped(metrics, "limit") == 1
     # bee grows too, in the same Sync as zed shrinks to nothing: it fits
-    grow = state.apply([delete(L.EndpointsSet, "default/zed/z0"),
-                        set_endpoint("default", "bee", "b1", pod("10.244.0.9")), sync()])
+    grow = apply_synced(state, [delete(L.EndpointsSet, "default/zed/z0"),
+                                set_endpoint("default", "bee", "b1", pod("10.244.0.9")), sync()])
     assert names(new for _, new in grow.updated) == ["default/bee:http", "default/zed:http"]
     assert skipped(metrics, "limit") == 1
 
@@ -530,7 +533,7 @@ def test_two_services_on_one_node_port_conflict_and_the_second_takes_it_over_lat
     assert [f for f, _ in frontends_by_kind(state)["default/second:http"]] == ["10.96.0.21:80/TCP"]
     assert state.service_ports()[1].node_port_families == ()
     assert skipped(metrics, "frontend-conflict") == 1
-    moved = state.apply([set_service(node_port_service("first", 30090)), sync()])
+    moved = apply_synced(state, [set_service(node_port_service("first", 30090)), sync()])
     assert sorted(names(new for _, new in moved.updated)) == [
         "default/first:http", "default/second:http"]
     assert {name: [f for f, kind in frontends if kind == "NodePort"]

@@ -25,6 +25,7 @@ from kpng_py.model import Frontend, ServicePort, ServicePortChanges, ServicePort
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from tests.streams.build import delete, endpoint, port, reset, service, set_raw, sync
+from tests.support.state import apply_synced
 
 settings.register_profile("ci", max_examples=150, stateful_step_count=30, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -130,7 +131,7 @@ class StreamMachine(RuleBasedStateMachine):
 
     @rule()
     def sync(self) -> None:
-        changes = self.state.apply(self.pending + [sync()])
+        changes = apply_synced(self.state, self.pending + [sync()])
         self.pending = []
         self._program(changes)
         fresh = NodeState(Skips(Metrics()))

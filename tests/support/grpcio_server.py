@@ -6,7 +6,7 @@ reference that tests compare our server's bytes with."""
 from __future__ import annotations
 
 import queue
-from typing import Iterator, TypeVar
+from typing import TypeVar
 
 import grpc
 
@@ -22,10 +22,10 @@ class RawWatch:
 
     def __init__(self, channel: grpc.Channel, method: str = WATCH_METHOD) -> None:
         self._requests: queue.Queue[localv1.WatchReq | None] = queue.Queue()
-        call = channel.stream_stream(method, request_serializer=localv1.WatchReq.SerializeToString,
-                                     response_deserializer=None)
-        self._responses: Iterator[bytes] = call(iter(self._requests.get, None),
-                                                timeout=WAIT_SECONDS * 4)
+        # No deserializer: the responses are the bytes received.
+        call: grpc.StreamStreamMultiCallable[localv1.WatchReq, bytes] = channel.stream_stream(
+            method, request_serializer=localv1.WatchReq.SerializeToString)
+        self._responses = call(iter(self._requests.get, None), timeout=WAIT_SECONDS * 4)
 
     def ask(self, node_name: str) -> None:
         self._requests.put(localv1.WatchReq(NodeName=node_name))

@@ -44,8 +44,10 @@ class RawBrain:
         self._lock = threading.Lock()
         self.streams = 0
         self._server = grpc.server(ThreadPoolExecutor(max_workers=8))
-        handler = grpc.stream_stream_rpc_method_handler(
-            self._watch, request_deserializer=localv1.WatchReq.FromString)
+        # No serializer: _watch answers with the bytes to send.
+        handler: grpc.RpcMethodHandler[localv1.WatchReq, bytes] = (
+            grpc.stream_stream_rpc_method_handler(
+                self._watch, request_deserializer=localv1.WatchReq.FromString))
         service, name = WATCH_METHOD.lstrip("/").split("/")
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(service, {name: handler}),))

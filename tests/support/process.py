@@ -99,7 +99,9 @@ class Process:
     def rss_kib(self) -> int:
         """Resident memory (VmRSS) in KiB."""
         status = Path(f"/proc/{self.pid}/status").read_text()
-        return int(re.search(r"^VmRSS:\s+(\d+) kB$", status, re.MULTILINE).group(1))
+        rss = re.search(r"^VmRSS:\s+(\d+) kB$", status, re.MULTILINE)
+        assert rss, status
+        return int(rss.group(1))
 
     def wait(self) -> int:
         code = self.popen.wait(WAIT_SECONDS)

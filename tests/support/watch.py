@@ -73,30 +73,42 @@ class WholeChangeSets:
 
 class RecordingSink:
     """Keeps what the client hands over; tells a ScriptedSource (if given)
-    while it is applying, so the source can check the client's credit."""
+    while it is applying, so the source can check the client's credit.
+    `stop_at_error`: stop the client at the first stream error."""
 
-    def __init__(self, source: ScriptedSource | None = None, apply_seconds: float = 0.0) -> None:
+    def __init__(self, source: ScriptedSource | None = None, apply_seconds: float = 0.0,
+                 stop_at_error: bool = False) -> None:
         self.source, self.apply_seconds = source, apply_seconds
+        self.stop_at_error = stop_at_error
         self.changesets: list[list[L.OpItem]] = []
         self.errors: list[str] = []
+        self.partials: list[list[L.OpItem]] = []  # the ops each error cut short
         self.started = 0  # change sets whose first message arrived
         self.client: WatchClient | None = None
         self.stop_after = 0
 
-    def on_changeset_started(self):
+    def on_changeset_started(self) -> None:
         self.started += 1
 
-    def on_changeset(self, ops):
+    def on_changeset(self, ops: list[L.OpItem]) -> None:
         busy = self.source.sink_busy if self.source else threading.Event()
         busy.set()
         time.sleep(self.apply_seconds)
         self.changesets.append(ops)
         busy.clear()
         if self.stop_after and len(self.changesets) >= self.stop_after:
-            self.client.stop()
+            self.stop_client()
 
-    def on_stream_error(self, reason, partial):
+    def on_stream_error(self, reason: str, partial: list[L.OpItem]) -> None:
         self.errors.append(reason)
+        self.partials.append(partial)
+        if self.stop_at_error:
+            self.stop_client()
+
+    def stop_client(self) -> None:
+        """Stop the client that run_client made for this sink."""
+        assert self.client is not None, "run_client gives the sink its client"
+        self.client.stop()
 
 
 def changeset(name: str) -> Reply:

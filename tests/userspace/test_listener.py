@@ -25,7 +25,7 @@ from backends.userspace.tcp import TcpListener
 from backends.userspace.udp import UdpListener
 from kpng_py.dataplane.print_backend import service_port_json
 from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import Endpoint, Protocol, ServicePort, ServicePortName
+from kpng_py.model import Endpoint, Endpoints, Protocol, ServicePort, ServicePortName
 from kpng_py.node.nodeport_addresses import LocalAddressSet
 from kpng_py.state.skips import Skips
 
@@ -150,7 +150,7 @@ def test_a_bad_source_range_is_reported_once_and_admits_no_one(ctx):
                                                  {"reason": "bad-ip"}) or 0
 
     assert [w.source_ranges for w in listeners._wanted(port)] == []  # no endpoints yet
-    port = dataclasses.replace(port, endpoints=EP)
+    port = dataclasses.replace(port, endpoints=Endpoints.of(EP))
     wanted = {w.address: w.source_ranges for w in listeners._wanted(port)}
     listeners._wanted(port)
     assert wanted == {VIP: None, LOOPBACK: ()} and skipped() == 1
@@ -167,7 +167,7 @@ def test_outside_clients_of_etp_local_reach_the_endpoints_to_print_shows(ctx):
     here = Endpoint(ipaddress.ip_address("10.244.0.5"), 8080, local=True)
     elsewhere = Endpoint(ipaddress.ip_address("10.244.1.5"), 8080)
     port = ServicePort(NAME, "LoadBalancer", (VIP,), 80, load_balancer_ips=(LOOPBACK,),
-                       external_traffic_local=True, endpoints=(here, elsewhere))
+                       external_traffic_local=True, endpoints=Endpoints.of([here, elsewhere]))
     listeners = ServicePortListeners(ctx, NAME, Skips(Metrics()))
     assert {w.address: w.external for w in listeners._wanted(port)} == {
         VIP: None, LOOPBACK: (here,)}

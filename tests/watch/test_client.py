@@ -17,6 +17,7 @@ import pytest
 
 from kpng_py.api import localv1 as L
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.runtime.logs import record_fields
 from kpng_py.serve.server import Reply
 from kpng_py.transport import AddressError, DialTarget, ListenAddress, TLSFiles, dial_target
 from kpng_py.watch.client import ClientConfig, WatchClient
@@ -80,7 +81,7 @@ def watch_retries(replies: list[Reply], sink: RecordingSink, changesets: int, tm
     finally:
         server.stop(0)
     assert len(sink.changesets) == changesets
-    return [r.kpng_fields["retry_in_s"] for r in caplog.records
+    return [record_fields(r)["retry_in_s"] for r in caplog.records
             if r.getMessage() == "reconnecting to the brain"]
 
 
@@ -202,10 +203,14 @@ class HandOverSink:
 
     def on_changeset(self, ops: list[L.OpItem]) -> None:
         self.calls.append(("changeset", [op.WhichOneof("Op") for op in ops], _on_a_loop()))
-        self.client.stop()
+        self._stop_client()
 
     def on_stream_error(self, reason: str, partial: list[L.OpItem]) -> None:
         self.calls.append(("error", [op.WhichOneof("Op") for op in partial], _on_a_loop()))
+        self._stop_client()
+
+    def _stop_client(self) -> None:
+        assert self.client is not None, "run_hand_over gives the sink its client"
         self.client.stop()
 
 
@@ -245,15 +250,13 @@ def test_a_cut_change_set_counts_its_staged_ops_and_hands_over_only_the_rest(
         brain.stop()
     assert sink.calls == [("ops", ["Reset", "Set"], True), ("error", ["Set"], False)]
     failed = [r for r in caplog.records if r.getMessage() == "watch stream to the brain failed"]
-    assert [r.kpng_fields["discarded_ops"] for r in failed] == [3]
+    assert [record_fields(r)["discarded_ops"] for r in failed] == [3]
     assert metrics.registry.get_sample_value(
         "kpng_py_skipped_total", {"reason": "incomplete-changeset"}) == 1
 
 
 def test_whole_change_sets_gives_the_ops_held_with_the_rest() -> None:
     inner = RecordingSink()
-    partials: list[list[L.OpItem]] = []
-    inner.on_stream_error = lambda reason, partial: partials.append(partial)
     sink = WholeChangeSets(inner)
     first, second = (set_service(service(name, v4=["10.96.0.1"])) for name in ("a", "b"))
     sink.on_ops([reset(), first])
@@ -261,7 +264,7 @@ def test_whole_change_sets_gives_the_ops_held_with_the_rest() -> None:
     sink.on_ops([reset()])
     sink.on_stream_error("cut", [first])
     assert inner.changesets == [[reset(), first, second, sync()]]
-    assert partials == [[reset(), first]]
+    assert inner.partials == [[reset(), first]]
 
 
 def test_keepalive_goes_on_while_the_sink_applies(tmp_path: Path) -> None:
@@ -326,12 +329,7 @@ def test_a_length_prefix_over_the_limit_is_refused_before_its_bytes_come(
     brain = H2Brain(framed(reset()) + struct.pack(">?I", False, 1 << 30) + b"x" * 10)
     target = brain.start(tmp_path / "h2.sock")
 
-    class StopAtTheError(RecordingSink):
-        def on_stream_error(self, reason, partial):
-            super().on_stream_error(reason, partial)
-            self.client.stop()
-
-    sink, metrics = StopAtTheError(), Metrics()
+    sink, metrics = RecordingSink(stop_at_error=True), Metrics()
     try:
         run_client(ClientConfig(target, "n", max_msg_size=4096, changeset_stall_timeout=600,
                                 error_delay=600), sink, 20, metrics)
@@ -351,12 +349,7 @@ def test_a_change_set_before_a_bad_prefix_in_the_same_read_is_applied(tmp_path: 
     brain = H2Brain(framed(reset(), web, sync()) + struct.pack(">?I", False, 1 << 30))
     target = brain.start(tmp_path / "h2.sock")
 
-    class StopAtTheError(RecordingSink):
-        def on_stream_error(self, reason, partial):
-            super().on_stream_error(reason, partial)
-            self.client.stop()
-
-    sink = StopAtTheError()
+    sink = RecordingSink(stop_at_error=True)
     try:
         run_client(ClientConfig(target, "n", max_msg_size=4096, error_delay=600), sink, 20)
     finally:
@@ -375,20 +368,12 @@ def test_ops_before_a_status_and_reset_read_at_once_are_a_cut_short_change_set(
     brain = H2Brain(framed(reset(), lost), end_status=(14, "brain crashed"))
     target = brain.start(tmp_path / "h2.sock")
 
-    class StopAtTheError(RecordingSink):
-        partials: list[int] = []
-
-        def on_stream_error(self, reason, partial):
-            super().on_stream_error(reason, partial)
-            self.partials.append(len(partial))
-            self.client.stop()
-
-    sink, metrics = StopAtTheError(), Metrics()
+    sink, metrics = RecordingSink(stop_at_error=True), Metrics()
     try:
         run_client(ClientConfig(target, "n", error_delay=600), sink, 20, metrics)
     finally:
         brain.stop()
-    assert sink.errors == ["UNAVAILABLE: brain crashed"] and sink.partials == [2]
+    assert sink.errors == ["UNAVAILABLE: brain crashed"] and [len(p) for p in sink.partials] == [2]
     assert metrics.registry.get_sample_value(
         "kpng_py_skipped_total", {"reason": "incomplete-changeset"}) == 1
 
@@ -518,7 +503,7 @@ def test_one_warning_per_brain_outage_and_one_line_when_it_ends(
                        sink, 20)
     finally:
         server.stop(0)
-    told = [(r.levelname, r.getMessage(), r.kpng_fields.get("failures_in_outage"))
+    told = [(r.levelname, r.getMessage(), record_fields(r).get("failures_in_outage"))
             for r in caplog.records if r.name == "kpng_py.watch.client"
             and r.getMessage() != "reconnecting to the brain"]
     assert told == [
@@ -529,5 +514,5 @@ def test_one_warning_per_brain_outage_and_one_line_when_it_ends(
         ("WARNING", "watch stream to the brain failed", None),
         ("INFO", "watch stream to the brain is back", None),
     ]
-    back = [r.kpng_fields for r in caplog.records if r.getMessage().endswith("is back")]
+    back = [record_fields(r) for r in caplog.records if r.getMessage().endswith("is back")]
     assert [b["failed_streams"] for b in back] == [3, 1] and all(b["outage_s"] > 0 for b in back)

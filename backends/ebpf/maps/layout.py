@@ -13,7 +13,7 @@ import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from kpng_py import model
 from kpng_py.model import FrontendKind, IPAddress, format_host_port
@@ -247,13 +247,18 @@ MIRRORS: dict[str, type[ct.Structure]] = {
 }
 
 
+# A map's key type (a ctypes integer for maps with integer keys) and value type.
+KeyT = TypeVar("KeyT", bound=ct._SimpleCData | ct.Structure)
+ValueT = TypeVar("ValueT", bound=ct.Structure)
+
+
 @dataclass(frozen=True)
-class MapSpec:
+class MapSpec(Generic[KeyT, ValueT]):
     """One pinned map: its pin file, layout, kind, and the flag that sizes it."""
 
     pin: str
-    key: type[ct._SimpleCData | ct.Structure]
-    value: type[ct.Structure]
+    key: type[KeyT]
+    value: type[ValueT]
     type: int
     flags: int
     size_macro: str

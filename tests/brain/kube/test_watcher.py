@@ -22,6 +22,7 @@ from kpng_py.brain.statefile import parse_state
 from kpng_py.brain.view import NodeView, node_view
 from kpng_py.healthcheck.proxier_health import SyncHealth
 from kpng_py.metrics.metrics import Metrics
+from kpng_py.runtime.logs import record_fields
 from tests.brain.kube.objects import api_node, api_service, api_slice
 from tests.support.fake_apiserver import FakeApiServer
 from tests.support.process import wait_until
@@ -245,7 +246,7 @@ def test_what_kube_proxy_does_not_program_is_left_out(fake: FakeApiServer,
 
 
 def _records(caplog: pytest.LogCaptureFixture, message: str) -> list[dict]:
-    return [getattr(r, "kpng_fields") for r in caplog.records if r.getMessage() == message]
+    return [record_fields(r) for r in caplog.records if r.getMessage() == message]
 
 
 def test_each_state_names_the_resource_version_of_each_kind_it_was_made_from(
@@ -268,7 +269,8 @@ def test_each_state_names_the_resource_version_of_each_kind_it_was_made_from(
                           "endpointslices_resource_version": str(listed)}
         fake.put("nodes", api_node("node-a", zone="z1"))  # the same: no new version
         node_at = fake.version
-        wait_until(lambda: _records(caplog, "state from the API server unchanged"), "a rebuild")
+        wait_until(lambda: bool(_records(caplog, "state from the API server unchanged")),
+                   "a rebuild")
         (unchanged,) = _records(caplog, "state from the API server unchanged")
         assert unchanged == {"version": 2, "services_resource_version": str(cache_at),
                              "endpointslices_resource_version": str(listed),

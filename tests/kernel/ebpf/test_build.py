@@ -19,6 +19,7 @@ from backends.ebpf.datapath import loader
 from backends.ebpf.datapath.loader import PROGRAMS_DIR, Datapath, DatapathConfig, cleanup
 from backends.ebpf.maps import layout as maps
 from kpng_py.dataplane.contract import BackendSetupError
+from kpng_py.runtime.logs import record_fields
 from lab.cgroups import cgroup
 from lab.socket_lab import unique_bpffs_dir
 from tests.ebpf.helpers import loaded
@@ -114,7 +115,7 @@ def test_a_variant_that_does_not_load_falls_back_to_the_next(
         assert len(list((datapath.config.bpffs_dir / PROGRAMS_DIR / datapath.build
                          ).iterdir())) == 8
     (warning,) = [r for r in caplog.records if r.message.startswith("loading failed")]
-    assert "Failed to compile BPF module" in warning.kpng_fields["error"]
+    assert "Failed to compile BPF module" in record_fields(warning)["error"]
 
 
 def load_messages(config: DatapathConfig, caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -1,6 +1,6 @@
 """Per-service-port counters, counted by the programs in the kernel for a
 real client in the lab's cgroup: each TCP connect and each UDP socket (once
-per backend, not per datagram) translated, each refusal of a service without
+per endpoint, not per datagram) translated, each refusal of a service without
 endpoints; exported as Prometheus counters, shown by `ebpf dump`, deleted
 with their frontends, and kept across a restart of the backend."""
 
@@ -24,9 +24,9 @@ from tests.kernel.ebpf.conftest import datapath_config
 
 pytestmark = pytest.mark.kernel
 
-TCP = service_port("counted", ["10.96.9.1", "fd00:96::9:1"], 80, backends=[1, 2],
+TCP = service_port("counted", ["10.96.9.1", "fd00:96::9:1"], 80, endpoints=[1, 2],
                    port_name="http")
-UDP = service_port("counted", ["10.96.9.1", "fd00:96::9:1"], 53, backends=[1, 2, 3],
+UDP = service_port("counted", ["10.96.9.1", "fd00:96::9:1"], 53, endpoints=[1, 2, 3],
                    protocol="UDP", target_port=5353, port_name="dns")
 EMPTY = service_port("refusing", ["10.96.9.2"], 80)
 
@@ -58,9 +58,9 @@ def test_connections_sockets_and_refusals_are_counted_per_service_port(
     assert exported(metrics, "connections", "default/refusing", "TCP") == 0
     assert exported(metrics, "rejections", "default/refusing", "TCP") == 4
     # Per endpoint only with --endpoint-counters: neither counted nor exported.
-    backend_counters = open_pinned_map(the_lab.bpffs_dir, maps.ENDPOINT_COUNTERS)
-    assert counters.read_endpoint_counts(backend_counters) == {}
-    backend_counters.close()
+    endpoint_counters = open_pinned_map(the_lab.bpffs_dir, maps.ENDPOINT_COUNTERS)
+    assert counters.read_endpoint_counts(endpoint_counters) == {}
+    endpoint_counters.close()
     assert not any(metric.name == "kpng_py_service_endpoint_connections"
                    for metric in metrics.registry.collect())
     by_vip = {(svc["vip"], svc["port"], svc["protocol"]): svc

@@ -2,15 +2,15 @@
 for byte as reviewed in tests/kernel/ebpf/dump/ (recorded before the reading of the
 maps moved to backends/ebpf/maps/contents.py). The state is written entry by
 entry, bypassing the programmer, so that it holds what a crash or a
-neighbour can leave: a missing slot, a slot naming a missing backend or
+neighbour can leave: a missing slot, a slot naming a missing endpoint or
 another service's, slots above a master's count or without a master, an
 unknown protocol, an affinity timeout without its flag, a service id of 0
-or used twice, a backend no slot names, kind flags that disagree with
+or used twice, an endpoint no slot names, kind flags that disagree with
 each other or with the address; and a frontend of each kind, with the
 node-port addresses, the service port names of some ids, and counters:
 added up over the CPUs, of a frontend used twice, of one that only
-rejected, of an id no frontend has, and of a backend (not shown: the
-programs are loaded, not attached, so none counts per backend and the dump
+rejected, of an id no frontend has, and of an endpoint (not shown: the
+programs are loaded, not attached, so none counts per endpoint and the dump
 says n/a; tests/ebpf/test_dump_views.py shows the counted form). A filter
 that matches nothing exits 1 and says so."""
 
@@ -43,7 +43,7 @@ SERVICES = [
     # (vip, port, proto, slot, id, count, affinity timeout, flags)
     ("fd00::10", 53, UDP, 0, 8, 3, 30, maps.SVC_F_AFFINITY),
     ("fd00::10", 53, UDP, 1, 201, 0, 0, 0),
-    ("fd00::10", 53, UDP, 3, 203, 0, 0, 0),  # slot 2 is missing; backend 203 too
+    ("fd00::10", 53, UDP, 3, 203, 0, 0, 0),  # slot 2 is missing; endpoint 203 too
     ("10.96.0.10", 80, TCP, 0, 7, 2, 0, 0),
     ("10.96.0.10", 80, TCP, 1, 101, 0, 0, 0),
     ("10.96.0.10", 80, TCP, 2, 102, 0, 0, 0),
@@ -52,7 +52,7 @@ SERVICES = [
     ("10.96.0.10", 80, UDP, 1, 111, 0, 0, 0),
     ("10.96.0.11", 443, TCP, 0, 9, 0, 60, 0),  # rejects; a timeout without the flag
     ("10.96.0.12", 80, SCTP, 0, 10, 1, 0, 0),
-    ("10.96.0.12", 80, SCTP, 1, 101, 0, 0, 0),  # another service's backend
+    ("10.96.0.12", 80, SCTP, 1, 101, 0, 0, 0),  # another service's endpoint
     ("10.96.0.13", 80, UDP, 0, 0, 0, 0, 0),
     ("10.96.0.14", 80, TCP, 0, 7, 1, 0, 0),  # service id 7 twice
     ("10.96.0.14", 80, TCP, 1, 102, 0, 0, 0),
@@ -66,7 +66,7 @@ SERVICES = [
     ("::", 30081, UDP, 0, 18, 0, 0, 0),  # at the wildcard, without the flag
 ]
 NODE_ADDRESSES = ["fd00::5", "10.0.0.5", "127.0.0.1"]
-BACKENDS = [
+ENDPOINTS = [
     # (id, address, port, service id)
     (101, "10.244.0.2", 8080, 7),
     (102, "10.244.0.3", 8080, 7),
@@ -76,7 +76,8 @@ BACKENDS = [
 ]
 
 
-def write_state(services: MapAccess, backends: MapAccess) -> None:
+def write_state(services: MapAccess[maps.ServiceKey, maps.ServiceValue],
+                endpoints: MapAccess[int, maps.EndpointValue]) -> None:
     keys, values = [], []
     for vip, port, proto, slot, value_id, count, timeout, flags in SERVICES:
         prefix = maps.ServiceKey.frontend_prefix(
@@ -85,10 +86,10 @@ def write_state(services: MapAccess, backends: MapAccess) -> None:
         values.append(maps.ServiceValue(id=value_id, count=count, affinity_timeout=timeout,
                                         flags=flags))
     services.put_many(keys, values)
-    backends.put_many([backend_id for backend_id, *_ in BACKENDS], [
+    endpoints.put_many([endpoint_id for endpoint_id, *_ in ENDPOINTS], [
         maps.EndpointValue(addr=maps.L4Addr.of(ipaddress.ip_address(ip), port),
                            frontend_id=frontend_id)
-        for _, ip, port, frontend_id in BACKENDS])
+        for _, ip, port, frontend_id in ENDPOINTS])
 
 
 # service id -> (translated, rejected) of the first CPU, and of the last.
@@ -108,11 +109,11 @@ def write_counters(counters: MapAccess) -> None:
     counters.put_many(list(COUNTERS), values)
 
 
-def write_backend_counters(backend_counters: MapAccess) -> None:
-    """Backend 101 used 3 times, on the first CPU."""
+def write_endpoint_counters(endpoint_counters: MapAccess) -> None:
+    """Endpoint 101 used 3 times, on the first CPU."""
     per_cpu = (maps.EndpointCounters * libbpf.possible_cpus())()
     per_cpu[0] = maps.EndpointCounters(3)
-    backend_counters.put_many([101], [per_cpu])
+    endpoint_counters.put_many([101], [per_cpu])
 
 
 def write_names(service_names: MapAccess) -> None:
@@ -135,7 +136,7 @@ def dumped() -> Iterator[tuple[Path, dict]]:
         write_node_addresses(datapath.maps[maps.NODE_ADDRESSES.pin])
         write_counters(datapath.maps[maps.COUNTERS.pin])
         write_names(datapath.maps[maps.SERVICE_NAMES.pin])
-        write_backend_counters(datapath.maps[maps.ENDPOINT_COUNTERS.pin])
+        write_endpoint_counters(datapath.maps[maps.ENDPOINT_COUNTERS.pin])
         yield datapath.config.bpffs_dir, read_dump(datapath.config.bpffs_dir)
 
 

@@ -1,6 +1,6 @@
-"""--endpoint-counters: the programs also count per backend, exported per
+"""--endpoint-counters: the programs also count per endpoint, exported per
 (service port, endpoint) over all of the port's frontends and shown in each
-slot by `ebpf dump`; a backend's count goes with it."""
+slot by `ebpf dump`; an endpoint's count goes with it."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from tests.kernel.ebpf.conftest import datapath_config
 
 pytestmark = pytest.mark.kernel
 
-# Two frontends with backend ids of their own: a ClusterIP and an ExternalIP.
-SPREAD = service_port("spread", ["10.96.12.1"], 80, backends=[1, 2, 3], port_name="http",
+# Two frontends with endpoint ids of their own: a ClusterIP and an ExternalIP.
+SPREAD = service_port("spread", ["10.96.12.1"], 80, endpoints=[1, 2, 3], port_name="http",
                       families=(4,), external_ips=["10.96.13.1"])
 CONNECTS = 30
 
@@ -56,19 +56,19 @@ def test_connections_are_counted_per_endpoint_over_every_frontend(
     for endpoint, count in served.items():
         assert endpoint_count(metrics, endpoint) == count
     dump = read_dump(the_lab.bpffs_dir)
-    assert dump["endpointCounters"] is True  # the attached programs count per backend
+    assert dump["endpointCounters"] is True  # the attached programs count per endpoint
     slots = {(svc["vip"], slot["address"]): slot["connections"]
              for svc in dump["services"] for slot in svc["backends"]}
     assert sum(slots.values()) == CONNECTS
 
-    # An endpoint that goes takes its counts along (both frontends' backends).
+    # An endpoint that goes takes its counts along (both frontends' entries of it).
     gone = "10.244.0.4:8080"
-    backend_counters = open_pinned_map(the_lab.bpffs_dir, maps.ENDPOINT_COUNTERS)
+    endpoint_counters = open_pinned_map(the_lab.bpffs_dir, maps.ENDPOINT_COUNTERS)
     try:
-        before = len(counters.read_endpoint_counts(backend_counters))
+        before = len(counters.read_endpoint_counts(endpoint_counters))
         backend.apply(updated(SPREAD, replace(SPREAD, endpoints=SPREAD.endpoints[:2])))
-        left = len(counters.read_endpoint_counts(backend_counters))
+        left = len(counters.read_endpoint_counts(endpoint_counters))
     finally:
-        backend_counters.close()
+        endpoint_counters.close()
     assert endpoint_count(metrics, gone) is None
     assert left == before - sum(1 for (_, address), n in slots.items() if address == gone and n)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from backends.ebpf.datapath.loader import Datapath
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps.access import MapAccess, MapFullError
+from backends.ebpf.maps.libbpf import BpfMap
 from tests.ebpf.fake_maps import FakeMap
 from tests.ebpf.helpers import loaded
 
@@ -65,7 +66,7 @@ def contents(bpf_map: MapAccess) -> dict[bytes, bytes]:
             for key, value in bpf_map.items()}
 
 
-def packed_contents(bpf_map: MapAccess) -> dict[bytes, bytes]:
+def packed_contents(bpf_map: BpfMap | FakeMap) -> dict[bytes, bytes]:
     """`contents`, from the map read back packed."""
     keys, values = bpf_map.read_packed()
     key_size, value_size = ct.sizeof(bpf_map.key_type), ct.sizeof(bpf_map.value_type)
@@ -87,17 +88,23 @@ def outcome(bpf_map: MapAccess, operation: tuple) -> str:
     return "ok"
 
 
+def fake_of(pin: str) -> FakeMap[maps.ServiceKey, maps.ServiceValue] | FakeMap[
+        int, maps.EndpointValue]:
+    if pin == maps.SERVICES.pin:
+        return FakeMap(maps.SERVICES.key, maps.SERVICES.value, SIZE, pin)
+    return FakeMap(maps.ENDPOINTS.key, maps.ENDPOINTS.value, SIZE, pin)
+
+
 @pytest.mark.parametrize("pin", sorted(LAYOUTS))
 def test_the_fake_maps_do_what_the_kernel_maps_do(datapath: Datapath, pin: str) -> None:
     real = datapath.maps[pin]
     key_of, value_of = LAYOUTS[pin]
-    spec = {maps.SERVICES.pin: maps.SERVICES, maps.ENDPOINTS.pin: maps.ENDPOINTS}[pin]
 
     @settings(max_examples=150, deadline=None)
     @given(operations)
     def run(sequence: list[tuple]) -> None:
         real.delete_many([key for key, _ in real.items()])
-        fake = FakeMap(spec.key, spec.value, SIZE, pin)
+        fake = fake_of(pin)
         for kind, args in sequence:
             operation = (kind, [(key_of(i), value_of(n)) for i, n in args] if kind == "put"
                          else [key_of(i) for i in args])

@@ -27,26 +27,27 @@ from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from lab.cgroups import cgroup
 from lab.socket_lab import Agent, Lab, backend_ip, target, unique_bpffs_dir
-from tests.ebpf.helpers import follower_in, programmed_frontends
+from tests.ebpf.helpers import datapath_of, follower_in, programmed_frontends
 from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
 from tests.streams.build import delete, endpoint, port, reset, service, set_endpoint, set_service
 from tests.streams.build import sync as sync_op
+from tests.support.state import apply_synced
 
 pytestmark = pytest.mark.kernel
 
 
-def service_ops(name: str, backends: Sequence[int], v4: Sequence[str] = (),
+def service_ops(name: str, endpoints: Sequence[int], v4: Sequence[str] = (),
                 v6: Sequence[str] = (), ns: str = "default") -> list[L.OpItem]:
-    """A service (TCP 80 -> 8080) with lab backends as its endpoints, as the
-    brain sends it."""
+    """A service (TCP 80 -> 8080) whose endpoints are the lab's servers of
+    these numbers, as the brain sends it."""
     return [set_service(service(name, v4=v4, v6=v6, ns=ns, ports=[port("http", 80, target=8080)]))
             ] + [set_endpoint(ns, name, f"ep{i}", endpoint([str(backend_ip(i))],
                                                            [str(backend_ip(i, 6))], local=True))
-                 for i in backends]
+                 for i in endpoints]
 
 
-def deleted_ops(name: str, backends: Sequence[int], ns: str = "default") -> list[L.OpItem]:
-    return [delete(L.EndpointsSet, f"{ns}/{name}/ep{i}") for i in backends] + [
+def deleted_ops(name: str, endpoints: Sequence[int], ns: str = "default") -> list[L.OpItem]:
+    return [delete(L.EndpointsSet, f"{ns}/{name}/ep{i}") for i in endpoints] + [
         delete(L.ServicesSet, f"{ns}/{name}")]
 
 
@@ -59,8 +60,7 @@ class Brain:
         self.state = NodeState(Skips(metrics))
 
     def send(self, *ops: L.OpItem) -> ServicePortChanges:
-        changes = self.state.apply([*ops, sync_op()])
-        assert changes is not None
+        changes = apply_synced(self.state, [*ops, sync_op()])
         self.backend.apply(changes)
         return changes
 
@@ -74,7 +74,7 @@ class Brain:
             "kpng_py_map_writes_total", {"map": pin}) or 0
             for pin in (maps.SERVICES.pin, maps.ENDPOINTS.pin))
 
-    def entries(self, pin: str) -> float:
+    def entries(self, pin: str) -> float | None:
         return self.metrics.registry.get_sample_value("kpng_py_map_entries", {"map": pin})
 
 
@@ -89,8 +89,8 @@ def at(index: int, family: int = 4) -> str:
     return f"{ip}:8080" if family == 4 else f"[{ip}]:8080"
 
 
-# keep (default/keep, backend 1) is programmed first; then an intruder in
-# another namespace (backend 2) claims the same map key: (keep's ClusterIPs,
+# keep (default/keep, endpoint 1) is programmed first; then an intruder in
+# another namespace (endpoint 2) claims the same map key: (keep's ClusterIPs,
 # the intruder's, the skip the intruder gets, what dials of keep's VIP must
 # reach, dials that nobody may serve).
 CONFLICTS = [
@@ -221,7 +221,7 @@ def test_a_failed_map_write_is_counted_right_and_the_next_full_change_set_repair
         # A bad neighbour writes into our map: slots of a frontend that has
         # no master (no connect() reaches them) fill it to its 8 entries.
         stray = KeyedFrontend(Frontend(backend_ip(99), 80, Protocol.TCP))
-        services = brain.backend._datapath.maps[maps.SERVICES.pin]
+        services = datapath_of(brain.backend).maps[maps.SERVICES.pin]
         services.put_many([stray.key(slot) for slot in range(1, 6)],
                           [maps.ServiceValue(id=4242)] * 5)
 
@@ -233,7 +233,7 @@ def test_a_failed_map_write_is_counted_right_and_the_next_full_change_set_repair
         brain.backend.apply(brain.state.full_changeset())  # what the applier does next
         assert brain.entries(maps.SERVICES.pin) == len(services) == 5
         assert brain.entries(maps.ENDPOINTS.pin) == 3
-        assert programmed_frontends(read_dump(brain.backend._datapath.config.bpffs_dir)) == {
+        assert programmed_frontends(read_dump(datapath_of(brain.backend).config.bpffs_dir)) == {
             ("10.96.43.1", 80, "TCP"): ([at(1), at(2)], 0, "ClusterIP"),
             ("10.96.43.2", 80, "TCP"): ([at(3)], 0, "ClusterIP")}
         assert served(client, "10.96.43.1", 4) == {at(1), at(2)}

@@ -19,7 +19,7 @@ from backends.ebpf.datapath.loader import (
     PROGRAMS_DIR,
     DatapathConfig,
     build_identity,
-    mount_point,
+    default_cgroup,
     pinned_links,
 )
 from kpng_py.api import localv1
@@ -139,7 +139,7 @@ def test_dump_shows_the_programmed_services(the_lab: Lab, brain: str) -> None:
     assert {link["hook"] for link in dump["links"]} == {
         "connect4", "connect6", "sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6",
         "getpeername4", "getpeername6"}
-    cgroup = "/" + str(the_lab.group.path.relative_to(mount_point("cgroup2")))
+    cgroup = "/" + str(the_lab.group.path.relative_to(default_cgroup()))
     assert {link["cgroup"] for link in dump["links"]} == {cgroup}  # by path, not id
     text = kpng_py("ebpf", "dump", "--bpffs-dir", str(the_lab.bpffs_dir)).stdout
     assert f"{VIP}:80/TCP" in text and "slot 3: backend" in text

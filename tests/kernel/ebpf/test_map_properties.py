@@ -31,8 +31,13 @@ def datapath() -> Iterator[Datapath]:
 
 
 def test_maps_hold_what_to_print_shows(datapath: Datapath) -> None:
-    services, backends = datapath.maps[maps.SERVICES.pin], datapath.maps[maps.ENDPOINTS.pin]
-    pair = MapPair(services, backends, Capacity(services.info().max_entries,
-                                                backends.info().max_entries))
-    run_state_machine_as_test(lambda: MapMachine(pair),
+    services, endpoints = datapath.maps[maps.SERVICES.pin], datapath.maps[maps.ENDPOINTS.pin]
+    pair = MapPair(services, endpoints, Capacity(services.info().max_entries,
+                                                 endpoints.info().max_entries))
+
+    class OnTheseMaps(MapMachine):
+        def __init__(self) -> None:
+            super().__init__(pair)
+
+    run_state_machine_as_test(OnTheseMaps,
                               settings=PROFILES[os.environ.get("HYPOTHESIS_PROFILE", "ci")])

@@ -27,6 +27,7 @@ from backends.ebpf.tools.dump import read_dump
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges
 from kpng_py.node.nodeport_addresses import NodePortAddresses
+from kpng_py.runtime.logs import record_fields
 from kpng_py.state.skips import Skips
 from lab.socket_lab import Agent, Lab, unique_bpffs_dir
 from tests.ebpf.helpers import added, follower_in, removed, service_port, updated
@@ -37,7 +38,7 @@ from tests.support.process import wait_until
 pytestmark = pytest.mark.kernel
 
 NODE_V4, NODE_V6 = "10.244.0.1", "fd00:244::1"
-# (socket family, the node address dialled, family of the backends it reaches)
+# (socket family, the node address dialled, family of the endpoints it reaches)
 NODE_DIALS = [pytest.param(4, NODE_V4, 4, id="ipv4"),
               pytest.param(6, NODE_V6, 6, id="ipv6"),
               pytest.param(6, f"::ffff:{NODE_V4}", 4, id="v4-mapped"),
@@ -91,26 +92,26 @@ def connected_udp_errno(agent: Agent, host: str, port: int, family: int) -> int:
     return reply["errno"]
 
 
-@pytest.mark.parametrize("family, host, backend_family", NODE_DIALS)
+@pytest.mark.parametrize("family, host, endpoint_family", NODE_DIALS)
 def test_n1_n2_the_node_port_answers_on_node_addresses(
-        backend: EbpfBackend, agent: Agent, family: int, host: str, backend_family: int) -> None:
+        backend: EbpfBackend, agent: Agent, family: int, host: str, endpoint_family: int) -> None:
     """TCP, connected and unconnected UDP; getpeername and recvfrom show
     nodeIP:nodePort, the address dialled."""
-    tcp = service_port("np", vips("20.1"), 80, backends=[1, 2], node_port=30080)
-    udp = service_port("np", vips("20.1"), 53, backends=[1, 2], protocol="UDP",
+    tcp = service_port("np", vips("20.1"), 80, endpoints=[1, 2], node_port=30080)
+    udp = service_port("np", vips("20.1"), 53, endpoints=[1, 2], protocol="UDP",
                        target_port=5353, node_port=30053)
     backend.apply(added(tcp, udp))
-    assert tcp_served(agent, host, 30080, family) in served_by([1, 2], backend_family)
+    assert tcp_served(agent, host, 30080, family) in served_by([1, 2], endpoint_family)
     sock = agent.call("udp_open", family=family)["sock"]
     reply = agent.call("udp_sendto", sock=sock, host=host, port=30053)
     assert reply["from"] == [host, 30053]  # recvmsg
-    assert reply["served_by"] in served_by([1, 2], backend_family, 5353)
+    assert reply["served_by"] in served_by([1, 2], endpoint_family, 5353)
     connected = agent.call("udp_open", family=family)["sock"]
     assert agent.call("udp_connect", sock=connected, host=host, port=30053)["peer"] == [
         host, 30053]
     reply = agent.call("udp_send", sock=connected)
     assert reply["from"] == [host, 30053]
-    assert reply["served_by"] in served_by([1, 2], backend_family, 5353)
+    assert reply["served_by"] in served_by([1, 2], endpoint_family, 5353)
     for opened in (sock, connected):
         agent.call("udp_close", sock=opened)
 
@@ -118,7 +119,7 @@ def test_n1_n2_the_node_port_answers_on_node_addresses(
 def test_n1_the_wildcard_itself_is_not_a_node_address(backend: EbpfBackend,
                                                       agent: Agent) -> None:
     """connect() to 0.0.0.0 or :: reaches the host's loopback: no node port."""
-    backend.apply(added(service_port("wild", vips("20.2"), 80, backends=[1], node_port=30081)))
+    backend.apply(added(service_port("wild", vips("20.2"), 80, endpoints=[1], node_port=30081)))
     assert tcp_served(agent, NODE_V4, 30081, 4) in served_by([1], 4)
     for host, family in (("0.0.0.0", 4), ("::", 6)):
         assert agent.call("tcp", host=host, port=30081, family=family)["errno"] == (
@@ -129,8 +130,8 @@ def test_n1_addresses_outside_nodeport_addresses_are_not_translated(
         the_lab: Lab, agent: Agent) -> None:
     with node_backend(the_lab, NodePortAddresses.parse("fd00:244::/64")) as ebpf:
         assert node_addresses(the_lab) == {NODE_V6}
-        ebpf.apply(added(service_port("cidr", vips("20.3"), 80, backends=[1], node_port=30082),
-                         service_port("cidr", vips("20.3"), 53, backends=[1], protocol="UDP",
+        ebpf.apply(added(service_port("cidr", vips("20.3"), 80, endpoints=[1], node_port=30082),
+                         service_port("cidr", vips("20.3"), 53, endpoints=[1], protocol="UDP",
                                       target_port=5353, node_port=30082)))
         assert tcp_served(agent, NODE_V6, 30082, 6) in served_by([1], 6)
         for host, family in ((NODE_V4, 4), ("127.0.0.1", 4), ("::1", 6)):
@@ -154,7 +155,7 @@ def test_n1_addresses_added_later_answer_and_removed_ones_stop(the_lab: Lab,
                                                                agent: Agent) -> None:
     """The follower's netlink events reach the map, within the CIDRs only."""
     with node_backend(the_lab, NodePortAddresses.parse("10.244.0.0/16,fd00:7::/64")) as ebpf:
-        ebpf.apply(added(service_port("later", vips("20.4"), 80, backends=[2],
+        ebpf.apply(added(service_port("later", vips("20.4"), 80, endpoints=[2],
                                       node_port=30083)))
         with address_on_lo(the_lab, "192.0.2.7/32"):  # outside: added first
             with address_on_lo(the_lab, "10.244.7.1/32"), address_on_lo(the_lab,
@@ -175,8 +176,8 @@ def test_n1_addresses_added_later_answer_and_removed_ones_stop(the_lab: Lab,
 
 def test_n4_tcp_and_udp_on_one_node_port_are_independent(backend: EbpfBackend,
                                                           agent: Agent) -> None:
-    tcp = service_port("n4-tcp", vips("20.5"), 80, backends=[1], node_port=30084)
-    udp = service_port("n4-udp", vips("20.6"), 53, backends=[2], protocol="UDP",
+    tcp = service_port("n4-tcp", vips("20.5"), 80, endpoints=[1], node_port=30084)
+    udp = service_port("n4-udp", vips("20.6"), 53, endpoints=[2], protocol="UDP",
                        target_port=5353, node_port=30084)
     backend.apply(added(tcp, udp))
     assert tcp_served(agent, NODE_V4, 30084, 4) == "10.244.0.2:8080"
@@ -189,8 +190,8 @@ def test_n4_tcp_and_udp_on_one_node_port_are_independent(backend: EbpfBackend,
 
 def test_n5_a_deleted_node_port_or_one_back_to_cluster_ip_stops_at_once(
         backend: EbpfBackend, agent: Agent) -> None:
-    node_port = service_port("n5", vips("20.7"), 80, backends=[1], node_port=30085)
-    cluster_ip = service_port("n5", vips("20.7"), 80, backends=[1])
+    node_port = service_port("n5", vips("20.7"), 80, endpoints=[1], node_port=30085)
+    cluster_ip = service_port("n5", vips("20.7"), 80, endpoints=[1])
     backend.apply(added(node_port))
     assert tcp_served(agent, NODE_V6, 30085, 6) in served_by([1], 6)
     backend.apply(updated(node_port, cluster_ip))
@@ -226,7 +227,7 @@ def test_n6_no_endpoints_refuses_node_port_external_ip_and_lb_ip(
 @pytest.mark.parametrize("host", [EXTERNAL_IP, LB_IP])
 def test_n14_external_ips_and_lb_ips_off_the_node_translate(
         backend: EbpfBackend, agent: Agent, host: str) -> None:
-    backend.apply(added(*(service_port("n14", vips("20.9"), 80, backends=[3], protocol=protocol,
+    backend.apply(added(*(service_port("n14", vips("20.9"), 80, endpoints=[3], protocol=protocol,
                                        target_port=8080 if protocol == "TCP" else 5353,
                                        external_ips=[EXTERNAL_IP], lb_ips=[LB_IP])
                           for protocol in ("TCP", "UDP"))))
@@ -239,7 +240,7 @@ def test_n14_external_ips_and_lb_ips_off_the_node_translate(
 
 def test_the_dump_shows_each_kind_and_the_node_port_addresses(backend: EbpfBackend,
                                                               the_lab: Lab) -> None:
-    backend.apply(added(service_port("kinds", ["10.96.20.10"], 80, backends=[1],
+    backend.apply(added(service_port("kinds", ["10.96.20.10"], 80, endpoints=[1],
                                      families=(4,), node_port=30087,
                                      external_ips=[EXTERNAL_IP], lb_ips=[LB_IP])))
     dump = read_dump(the_lab.bpffs_dir)
@@ -252,7 +253,7 @@ def test_the_dump_shows_each_kind_and_the_node_port_addresses(backend: EbpfBacke
 def test_node_ports_keep_answering_after_close_and_a_restart_adopts_the_addresses(
         the_lab: Lab, agent: Agent) -> None:
     with node_backend(the_lab) as ebpf:
-        ebpf.apply(added(service_port("kept", vips("20.11"), 80, backends=[4],
+        ebpf.apply(added(service_port("kept", vips("20.11"), 80, endpoints=[4],
                                       node_port=30088)))
     assert tcp_served(agent, NODE_V4, 30088, 4) in served_by([4], 4)  # no process
     with node_backend(the_lab, NodePortAddresses.parse("fd00::/16")):
@@ -269,7 +270,7 @@ def test_a_node_addresses_map_too_small_is_logged_and_counted_not_raised(
     try:
         with caplog.at_level(logging.ERROR):
             ebpf.setup()
-        assert [getattr(r, "kpng_fields", {}).get("map_size_flag") for r in caplog.records
+        assert [record_fields(r).get("map_size_flag") for r in caplog.records
                 if "node-port addresses" in r.getMessage()] == ["--map-size-node-addresses"]
         assert metrics.registry.get_sample_value(
             "kpng_py_dataplane_errors_total", {"kind": "node-addresses"}) == 1

@@ -70,7 +70,7 @@ def test_brain_outage_leaves_the_dataplane_alone_and_resyncs_only_differences(
         assert map_writes(backend) == written and programmed(n.dump()) == before
         assert_no_failure(outage)
 
-        # Back with one real difference: web's backend 3 is replaced by 4.
+        # Back with one real difference: web's endpoint 3 is replaced by 4.
         n.state.write(web_and_dns(web=[1, 2, 4], dns=[1, 2], web_vips=v4_only))
         agent.call("loop_start", targets=targets)
         try:
@@ -99,8 +99,8 @@ def test_brain_outage_leaves_the_dataplane_alone_and_resyncs_only_differences(
     assert all(base - 0.001 <= delay <= base * (1 + JITTER) + 0.001
                for base, delay in zip(bases, delays)), (delays, bases)
     # The new stream's full state became one incremental update of web, and
-    # only what differs was written: backend 4 added and 3 deleted (backends),
-    # 4 in 3's slot (services); web's master (3 backends) and dns untouched.
+    # only what differs was written: endpoint 4 added and 3 deleted (`backends`),
+    # 4 in 3's slot (`services`); web's master (3 endpoints) and dns untouched.
     assert "full=False" in resync and "updated=1" in resync and "added=0" in resync, resync
     assert {pin: resynced[pin] - written[pin] for pin in WRITTEN_MAPS} == {
         maps.SERVICES.pin: 1, maps.ENDPOINTS.pin: 2}
@@ -147,7 +147,7 @@ def test_backend_killed_while_serving_and_while_starting_fails_nothing_and_adopt
 
 
 def extra_service(index: int) -> dict:
-    """x<index>: TCP 9090 on three lab backends; needs 4 services entries."""
+    """x<index>: TCP 9090 on three of the lab's servers; needs 4 services entries."""
     return lab_service(f"x{index}", (f"10.96.31.{index + 1}",), TCP, 9090, 9090, [1, 2, 3])
 
 
@@ -204,14 +204,14 @@ def test_a_resize_below_what_the_maps_hold_is_refused_and_the_datapath_stays_who
         the_lab: Lab, agent: Agent, tmp_path: Path) -> None:
     """Issue 31: a restart with maps smaller than their entries copied them
     in part and swapped the programs in over them (slots pointing at missing
-    backends, services untranslated). Such a start is refused now, naming
+    endpoints, services untranslated). Such a start is refused now, naming
     the sizes needed, and the datapath in force is not touched."""
     with node(the_lab, tmp_path) as n:
         n.state.write(web_and_dns(web=[1, 2, 3], dns=[1, 2]))
         n.start_brain()
         backend = n.start_backend()
         before, links = n.dump(), {link.hook: link for link in pinned_links(the_lab.bpffs_dir)}
-        services, backends = (before["maps"][pin]["entries"] for pin in WRITTEN_MAPS)
+        services, endpoints = (before["maps"][pin]["entries"] for pin in WRITTEN_MAPS)
         backend.terminate()
 
         agent.call("loop_start", targets=TARGETS)
@@ -225,8 +225,8 @@ def test_a_resize_below_what_the_maps_hold_is_refused_and_the_datapath_stays_who
             result = agent.call("loop_stop")
         assert code == 2
         assert (f"--map-size-services 8 is below the {services} entries map services holds "
-                f"(give at least {services}); --map-size-backends 4 is below the {backends} "
-                f"entries map backends holds (give at least {backends})") in refused.stderr()
+                f"(give at least {services}); --map-size-backends 4 is below the {endpoints} "
+                f"entries map backends holds (give at least {endpoints})") in refused.stderr()
         assert "The datapath in force stays as it is" in refused.stderr()
         assert_no_failure(result)
         now = n.dump()
@@ -238,7 +238,7 @@ def test_a_resize_below_what_the_maps_hold_is_refused_and_the_datapath_stays_who
 
         # The sizes it asked for are enough: that start goes ahead.
         enough = n.start_backend("--map-size-services", str(services),
-                                 "--map-size-backends", str(backends))
+                                 "--map-size-backends", str(endpoints))
         assert enough.metric("kpng_py_service_ports_not_programmed", reason="capacity") == 0
         assert programmed(n.dump()) == programmed(before)
 

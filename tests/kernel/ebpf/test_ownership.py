@@ -139,7 +139,7 @@ def test_while_the_datapath_cannot_be_put_back_health_and_metrics_say_so(
     ebpf.setup()
     client = the_lab.agent()
     try:
-        ebpf.apply(added(service_port("owned", [VIP], 80, backends=[1], families=(4,)),
+        ebpf.apply(added(service_port("owned", [VIP], 80, endpoints=[1], families=(4,)),
                          full=True))
         health.changeset_applied()
         assert client.call("tcp", host=VIP, port=80, family=4)["ok"]

@@ -74,14 +74,14 @@ def endpoints_of(datapath: Datapath, frontend_id: int) -> dict[int, str]:
 
 def test_shrinking_and_removing_leave_no_stale_entries(datapath: Datapath) -> None:
     p = programmer(datapath)
-    big = service_port("shrink", ["10.96.1.1", "fd00:96::1:1"], 80, backends=[1, 2, 3, 4])
+    big = service_port("shrink", ["10.96.1.1", "fd00:96::1:1"], 80, endpoints=[1, 2, 3, 4])
     p.apply(added(big))
     master = frontend_entries(datapath, "10.96.1.1", 80)[0]
     assert master[1] == 4
     assert sorted(endpoints_of(datapath, master[0]).values()) == [
         "10.244.0.2:8080", "10.244.0.3:8080", "10.244.0.4:8080", "10.244.0.5:8080"]
 
-    small = service_port("shrink", ["10.96.1.1", "fd00:96::1:1"], 80, backends=[3])
+    small = service_port("shrink", ["10.96.1.1", "fd00:96::1:1"], 80, endpoints=[3])
     p.apply(updated(big, small))
     for vip, address in (("10.96.1.1", "10.244.0.4:8080"), ("fd00:96::1:1", "[fd00:244::4]:8080")):
         entries = frontend_entries(datapath, vip, 80)
@@ -94,38 +94,38 @@ def test_shrinking_and_removing_leave_no_stale_entries(datapath: Datapath) -> No
     assert endpoints_of(datapath, master[0]) == {}
 
 
-def test_services_sharing_endpoints_never_share_backend_entries(datapath: Datapath) -> None:
+def test_services_sharing_endpoints_never_share_endpoint_entries(datapath: Datapath) -> None:
     p = programmer(datapath)
-    a = service_port("share-a", ["10.96.2.1"], 80, backends=[1, 2], families=(4,))
-    b = service_port("share-b", ["10.96.2.2"], 80, backends=[1, 2], families=(4,))
+    a = service_port("share-a", ["10.96.2.1"], 80, endpoints=[1, 2], families=(4,))
+    b = service_port("share-b", ["10.96.2.2"], 80, endpoints=[1, 2], families=(4,))
     p.apply(added(a, b))
     id_a = frontend_entries(datapath, "10.96.2.1", 80)[0][0]
     id_b = frontend_entries(datapath, "10.96.2.2", 80)[0][0]
     assert id_a != id_b
-    backends_b = endpoints_of(datapath, id_b)
-    assert set(backends_b).isdisjoint(endpoints_of(datapath, id_a))
+    endpoints_b = endpoints_of(datapath, id_b)
+    assert set(endpoints_b).isdisjoint(endpoints_of(datapath, id_a))
     before = frontend_entries(datapath, "10.96.2.2", 80)
 
     p.apply(removed(a))
     assert frontend_entries(datapath, "10.96.2.2", 80) == before
-    assert endpoints_of(datapath, id_b) == backends_b
+    assert endpoints_of(datapath, id_b) == endpoints_b
     p.apply(removed(b))
 
 
 def test_ids_survive_a_restart_and_a_full_sync_removes_the_rest(datapath: Datapath) -> None:
-    keep = service_port("keep", ["10.96.3.1"], 80, backends=[1, 2], families=(4,))
-    drop = service_port("drop", ["10.96.3.2"], 80, backends=[3], families=(4,))
+    keep = service_port("keep", ["10.96.3.1"], 80, endpoints=[1, 2], families=(4,))
+    drop = service_port("drop", ["10.96.3.2"], 80, endpoints=[3], families=(4,))
     programmer(datapath).apply(added(keep, drop))
     master = frontend_entries(datapath, "10.96.3.1", 80)
-    backends = endpoints_of(datapath, master[0][0])
+    kept = endpoints_of(datapath, master[0][0])
 
     restarted = programmer(datapath)
     restarted.apply(ServicePortChanges(added=(keep,), full=True))
     assert frontend_entries(datapath, "10.96.3.1", 80) == master
-    assert endpoints_of(datapath, master[0][0]) == backends
+    assert endpoints_of(datapath, master[0][0]) == kept
     assert frontend_entries(datapath, "10.96.3.2", 80) == {}
     # A new service gets an id no earlier one used.
-    more = service_port("more", ["10.96.3.3"], 80, backends=[1], families=(4,))
+    more = service_port("more", ["10.96.3.3"], 80, endpoints=[1], families=(4,))
     restarted.apply(added(more))
     assert frontend_entries(datapath, "10.96.3.3", 80)[0][0] > master[0][0]
     restarted.apply(ServicePortChanges(full=True))
@@ -134,36 +134,36 @@ def test_ids_survive_a_restart_and_a_full_sync_removes_the_rest(datapath: Datapa
 
 
 def test_a_full_sync_removes_entries_no_frontend_explains(datapath: Datapath) -> None:
-    svc = service_port("stray", ["10.96.4.1"], 80, backends=[1], families=(4,))
+    svc = service_port("stray", ["10.96.4.1"], 80, endpoints=[1], families=(4,))
     programmer(datapath).apply(added(svc))
     frontend = KeyedFrontend(Frontend(svc.cluster_ips[0], 80, Protocol.TCP))
-    services, backends = datapath.maps[maps.SERVICES.pin], datapath.maps[maps.ENDPOINTS.pin]
+    services, endpoints = datapath.maps[maps.SERVICES.pin], datapath.maps[maps.ENDPOINTS.pin]
     # What a crash between two write steps can leave: slots above the count,
-    # a backend no slot names.
+    # an endpoint no slot names.
     services.put_many([frontend.key(2), frontend.key(5)], [ServiceValue(id=4242)] * 2)
-    backends.put_many([4242], [maps.EndpointValue(addr=maps.L4Addr.of(svc.cluster_ips[0], 1))])
+    endpoints.put_many([4242], [maps.EndpointValue(addr=maps.L4Addr.of(svc.cluster_ips[0], 1))])
 
-    grown = service_port("stray", ["10.96.4.1"], 80, backends=[1, 2], families=(4,))
+    grown = service_port("stray", ["10.96.4.1"], 80, endpoints=[1, 2], families=(4,))
     programmer(datapath).apply(ServicePortChanges(added=(grown,), full=True))
     entries = frontend_entries(datapath, "10.96.4.1", 80)
     assert sorted(entries) == [0, 1, 2]
     assert sorted(endpoints_of(datapath, entries[0][0])) == sorted(
         entries[slot][0] for slot in (1, 2))
-    assert backends.get(4242) is None
+    assert endpoints.get(4242) is None
     programmer(datapath).apply(ServicePortChanges(full=True))
 
 
 def test_an_incremental_change_writes_only_what_changed(datapath: Datapath) -> None:
-    ports = [service_port(f"many-{i}", [f"10.96.5.{i}"], 80, backends=[1, 2], families=(4,))
+    ports = [service_port(f"many-{i}", [f"10.96.5.{i}"], 80, endpoints=[1, 2], families=(4,))
              for i in range(1, 51)]
     p = programmer(datapath)
     p.apply(ServicePortChanges(added=tuple(ports), full=True))
     recording = {pin: RecordingMap(datapath.maps[pin]) for pin in (maps.SERVICES.pin,
                                                                      maps.ENDPOINTS.pin)}
     p._services, p._endpoints_map = recording[maps.SERVICES.pin], recording[maps.ENDPOINTS.pin]
-    grown = service_port("many-7", ["10.96.5.7"], 80, backends=[1, 2, 3], families=(4,))
+    grown = service_port("many-7", ["10.96.5.7"], 80, endpoints=[1, 2, 3], families=(4,))
     p.apply(updated(ports[6], grown))
-    # One new backend, its slot, and the master with the new count.
+    # One new endpoint, its slot, and the master with the new count.
     assert len(recording[maps.ENDPOINTS.pin].touched) == 1
     assert sorted(k.slot for k in recording[maps.SERVICES.pin].touched) == [0, 3]
     p.apply(ServicePortChanges(full=True))
@@ -182,8 +182,8 @@ def test_a_frontend_given_to_a_second_service_port_is_refused_however_it_is_spel
     that gives an owned frontend to another service port raises, naming
     both, and writes nothing; the owner's entries stay. Once the owner lets
     go, the other takes it."""
-    owner = service_port("spelt-owner", [owned], 80, backends=[1])
-    intruder = service_port("spelt-intruder", [intruding], 80, backends=[2])
+    owner = service_port("spelt-owner", [owned], 80, endpoints=[1])
+    intruder = service_port("spelt-intruder", [intruding], 80, endpoints=[2])
     p = programmer(datapath)
     p.apply(added(owner))
     canonical = ipaddress.ip_address(owned.split("%")[0])
@@ -214,7 +214,7 @@ def test_a_full_map_skips_that_service_port_only_and_retries_it_later(
     # Each port below needs 4 services entries (master + 3 slots).
     with loaded(services=8, backends=64, reverse_nat=16, affinity=16) as small:
         p = programmer(small, metrics)
-        a, b, c = (service_port(name, [vip], 80, backends=[1, 2, 3], families=(4,))
+        a, b, c = (service_port(name, [vip], 80, endpoints=[1, 2, 3], families=(4,))
                    for name, vip in (("a", "10.96.7.1"), ("b", "10.96.7.2"), ("c", "10.96.7.3")))
         with caplog.at_level(logging.WARNING):
             p.apply(ServicePortChanges(added=(a, b, c), full=True))
@@ -241,15 +241,15 @@ def test_a_port_that_outgrows_the_maps_keeps_what_it_had() -> None:
                 len(small.maps[maps.SERVICES.pin]), len(small.maps[maps.ENDPOINTS.pin]))
 
         p = programmer(small, metrics)
-        grow = service_port("grow", ["10.96.8.1", "fd00:96::8:1"], 80, backends=[1, 2])
-        filler = service_port("filler", ["10.96.8.2"], 80, backends=[1, 2, 3], families=(4,))
+        grow = service_port("grow", ["10.96.8.1", "fd00:96::8:1"], 80, endpoints=[1, 2])
+        filler = service_port("filler", ["10.96.8.2"], 80, endpoints=[1, 2, 3], families=(4,))
         p.apply(added(grow, filler))  # 3 + 3 + 4 = 10 of 12 entries
         v4 = frontend_entries(small, "10.96.8.1", 80)
-        v4_backends = endpoints_of(small, v4[0][0])
+        v4_endpoints = endpoints_of(small, v4[0][0])
 
-        # v4 only, 8 backends: the v6 frontend goes (7 entries left), and
+        # v4 only, 8 endpoints: the v6 frontend goes (7 entries left), and
         # the 6 more slots would make 13.
-        grown = service_port("grow", ["10.96.8.1"], 80, backends=range(1, 9), families=(4,))
+        grown = service_port("grow", ["10.96.8.1"], 80, endpoints=range(1, 9), families=(4,))
         recording = RecordingMap(small.maps[maps.SERVICES.pin])
         p._services = recording
         p.apply(updated(grow, grown))
@@ -257,11 +257,11 @@ def test_a_port_that_outgrows_the_maps_keeps_what_it_had() -> None:
         assert {bytes(key)[:20] for key in recording.touched} == {
             bytes(maps.L4Addr.of(ipaddress.ip_address("fd00:96::8:1"), 80))}
         assert frontend_entries(small, "10.96.8.1", 80) == v4
-        assert endpoints_of(small, v4[0][0]) == v4_backends
+        assert endpoints_of(small, v4[0][0]) == v4_endpoints
         assert skipped(metrics, "capacity") == 1
         assert entries_match_the_maps()
 
-        other = service_port("other", ["10.96.8.3"], 80, backends=[1], families=(4,))
+        other = service_port("other", ["10.96.8.3"], 80, endpoints=[1], families=(4,))
         p.apply(added(other))  # an unrelated change: grown is retried, still too big
         assert frontend_entries(small, "10.96.8.1", 80) == v4
         assert skipped(metrics, "capacity") == 1

@@ -39,15 +39,15 @@ WARM_UP_SECONDS = min(10.0, SOAK_SECONDS / 4)
 EDIT_SECONDS = Settle().seconds + 0.5
 RSS_GROWTH_BOUND_KIB = 4 * 1024
 EXTRA_SERVICES = 4
-LAB_BACKENDS = (1, 2, 3, 4)
+LAB_SERVERS = (1, 2, 3, 4)
 STEADY = web_and_dns(web=[1, 2, 3], dns=[1, 2])
 
 
 def churned(rng: random.Random) -> dict:
-    """web and dns on a random non-empty set of backends, and a random set of
+    """web and dns on a random non-empty set of endpoints, and a random set of
     extra services (created and deleted: new service ids, masters, slots)."""
     def some() -> list[int]:
-        return sorted(rng.sample(LAB_BACKENDS, rng.randint(1, len(LAB_BACKENDS))))
+        return sorted(rng.sample(LAB_SERVERS, rng.randint(1, len(LAB_SERVERS))))
 
     extras = [lab_service(f"churn{i}", (f"10.96.32.{i + 1}", f"fd00:96::32:{i + 1}"), TCP,
                           9090, 9090, some())
@@ -58,7 +58,7 @@ def churned(rng: random.Random) -> dict:
 def frontends_if_whole(dump: dict) -> dict[tuple, tuple] | None:
     """The programmed frontends, or None for a dump that caught a change set
     half-written: `ebpf dump` reads the services map, then the backends map,
-    so a service removed in between leaves slots whose backend is already
+    so a service removed in between leaves slots whose endpoint is already
     gone. Only the final dump, taken once the maps are settled, must be whole."""
     try:
         return programmed_frontends(dump)
@@ -111,7 +111,7 @@ def test_soak(the_lab: Lab, agent: Agent, tmp_path: Path) -> None:
     assert result["connects"] > 0 and result["queries"] > 0
     assert syncs >= edits / 2, "the churn reached the backend"
     assert errors == 0
-    # Back to the steady state: the same frontends and backends, no leftovers.
+    # Back to the steady state: the same frontends and endpoints, no leftovers.
     assert programmed_frontends(end_dump) == steady_frontends
     assert {pin: end_dump["maps"][pin]["entries"] for pin in steady_entries} == steady_entries
     assert entries_metric == steady_entries

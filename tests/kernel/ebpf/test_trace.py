@@ -14,19 +14,19 @@ import time
 import pytest
 
 from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.datapath.loader import mount_point, open_pinned_map
+from backends.ebpf.datapath.loader import default_cgroup, open_pinned_map
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.tools.trace import TraceSession, Translation
 from lab.procs import kpng_py_command, wait_until
 from lab.socket_lab import Agent, Lab, backend_ip
-from tests.ebpf.helpers import added, service_port
+from tests.ebpf.helpers import added, held, service_port
 
 pytestmark = pytest.mark.kernel
 
-WEB = service_port("traced", ["10.96.11.1", "fd00:96::11:1"], 80, backends=[1], port_name="http")
-DNS = service_port("traced", ["10.96.11.1"], 53, backends=[2], protocol="UDP",
+WEB = service_port("traced", ["10.96.11.1", "fd00:96::11:1"], 80, endpoints=[1], port_name="http")
+DNS = service_port("traced", ["10.96.11.1"], 53, endpoints=[2], protocol="UDP",
                    target_port=5353, port_name="dns")
-STICKY = service_port("sticky", ["10.96.11.2"], 80, backends=[1, 2, 3], affinity=60)
+STICKY = service_port("sticky", ["10.96.11.2"], 80, endpoints=[1, 2, 3], affinity=60)
 EMPTY = service_port("empty", ["10.96.11.3"], 80)
 
 
@@ -65,7 +65,7 @@ def test_each_translation_is_one_event_naming_what_it_did(traced: EbpfBackend, a
         assert agent.call("tcp", host="10.96.11.3", port=80, family=4)["errno"] == (
             errno.ECONNREFUSED)
         seen = collect(session, 6)
-    cgroup = "/" + str(the_lab.group.path.relative_to(mount_point("cgroup2")))
+    cgroup = "/" + str(the_lab.group.path.relative_to(default_cgroup()))
     assert {(t.pid, t.cgroup) for t in seen} == {(agent.pid, cgroup)}
     assert all(t.comm.startswith("python") for t in seen)
     assert [(t.hook, t.protocol, str(t.vip), str(t.endpoint), t.service_port, t.verdict)
@@ -113,8 +113,8 @@ def test_one_trace_at_a_time_and_the_flag_is_cleared_after(traced: EbpfBackend,
                 kpng_py_command("ebpf", "trace", "--bpffs-dir", str(the_lab.bpffs_dir)),
                 capture_output=True, text=True, timeout=30)
             assert second.returncode != 0 and "another trace" in second.stderr, second.stderr
-            assert config.get(0).tracer_pid > 0
-        assert config.get(0).tracer_pid == 0
+            assert held(config, 0).tracer_pid > 0
+        assert held(config, 0).tracer_pid == 0
     finally:
         config.close()
 
@@ -125,6 +125,7 @@ def test_the_cli_prints_json_lines_for_the_service_asked(traced: EbpfBackend, ag
         kpng_py_command("ebpf", "trace", "--bpffs-dir", str(the_lab.bpffs_dir), "--json",
                      "--service", "default/traced", "--count", "2"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert trace.stderr is not None
     try:
         assert "tracing" in trace.stderr.readline()
         assert agent.call("tcp", host="10.96.11.2", port=80, family=4)["ok"]  # not asked for

@@ -8,7 +8,7 @@ import pytest
 from backends.ebpf.backend import EbpfBackend
 from backends.ebpf.maps import layout as maps
 from kpng_py.metrics.metrics import Metrics
-from tests.ebpf.helpers import loaded
+from tests.ebpf.helpers import datapath_of, loaded
 
 
 @pytest.mark.kernel
@@ -26,9 +26,9 @@ def test_metrics_scrapes_do_not_walk_the_lru_maps_each_time(backend: EbpfBackend
                                                             metrics: Metrics) -> None:
     """The datapath adds entries between two scrapes: both show the count of
     the first one (refreshed at most every LRU_COUNT_MAX_AGE_SECONDS)."""
-    lru = backend._datapath.maps[maps.REVERSE_NAT.pin]
+    lru = datapath_of(backend).maps[maps.REVERSE_NAT.pin]
 
-    def scraped() -> float:
+    def scraped() -> float | None:
         return metrics.registry.get_sample_value("kpng_py_map_entries",
                                                  {"map": maps.REVERSE_NAT.pin})
 

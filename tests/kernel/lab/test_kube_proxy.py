@@ -65,7 +65,7 @@ def test_iptables_restore_accepts_full_and_partial_syncs(variant: str):
         assert done.returncode == 0, done.stderr
         saved = ns.run(f"iptables-{variant}-save", "-t", "nat").stdout
         moved = KubeServicePort.of(after)
-        assert f"--to-destination {moved.endpoints[-1]}" in saved
+        assert moved is not None and f"--to-destination {moved.endpoints[-1]}" in saved
         assert len(re.findall(r"^-A KUBE-SERVICES .* -j KUBE-SVC-", saved, re.M)) == 50
 
 

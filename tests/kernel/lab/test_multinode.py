@@ -8,6 +8,7 @@ client's address masqueraded or kept; teardown leaves nothing."""
 from __future__ import annotations
 
 import errno
+import functools
 import shutil
 
 import pytest
@@ -62,7 +63,7 @@ def test_two_nodes_and_an_external_client():
         a, b = cluster.pods["n1-a"], cluster.pods["n2-a"]
         for pod in (a, b):
             cluster.spawn_in_pod(pod, "whoami", peer_server_command(pod.name, PORT))
-            wait_until(f"whoami in {pod.name}", lambda p=pod: _listening(p.netns), 10.0)
+            wait_until(f"whoami in {pod.name}", functools.partial(_listening, pod.netns), 10.0)
         external = cluster.external
         assert external is not None
         node1 = cluster.nodes[0]

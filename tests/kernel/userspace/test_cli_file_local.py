@@ -103,6 +103,7 @@ def test_the_runner_tells_the_health_check_node_port_what_healthz_says(tmp_path:
             "to-local", "--node-name", "n", "--healthz-bind-address", "",
             "--metrics-bind-address", "", "to-userspace", "--interface", unique_name("kpt")),
             stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
         try:
             deadline = time.monotonic() + 30
             while (answer := _health_check(ns)) is None or not answer["serviceProxyHealthy"]:

@@ -127,6 +127,7 @@ def test_a_port_taken_by_another_process_is_listened_on_once_it_is_free(
     blocker = subprocess.Popen(netns_cluster.node.exec_args(
         sys.executable, "-c", _BLOCKER, vip, "80"), stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, text=True)
+    assert blocker.stdin is not None and blocker.stdout is not None
     try:
         assert blocker.stdout.readline().strip() == "ready"
         node = start_node()

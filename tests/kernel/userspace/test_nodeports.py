@@ -17,6 +17,7 @@ import pytest
 
 from kpng_py.model import (
     Endpoint,
+    Endpoints,
     IPFamily,
     Protocol,
     ServicePort,
@@ -232,8 +233,8 @@ def test_n14_external_and_lb_ips_answer_from_outside_and_from_the_host(
 def _local_only(protocol: Protocol, local: str | None) -> ServicePort:
     """eTP=Local: every endpoint in the cluster scope, only `local` (this
     node's) in the External scope, as the brain sends them."""
-    endpoints = tuple(_endpoint(ip, local=ip == local, external=ip == local)
-                      for ip in (*SERVER_V4, *SERVER_V6))
+    endpoints = Endpoints.of(_endpoint(ip, local=ip == local, external=ip == local)
+                             for ip in (*SERVER_V4, *SERVER_V6))
     return replace(_port("web", protocol),
                    endpoints=endpoints, external_traffic_local=True, type="LoadBalancer",
                    external_ips=_ips(EXTERNAL_IP), health_check_node_port=HC_PORT)
