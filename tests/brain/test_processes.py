@@ -13,6 +13,7 @@ import pytest
 
 from kpng_py.brain.plainload import Unchecked
 from kpng_py.brain.processes import ReadProcesses, usable_cpus
+from kpng_py.runtime.logs import record_fields
 
 TWO = ReadProcesses(2, min_share=2)
 
@@ -83,7 +84,7 @@ def test_a_second_process_that_dies_is_read_around(caplog):
     assert values == list(range(6))
     [warning] = caplog.records
     assert "reading them here" in warning.getMessage()
-    assert warning.kpng_fields["services"] == 3
+    assert record_fields(warning)["services"] == 3
 
 
 def test_the_second_process_is_ended_when_this_ones_share_fails():
