@@ -33,7 +33,7 @@ from typing import Callable, NamedTuple, TypeVar
 from kpng_py.api import localv1
 from kpng_py.brain.plainload import Plain, Unchecked, plain_document
 from kpng_py.brain.plainvalue import PlainValue
-from kpng_py.brain.processes import ReadProcesses
+from kpng_py.brain.processes import ReadProcesses, read_in_order
 from kpng_py.brain.reader import Blame, FieldChecks, StateFileError, Value, read_document
 from kpng_py.model import MAX_AFFINITY_TIMEOUT_SECONDS, MAX_PORT
 from kpng_py.runtime.collector import collector_paused, freeze_survivors
@@ -185,7 +185,7 @@ class StateReader:
             state = _cluster_state(PlainValue(document))
             services = self._item_services(items)
             entries = ([services[item] for item in items] if items
-                       else self._processes.read_each(_plain_service_entry, in_place))
+                       else read_in_order(_plain_service_entry, in_place))
         except Unchecked:
             return None
         if len({entry.path for entry in entries}) < len(entries):
@@ -204,8 +204,10 @@ class StateReader:
 
 
 def _taken_services(document: Plain) -> list[Plain]:
-    """The document's list of services, taken out of it (and then read by
-    `_entries`); empty if it has none, or something else in its place."""
+    """The document's list of services, taken out of it (then read in order,
+    each one's plain values let go once read: a big document's values are
+    not all kept beside the state they become); empty if it has none, or
+    something else in its place."""
     if type(document) is dict and type(document.get("services")) is list:
         return document.pop("services")
     return []
