@@ -3,11 +3,11 @@
 Reading a service of a state file is Python's work (the checks, and the
 protobuf messages built from what the parser read: about 15 us an endpoint),
 so one process reads a 10 000 x 10 file in about 3.5 s whatever the style.
-Half of its services go to a second process, started for the read (a new
-interpreter running this module, not a fork of this process, which has
+Two fifths of its services go to a second process, started for the read (a
+new interpreter running this module, not a fork of this process, which has
 threads; nothing of the program that started it is run again) and ended by
-it: this process reads the other half meanwhile and takes the second's
-values back, pickled. docs/bench.md ("The brain's reader") has the figures;
+it: this process reads the rest meanwhile and takes the second's values
+back, pickled. docs/bench.md ("The brain's reader") has the figures;
 a second process pays only for a big file, hence `min_share`.
 
 A share is a list of what the function reading it takes (a block or flow
@@ -43,8 +43,11 @@ In = TypeVar("In")
 Out = TypeVar("Out")
 
 # Services a process must have for a second one to pay for its own start (an
-# interpreter importing protobuf and the parsers: about 0.3 s of a CPU).
+# interpreter importing protobuf and the parsers: about 0.2 s of a CPU).
 MIN_SHARE = 2_000
+# The part of the inputs the second process reads: less than half, as it
+# starts later and sends its values back (docs/bench.md, "The brain's reader").
+SECOND_SHARE = 0.4
 # The cgroup v2 limit of this process's CPU time ("max" or "QUOTA PERIOD"),
 # as a container sees it.
 _CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
@@ -69,14 +72,14 @@ class ReadProcesses:
         become)."""
         if min(self.count, len(inputs) // self.min_share) < 2:
             return read_in_order(read, inputs)
-        half = len(inputs) // 2
+        split = len(inputs) - round(len(inputs) * SECOND_SHARE)
         try:
-            second = _SecondProcess(read, inputs[half:])  # the share pickled...
+            second = _SecondProcess(read, inputs[split:])  # the share pickled...
         except OSError as err:
-            log.warning("no second process to read half of the state file's services; "
+            log.warning("no second process to read a share of the state file's services; "
                         "reading them all here", extra=fields(error=str(err)))
             return read_in_order(read, inputs)
-        del inputs[half:]  # ... and freed here
+        del inputs[split:]  # ... and freed here
         with second:
             outputs = read_in_order(read, inputs)
             outputs.extend(second.outputs())
