@@ -55,7 +55,7 @@ _PROPERTIES = re.compile(r"(?:^|[\s\[{,])[!&*]|^%", re.MULTILINE)
 # integers in YAML 1.1 when they are a whole plain scalar.
 _ZERO_THEN = re.compile(r"0[0-9oO_]")
 _NUMBER_START = frozenset(" \t\r\n[{,")
-_JSON_START = re.compile(r"\s*\{")
+_JSON_START = re.compile(r"\s*[{\[]")
 
 
 def _unvouched(text: str) -> str | None:

@@ -10,15 +10,17 @@ it: this process reads the rest meanwhile and takes the second's values
 back, pickled. docs/bench.md ("The brain's reader") has the figures;
 a second process pays only for a big file, hence `min_share`.
 
-A share is a list of what the function reading it takes (a block or flow
-style file's item texts), read by a module-level function (pickled by its
-name). A JSON file's services are not shared: they are plain values once the
-file is parsed, and a second process, given them pickled, saved 12 % of an
-in-process read at 10 000 x 10 and nothing of the brain's start, for 115 MiB
-more (docs/bench.md). A share the second process could not read
-(it did not start, it died) is read here after one warning: the same values,
-only later. What the read itself raises there (`Unchecked`: the strict
-reader must read the file) is raised here.
+A share is a list of what the function reading it takes (a file's item
+texts: items.py), read by a module-level function (pickled by its name).
+The services of a file read whole are not shared: they are plain values
+once the file is parsed, and a second process, given them pickled, saved
+12 % of an in-process read at 10 000 x 10 and nothing of the brain's start,
+for 115 MiB more (docs/bench.md).
+
+A share the second process could not read (it did not start, it died) is
+read here after one warning: the same values, only later. What the read
+itself raises there (`Unchecked`: the strict reader must read the file) is
+raised here.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from itertools import chain
 from typing import Callable, NamedTuple, TypeVar
 
 from kpng_py.api import localv1
+from kpng_py.brain.items import split_services
 from kpng_py.brain.plainload import Plain, Unchecked, plain_document
 from kpng_py.brain.plainvalue import PlainValue
 from kpng_py.brain.processes import ReadProcesses, read_in_order
@@ -41,11 +42,6 @@ from kpng_py.runtime.collector import collector_paused, freeze_survivors
 T = TypeVar("T")
 # A document as either reader gives it (the same accessors).
 Doc = Value | PlainValue
-# A line that starts at column 0 and is not a comment: the first line, and
-# any after a newline (searched for as such: ten times faster than `^` in
-# multi-line mode over a big file).
-_TOP_LINE = re.compile(r"[^\s#]")
-_NEXT_TOP_LINE = re.compile(r"\n[^\s#]")
 # Dotted quads that ipaddress reads as IPv4 (no leading zeros, each <= 255):
 # most addresses of a big file, checked without building an address.
 IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
@@ -146,11 +142,11 @@ def parse_state(data: bytes, file: str) -> ClusterState:
 
 class StateReader:
     """Reads the versions of one state file. The services of a file that
-    writes them one per column-0 `- ` under `services:` (block style, or flow
-    style inside each service) are read item by item, and an item whose text
-    is the same as in the last version read is not read again: a
-    one-endpoint edit of a big file reads one service. The services to
-    read of a big file are read by two processes (processes.py)."""
+    writes them as items (items.py: YAML's column-0 `- ` under `services:`,
+    or JSON's `"services"` array one value a line) are read item by item,
+    and an item whose text is the same as in the last version read is not
+    read again: a one-endpoint edit of a big file reads one service. The
+    items to read of a big file are read by two processes (processes.py)."""
 
     def __init__(self, file: str, processes: ReadProcesses | None = None) -> None:
         self._file = file
@@ -176,12 +172,12 @@ class StateReader:
         """The state as the fast path reads it; None when it does not vouch
         for the text (a problem to name, or a doubt). `data`: the text's
         UTF-8 bytes, if the caller has them (read without a copy)."""
-        skeleton, items = _split_services(text)
+        skeleton, items = split_services(text)
         try:
             document = plain_document(skeleton, data if skeleton is text else None)
             in_place = _taken_services(document)
             if items and in_place:
-                return None  # services both in place and as column-0 items: not YAML
+                return None  # services both in place and as items: not one document
             state = _cluster_state(PlainValue(document))
             services = self._item_services(items)
             entries = ([services[item] for item in items] if items
@@ -192,7 +188,6 @@ class StateReader:
             return None  # two services with one name: the strict reader says where
         self._services = services
         return replace(state, services=tuple(entries))
-
 
     def _item_services(self, items: list[str]) -> dict[str, ServiceEntry]:
         """Each item's service: the last version's where its text is the
@@ -215,26 +210,6 @@ def _taken_services(document: Plain) -> list[Plain]:
 
 def _plain_service_entry(plain: Plain) -> ServiceEntry:
     return _service_entry(PlainValue(plain))
-
-
-def _split_services(text: str) -> tuple[str, list[str]]:
-    """The document without the items of a top-level `services:` written one
-    per column-0 `- `, and those items' texts. Each item is a document of its
-    own (a list of one entry), read the same alone as in place. A document
-    without such items is its own skeleton (not copied: it may be big)."""
-    starts = ([0] if _TOP_LINE.match(text) else []) + [
-        match.start() + 1 for match in _NEXT_TOP_LINE.finditer(text)] + [len(text)]
-    skeleton = [text[:starts[0]]]
-    items: list[str] = []
-    in_services = False
-    for start, end in zip(starts, starts[1:]):
-        chunk = text[start:end]
-        if in_services and chunk.startswith("- "):
-            items.append(chunk)
-            continue
-        in_services = chunk[:10] in ("services:\n", "services:")
-        skeleton.append(chunk)
-    return ("".join(skeleton), items) if items else (text, [])
 
 
 def _service_item(item: str) -> ServiceEntry:
