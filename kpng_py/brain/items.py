@@ -45,8 +45,9 @@ def split_services(text: str) -> tuple[str, list[str]]:
     """The document without its services' items, and those items' texts; a
     document without such items is its own skeleton (not copied: it may be
     big), and no items."""
-    if _JSON_FIRST_KEY.match(text):
-        return _split_json(text)
+    first_key = _JSON_FIRST_KEY.match(text)
+    if first_key is not None:
+        return _split_json(text, first_key[1])
     return _split_yaml(text)
 
 
@@ -67,14 +68,12 @@ def _split_yaml(text: str) -> tuple[str, list[str]]:
     return ("".join(skeleton), items) if items else (text, [])
 
 
-def _split_json(text: str) -> tuple[str, list[str]]:
+def _split_json(text: str, key_indent: str) -> tuple[str, list[str]]:
     """The top-level `"services"` array's items, each starting on a line of
-    its own at the indentation of the first (the document's keys at the
-    indentation of its first key)."""
-    first_key = _JSON_FIRST_KEY.match(text)
-    assert first_key is not None  # split_services matched it
+    its own at the indentation of the first (the document's keys at
+    `key_indent`, its first key's)."""
     found = next((match for match in _JSON_SERVICES.finditer(text)
-                  if match[1] == first_key[1] and match[2] is not None), None)
+                  if match[1] == key_indent and match[2] is not None), None)
     if found is None:
         return text, []
     top, inner = found[1], found[2]
