@@ -36,7 +36,7 @@ import yaml
 from bench.e2e_sync import NODE, SETTLED_SECONDS, state_file_document
 from bench.scenario import Scenario
 
-STYLES = ("block", "flow", "json")
+STYLES = ("block", "flow", "json", "json-line")
 # This checkout: the tree the bench package is in.
 HERE = Path(__file__).resolve().parent.parent
 # The brain's log line about the second process that read half the services.
@@ -46,10 +46,11 @@ SECOND_PROCESS_PEAK = re.compile(r"second process read its share.* peak_rss_mib=
 def state_file_in_style(scenario: Scenario, style: str) -> str:
     """The scenario's state file: block style (what `make bench` writes),
     flow style inside (collections of scalars inline, as
-    docs/examples/state.yaml), or JSON (one space of indent a level)."""
+    docs/examples/state.yaml), JSON (one space of indent a level) or JSON on
+    one line."""
     document = state_file_document(scenario)
-    if style == "json":
-        return json.dumps(document, indent=1) + "\n"
+    if style.startswith("json"):
+        return json.dumps(document, indent=1 if style == "json" else None) + "\n"
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     return yaml.dump(document, Dumper=dumper, sort_keys=False,
                      default_flow_style=None if style == "flow" else False)
@@ -120,7 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="brain-start-files-") as files:
         states = {}
         for style in args.style or STYLES:
-            states[style] = Path(files) / f"state-{style}.{'json' if style == 'json' else 'yaml'}"
+            suffix = "json" if style.startswith("json") else "yaml"
+            states[style] = Path(files) / f"state-{style}.{suffix}"
             states[style].write_text(state_file_in_style(scenario, style))
         for _ in range(args.runs):
             for style, state in states.items():

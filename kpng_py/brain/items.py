@@ -10,22 +10,23 @@ items:
 - YAML with the services one per column-0 `- ` under a top-level
   `services:` (what `yaml.dump` writes, block style or flow style inside):
   each item is a list of one entry;
-- JSON written one value a line (`json.dumps(..., indent=N)`, `jq`, Go's
-  `MarshalIndent`): the items of the top-level `"services"` array, found by
-  the indentation of its first item; each is given wrapped in `[` `]`, a
-  list of one entry as a YAML item is.
+- JSON, indented or on one line: the entries of the `"services"` array,
+  each given wrapped in `[` `]`, a list of one entry as a YAML item is.
 
-The JSON split is only a guess at the array's items from the layout (a
-compact, one-line JSON file has none), checked by reading: the items are
-separated by exactly one comma, and each must read alone as one complete
-value, so that the array they are cut from holds exactly those values (a
-JSON value's extent does not depend on what follows it). A cut that makes an
-item that is not one value fails to read, and the file is then read whole,
-by the strict reader.
+A JSON array's entries are found by their layout, not by parsing the whole
+file: the array opens with `"services": [` and each entry is an object whose
+first key is one of an entry's two (`service`, `endpoints`), after the
+previous entry's `}` and one comma; the last one ends where a JSON decoder
+says, before the array's `]`. That is a guess (an object inside an entry may
+look the same), checked by reading: each piece must read alone as one
+complete value, and as a JSON value's extent does not depend on what
+follows it, the array holds exactly those values. A piece cut inside an
+entry fails to read, and the file is then read whole, by the strict reader.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 # A line that starts at column 0 and is not a comment: the first line, and
@@ -33,21 +34,22 @@ import re
 # multi-line mode over a big file).
 _TOP_LINE = re.compile(r"[^\s#]")
 _NEXT_TOP_LINE = re.compile(r"\n[^\s#]")
-# A JSON document's opening and the indentation of its first key.
-_JSON_FIRST_KEY = re.compile(r"\s*\{[ \t]*\n([ \t]*)\"")
-# A `"services": [` line (its indentation: group 1) and the indentation of
-# the line after it (group 2) if that line opens an object.
-_JSON_SERVICES = re.compile(r"\n([ \t]*)\"services\"[ \t]*:[ \t]*\[[ \t]*\n(?:([ \t]*)\{)?")
-_JSON_SPACE = " \t\r\n"
+# A JSON document's opening.
+_JSON_DOCUMENT = re.compile(r"\s*\{")
+# The services array's opening, before its first entry.
+_JSON_SERVICES = re.compile(r'"services"\s*:\s*\[\s*(?=\{\s*"(?:service|endpoints)"\s*:)')
+# The end of one entry, one comma, the start of the next (group 1).
+_JSON_BETWEEN = re.compile(r'\}\s*,\s*(\{)\s*"(?:service|endpoints)"\s*:')
+_JSON_ARRAY_END = re.compile(r"\s*\]")
+_JSON_DECODER = json.JSONDecoder()
 
 
 def split_services(text: str) -> tuple[str, list[str]]:
     """The document without its services' items, and those items' texts; a
     document without such items is its own skeleton (not copied: it may be
     big), and no items."""
-    first_key = _JSON_FIRST_KEY.match(text)
-    if first_key is not None:
-        return _split_json(text, first_key[1])
+    if _JSON_DOCUMENT.match(text):
+        return _split_json(text)
     return _split_yaml(text)
 
 
@@ -68,26 +70,21 @@ def _split_yaml(text: str) -> tuple[str, list[str]]:
     return ("".join(skeleton), items) if items else (text, [])
 
 
-def _split_json(text: str, key_indent: str) -> tuple[str, list[str]]:
-    """The top-level `"services"` array's items, each starting on a line of
-    its own at the indentation of the first (the document's keys at
-    `key_indent`, its first key's)."""
-    found = next((match for match in _JSON_SERVICES.finditer(text)
-                  if match[1] == key_indent and match[2] is not None), None)
+def _split_json(text: str) -> tuple[str, list[str]]:
+    """The `"services"` array's entries, by their layout."""
+    found = _JSON_SERVICES.search(text)
     if found is None:
         return text, []
-    top, inner = found[1], found[2]
-    body = found.end() - len(inner) - 1  # the first item's line
-    end = text.find(f"\n{top}]", body)
-    if end < 0:
+    starts, ends = [found.end()], []
+    for between in _JSON_BETWEEN.finditer(text, found.end()):
+        ends.append(between.start() + 1)
+        starts.append(between.start(1))
+    try:
+        _, end = _JSON_DECODER.raw_decode(text, starts[-1])
+    except ValueError:
         return text, []
-    item_start = re.compile(f"\n{inner}\\{{")
-    starts = [match.start() for match in item_start.finditer(text, body - 1, end)]
-    items = []
-    for start, after in zip(starts, [*starts[1:], end]):
-        item = text[start:after].rstrip(_JSON_SPACE)
-        last = after == end
-        if item.endswith(",") == last:
-            return text, []  # not one comma between items, or one after the last
-        items.append(f"[{item if last else item[:-1]}]")
-    return text[:body] + text[end:], items
+    if not _JSON_ARRAY_END.match(text, end):
+        return text, []
+    ends.append(end)
+    return (text[:found.end()] + text[end:],
+            [f"[{text[start:stop]}]" for start, stop in zip(starts, ends)])

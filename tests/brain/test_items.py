@@ -1,16 +1,15 @@
 """A state file's services as items (kpng_py/brain/items.py): found in YAML
-and in JSON written one value a line, and where the JSON layout only looks
-like items, read whole and the same."""
+and in JSON of any layout, and where a JSON layout only looks like items,
+the file read whole, with the strict reader's outcome."""
 
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
 from kpng_py.brain.items import split_services
-from kpng_py.brain.statefile import StateReader, read_strict
+from kpng_py.brain.statefile import StateFileError, StateReader, parse_state, read_strict
 from tests.brain.helpers import DNS, NODES, W1, W2, state, web
 
 DOCUMENT = state(web(W1, W2), DNS, nodes=NODES)
@@ -20,9 +19,16 @@ def _read_fast(text: str) -> object:
     return StateReader("state.json").read_plain(text)
 
 
-@pytest.mark.parametrize("indent", [1, 2, 4, "\t"])
-def test_indented_json_has_one_item_a_service(indent) -> None:
-    text = json.dumps(DOCUMENT, indent=indent)
+@pytest.mark.parametrize("text", [
+    json.dumps(DOCUMENT, indent=1),
+    json.dumps(DOCUMENT, indent=4),
+    json.dumps(DOCUMENT, indent="\t"),
+    json.dumps(DOCUMENT),
+    json.dumps(DOCUMENT, separators=(",", ":")),
+    json.dumps(DOCUMENT, indent=2).replace("\n", "\r\n"),
+    json.dumps(DOCUMENT, indent=2, sort_keys=True),  # an entry's first key: endpoints
+], ids=["indent-1", "indent-4", "tabs", "one-line", "no-spaces", "crlf", "sorted"])
+def test_json_has_one_item_a_service(text) -> None:
     skeleton, items = split_services(text)
     assert [json.loads(item)[0] for item in items] == DOCUMENT["services"]
     assert json.loads(skeleton) == {**DOCUMENT, "services": []}
@@ -30,35 +36,32 @@ def test_indented_json_has_one_item_a_service(indent) -> None:
 
 
 @pytest.mark.parametrize("text", [
-    json.dumps(DOCUMENT),  # one line
-    json.dumps(DOCUMENT, indent=2).replace("\n", "\r\n"),
-    json.dumps({"services": [], "nodes": NODES}, indent=2),
-    json.dumps({"nodes": [{"name": "n", "services": DOCUMENT["services"]}]}, indent=2),
-], ids=["compact", "crlf", "no-services", "services-not-top-level"])
+    json.dumps({"nodes": NODES}, indent=2),
+    json.dumps({"services": [], "nodes": NODES}),
+    json.dumps({"services": DOCUMENT["services"]})[:-3] + ",]}",  # a comma after the last
+], ids=["no-services", "empty", "trailing-comma"])
 def test_json_without_such_items_is_read_whole(text) -> None:
     assert split_services(text) == (text, [])
 
 
-def test_a_comma_after_the_last_item_is_no_items() -> None:
-    text = json.dumps(DOCUMENT, indent=1)
-    end = text.rindex("\n  }\n ]") + len("\n  }")
-    trailing = text[:end] + "," + text[end:]
-    assert split_services(trailing) == (trailing, [])
-
-
-def test_a_cut_inside_an_item_fails_to_read_and_the_file_is_read_whole() -> None:
-    """An object inside an item written at the items' indentation, after a
-    comma, looks like an item of its own: the pieces cut there are not
-    values, the fast path declines, and the strict reader reads the file."""
-    text = json.dumps(DOCUMENT, indent=1)
-    between = re.compile(r"\n( +)\},\n\1\{").search(text, text.index('"endpoints": ['))
-    assert between is not None  # the first service's two endpoints
-    second = between.end() - 1
-    nested = text[:second - len(between[1])] + "  " + text[second:]  # at the items' indentation
-    assert json.loads(nested) == DOCUMENT
-    assert len(split_services(nested)[1]) == len(DOCUMENT["services"]) + 1
-    assert _read_fast(nested) is None
-    assert StateReader("state.json").read(nested.encode()) == read_strict(text, "state.json")
+def test_a_cut_inside_an_entry_fails_to_read_and_the_file_gets_the_strict_error() -> None:
+    """An object inside an entry that starts as an entry does (`"service"`
+    first, after `},`): the pieces cut there are not values, the fast path
+    declines, and the strict reader reads the file whole. (No valid file has
+    such an object: no list of objects inside an entry allows that key.)"""
+    entry = DOCUMENT["services"][0]
+    second = {"service": {}, **entry["endpoints"][1]}  # the first service's second endpoint
+    bad_entry = {**entry, "endpoints": [entry["endpoints"][0], second]}
+    bad = json.dumps({**DOCUMENT, "services": [bad_entry, *DOCUMENT["services"][1:]]},
+                     indent=1)
+    assert len(split_services(bad)[1]) > len(DOCUMENT["services"])
+    assert _read_fast(bad) is None
+    with pytest.raises(StateFileError) as caught:
+        parse_state(bad.encode(), "state.json")
+    with pytest.raises(StateFileError) as strict:
+        read_strict(bad, "state.json")
+    assert str(caught.value) == str(strict.value)
+    assert "'service'" in str(caught.value)
 
 
 def test_yaml_items_are_column_0_entries_under_services() -> None:
