@@ -7,9 +7,9 @@ same as in the last version read is not read again, and a big file's items
 are shared between two processes (processes.py). Two layouts have such
 items:
 
-- YAML with the services one per column-0 `- ` under a top-level
-  `services:` (what `yaml.dump` writes, block style or flow style inside):
-  each item is a list of one entry;
+- YAML with the services one per `- ` under a top-level `services:`, at
+  column 0 (what `yaml.dump` writes, block style or flow style inside) or
+  indented: each item is a list of one entry;
 - JSON, indented or on one line: the entries of the `"services"` array,
   each given wrapped in `[` `]`, a list of one entry as a YAML item is.
 
@@ -29,11 +29,12 @@ from __future__ import annotations
 import json
 import re
 
-# A line that starts at column 0 and is not a comment: the first line, and
-# any after a newline (searched for as such: ten times faster than `^` in
-# multi-line mode over a big file).
-_TOP_LINE = re.compile(r"[^\s#]")
-_NEXT_TOP_LINE = re.compile(r"\n[^\s#]")
+# A top-level `services:` line (searched for after a newline: ten times
+# faster than `^` in multi-line mode over a big file).
+_YAML_SERVICES = re.compile(r"(?:\A|\n)services:[ \t]*\n")
+# The first item under it (group 1: its indentation), after blank lines and
+# comments.
+_YAML_FIRST_ITEM = re.compile(r"(?:[ \t]*(?:#[^\n]*)?\n)*( *)- ")
 # A JSON document's opening.
 _JSON_DOCUMENT = re.compile(r"\s*\{")
 # The services array's opening, before its first entry.
@@ -54,20 +55,23 @@ def split_services(text: str) -> tuple[str, list[str]]:
 
 
 def _split_yaml(text: str) -> tuple[str, list[str]]:
-    """A top-level `services:` with its items one per column-0 `- `."""
-    starts = ([0] if _TOP_LINE.match(text) else []) + [
-        match.start() + 1 for match in _NEXT_TOP_LINE.finditer(text)] + [len(text)]
-    skeleton = [text[:starts[0]]]
-    items: list[str] = []
-    in_services = False
-    for start, end in zip(starts, starts[1:]):
-        chunk = text[start:end]
-        if in_services and chunk.startswith("- "):
-            items.append(chunk)
-            continue
-        in_services = chunk[:10] in ("services:\n", "services:")
-        skeleton.append(chunk)
-    return ("".join(skeleton), items) if items else (text, [])
+    """A top-level `services:` and the items under it, each starting with
+    `- ` at the indentation of the first; they end at the first line that
+    is less indented, or as indented but not an item (blank lines and
+    comments aside). Each item keeps its indentation: read alone, a
+    sequence of one entry, as in place."""
+    found = _YAML_SERVICES.search(text)
+    first = found and _YAML_FIRST_ITEM.match(text, found.end())
+    if not first:
+        return text, []
+    indent = first[1]
+    start = first.end() - len(indent) - 2
+    after = re.compile(f"\n(?!{indent}- )(?= {{0,{len(indent)}}}[^\\s#])").search(text, start)
+    end = after.start() + 1 if after else len(text)
+    starts = [start, *(match.start() + 1
+                       for match in re.compile(f"\n{indent}- ").finditer(text, start, end))]
+    items = [text[a:b] for a, b in zip(starts, [*starts[1:], end])]
+    return text[:start] + text[end:], items
 
 
 def _split_json(text: str) -> tuple[str, list[str]]:

@@ -35,10 +35,19 @@ TRICKY_JSON = ['"yes"', "true", "null", "1.0", "1e3", "-0", "010", '"\\ud83d\\ud
 ROUNDS = 1000
 
 
+class IndentedDumper(yaml.SafeDumper):
+    """Block style with sequences indented under their key (`services:` then
+    `  - service:`), as many hand-written files are; yaml.dump's default
+    leaves them at the key's column."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
 def _documents() -> list[str]:
-    """Valid files covering every field: block style (yaml.dump's default),
-    flow style inside (collections of scalars inline, as in
-    docs/examples/state.yaml), JSON (indented and compact)."""
+    """Valid files covering every field: block style (yaml.dump's default,
+    and with indented sequences), flow style inside (collections of scalars
+    inline, as in docs/examples/state.yaml), JSON (indented and compact)."""
     full = service(
         "cart", ("10.96.0.20", "fd00:96::20"),
         [port("https", number=443, nodeport=30443, targetport=8443),
@@ -57,6 +66,7 @@ def _documents() -> list[str]:
     return [text for d in documents for sort in (True, False) for text in (
         yaml.safe_dump(d, sort_keys=sort),
         yaml.safe_dump(d, sort_keys=sort, default_flow_style=None),
+        yaml.dump(d, Dumper=IndentedDumper, sort_keys=sort),
         json.dumps(d, indent=2, sort_keys=sort), json.dumps(d, sort_keys=sort))]
 
 
@@ -146,9 +156,10 @@ def test_services_as_column_0_items_and_in_place_are_not_read_fast() -> None:
     assert isinstance(_strict(text), StateFileError)
 
 
-# The styles of a generated file: block, flow inside, JSON.
+# The styles of a generated file: block, flow inside, JSON, block with
+# indented sequences.
 DUMPS = [yaml.safe_dump, lambda d: yaml.safe_dump(d, default_flow_style=None),
-         lambda d: json.dumps(d, indent=2)]
+         lambda d: json.dumps(d, indent=2), lambda d: yaml.dump(d, Dumper=IndentedDumper)]
 
 
 def _big_state(services: int) -> dict:

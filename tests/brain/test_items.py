@@ -68,3 +68,20 @@ def test_yaml_items_are_column_0_entries_under_services() -> None:
     text = "nodes: []\nservices:\n- service: {name: a}\n- service: {name: b}\n"
     assert split_services(text) == ("nodes: []\nservices:\n",
                                     ["- service: {name: a}\n", "- service: {name: b}\n"])
+
+
+def test_yaml_items_may_be_indented_and_end_at_the_next_key() -> None:
+    text = ("services:\n  # the web tier\n  - service: {name: a}\n\n  - service:\n"
+            "      name: b\n# a comment\nnodes:\n- name: n1\n")
+    assert split_services(text) == ("services:\n  # the web tier\nnodes:\n- name: n1\n", [
+        "  - service: {name: a}\n\n",
+        "  - service:\n      name: b\n# a comment\n"])
+    assert _read_fast(text) == read_strict(text, "state.yaml")
+
+
+def test_a_line_as_indented_as_the_items_but_no_item_ends_them() -> None:
+    """Not YAML (a mapping key among a sequence's items): the items end
+    there, and the skeleton read fast declines it."""
+    text = "services:\n  - service: {name: a}\n  name: b\n"
+    assert split_services(text) == ("services:\n  name: b\n", ["  - service: {name: a}\n"])
+    assert _read_fast(text) is None
