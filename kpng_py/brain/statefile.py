@@ -142,11 +142,11 @@ def parse_state(data: bytes, file: str) -> ClusterState:
 
 class StateReader:
     """Reads the versions of one state file. The services of a file that
-    writes them as items (items.py: YAML's column-0 `- ` under `services:`,
-    or JSON's `"services"` array one value a line) are read item by item,
-    and an item whose text is the same as in the last version read is not
-    read again: a one-endpoint edit of a big file reads one service. The
-    items to read of a big file are read by two processes (processes.py)."""
+    writes them as items (items.py: YAML's `- ` under `services:`, JSON's
+    `"services"` array's entries) are read item by item, and an item whose
+    text is the same as in the last version read is not read again: a
+    one-endpoint edit of a big file reads one service. The items to read of
+    a big file are read by two processes (processes.py)."""
 
     def __init__(self, file: str, processes: ReadProcesses | None = None) -> None:
         self._file = file
@@ -192,10 +192,10 @@ class StateReader:
     def _item_services(self, items: list[str]) -> dict[str, ServiceEntry]:
         """Each item's service: the last version's where its text is the
         same, else read (by two processes if many)."""
-        services = {item: self._services.get(item) for item in items}
-        unread = [item for item, entry in services.items() if entry is None]
-        services.update(zip(unread, self._processes.read_each(_service_item, unread.copy())))
-        return services  # type: ignore[return-value]  # none is None any more
+        known = self._services
+        unread = [item for item in dict.fromkeys(items) if item not in known]
+        read = dict(zip(unread, self._processes.read_each(_service_item, unread.copy())))
+        return {item: known.get(item) or read[item] for item in items}
 
 
 def _taken_services(document: Plain) -> list[Plain]:
