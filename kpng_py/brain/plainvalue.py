@@ -25,20 +25,6 @@ from kpng_py.brain.reader import INT_RANGES, FieldChecks, Place
 M = TypeVar("M", bound=Message)
 
 
-class PlainMembers(dict):
-    """A mapping's members by key; an allowed key that is absent reads as null."""
-
-    __slots__ = ("_allowed",)
-
-    def __init__(self, allowed: Iterable[str]) -> None:
-        self._allowed = allowed
-
-    def __missing__(self, key: str) -> PlainValue:
-        if key not in self._allowed:
-            raise KeyError(key)
-        return _NULL
-
-
 class PlainValue:
     """One plain value (None when absent or null), read as `reader.Value` reads."""
 
@@ -59,18 +45,19 @@ class PlainValue:
         return _NOWHERE
 
     def mapping(self, keys: Iterable[str], hints: Mapping[str, str] | None = None
-                ) -> PlainMembers:
-        """As `Value.mapping`; a key not in `keys` fails, and the strict
-        reader then names it (with its hint)."""
+                ) -> dict[str, PlainValue]:
+        """As `Value.mapping`: each of `keys` (an absent one null); a key
+        not in `keys` fails, and the strict reader then names it (with its
+        hint)."""
         value = self._value
-        members = PlainMembers(keys)
+        members = dict.fromkeys(keys, _NULL)
         if value is None:
             return members
         if type(value) is not dict:
             self.fail("expected a mapping")
+        if not value.keys() <= members.keys():
+            self.fail("an unknown key")
         for key, item in value.items():
-            if key not in keys:
-                self.fail(f"unknown key {key!r}")
             members[key] = PlainValue(item)
         return members
 
@@ -160,45 +147,36 @@ def _string_map(value: Plain) -> dict[str, str]:
 #
 # A message is built in one constructor call from the values read for its
 # fields (protobuf copies them in compiled code): a third of the time of
-# setting each field on a message in place.
+# setting each field on a message in place. Each field's reading is a
+# function made once per message type, for its kind of field: a file of
+# 100 000 endpoints reads each of their fields without asking again what
+# kind it is (docs/bench.md, "The brain's reader").
+
+# A field's reading: its plain value (not null) and the checks -> the value
+# the message's constructor takes.
+_FieldRead = Callable[[Plain, FieldChecks], object]
 
 
-@dataclass(frozen=True)
-class _Field:
-    full_name: str  # what its checks are found by
-    name: str
-    is_map: bool
-    is_repeated: bool
-    message: Descriptor | None
-    scalar_type: int
-    enum_numbers: Mapping[str, int] | None  # an enum's numbers by name
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Plan:
-    """A message's class, its fields by lower-cased name, and its oneofs'
-    members."""
+    """A message's class and its fields' readings, by lower-cased name: its
+    fields' (name, reading), and its oneofs' members' by the oneof's name."""
 
     full_name: str
     new: Callable[..., Message]
-    fields: dict[str, _Field]
-    oneofs: dict[str, dict[str, _Field]]
+    fields: dict[str, tuple[str, _FieldRead]]
+    oneofs: dict[str, dict[str, tuple[str, _FieldRead]]]
 
 
 @cache
 def _plan(descriptor: Descriptor) -> _Plan:
-    def field(f: FieldDescriptor) -> _Field:
-        is_map = f.message_type is not None and f.message_type.GetOptions().map_entry
-        numbers = ({v.name: v.number for v in f.enum_type.values}
-                   if f.enum_type is not None else None)
-        return _Field(f.full_name, f.name, is_map, f.is_repeated, f.message_type, f.type,
-                      numbers)
+    def named(fields: Iterable[FieldDescriptor]) -> dict[str, tuple[str, _FieldRead]]:
+        return {f.name.lower(): (f.name, _reading(f)) for f in fields}
 
     return _Plan(
         descriptor.full_name, GetMessageClass(descriptor),
-        {f.name.lower(): field(f) for f in descriptor.fields if f.containing_oneof is None},
-        {o.name.lower(): {f.name.lower(): field(f) for f in o.fields}
-         for o in descriptor.oneofs})
+        named(f for f in descriptor.fields if f.containing_oneof is None),
+        {o.name.lower(): named(o.fields) for o in descriptor.oneofs})
 
 
 def _message(value: Plain, plan: _Plan, checks: FieldChecks) -> Message:
@@ -207,12 +185,14 @@ def _message(value: Plain, plan: _Plan, checks: FieldChecks) -> Message:
     if value is not None:
         if type(value) is not dict:
             _unchecked("expected a mapping")
+        known = plan.fields
         for key, item in value.items():
-            field = plan.fields.get(key)
+            field = known.get(key)
             if field is None:
                 fields.update(_oneof(key, item, plan, checks))
             elif item is not None:
-                fields[field.name] = _field(field, item, checks)
+                name, read = field
+                fields[name] = read(item, checks)
     message = plan.new(**fields)
     check = checks.get(plan.full_name)
     if check is not None:
@@ -235,47 +215,92 @@ def _oneof(key: str, value: Plain, plan: _Plan, checks: FieldChecks) -> dict[str
         field = members.get(member_key)
         if field is None:
             _unchecked(f"unknown key {member_key!r}")
-        fields[field.name] = _field(field, member, checks)
+        name, read = field
+        fields[name] = read(member, checks)
     return fields
 
 
-def _field(field: _Field, value: Plain, checks: FieldChecks) -> object:
-    if field.is_map:
-        return _string_map(value)
-    if field.message is not None:
-        plan = _plan(field.message)
-        if not field.is_repeated:
-            return _message(value, plan, checks)
+def _reading(field: FieldDescriptor) -> _FieldRead:
+    """How a field of this kind is read (a member of a oneof may be null)."""
+    if field.message_type is not None:
+        if field.message_type.GetOptions().map_entry:
+            return _map_reading
+        return _messages_reading(field.message_type, field.is_repeated)
+    return _scalars_reading(field.full_name, _scalar_reading(field), field.is_repeated,
+                            field.type == FieldDescriptor.TYPE_STRING)
+
+
+def _map_reading(value: Plain, checks: FieldChecks) -> object:
+    return _string_map(value)
+
+
+def _messages_reading(descriptor: Descriptor, repeated: bool) -> _FieldRead:
+    """A message field's reading (the message's own plan found when first
+    read: a message type may contain itself)."""
+    def one(value: Plain, checks: FieldChecks) -> object:
+        return _message(value, _plan(descriptor), checks)
+
+    def each(value: Plain, checks: FieldChecks) -> object:
         if type(value) is not list:
             _unchecked("expected a list")
+        plan = _plan(descriptor)
         return [_message(item, plan, checks) for item in value]
-    if field.is_repeated:
+
+    return each if repeated else one
+
+
+def _scalars_reading(full_name: str, scalar: Callable[[Plain], object], repeated: bool,
+                     strings: bool) -> _FieldRead:
+    """A scalar field's reading, each value checked by the check of its
+    full name, if any."""
+    def one(value: Plain, checks: FieldChecks) -> object:
+        read = scalar(value)
+        check = checks.get(full_name)
+        if check is not None:
+            check(_BLAME, read)
+        return read
+
+    def each(value: Plain, checks: FieldChecks) -> object:
         if type(value) is not list:
             _unchecked("expected a list")
         # Most repeated scalars are strings (IPs, ranges, zones): kept as they are.
-        if field.scalar_type == FieldDescriptor.TYPE_STRING and all(
-                type(item) is str for item in value):
-            scalars = value
-        else:
-            scalars = [_scalar(field, item) for item in value]
-    else:
-        scalars = [_scalar(field, value)]
-    check = checks.get(field.full_name)
-    if check is not None:
-        for scalar in scalars:
-            check(_BLAME, scalar)
-    return scalars if field.is_repeated else scalars[0]
+        read = value if strings and _all_strings(value) else [scalar(item) for item in value]
+        check = checks.get(full_name)
+        if check is not None:
+            for item in read:
+                check(_BLAME, item)
+        return read
+
+    return each if repeated else one
 
 
-def _scalar(field: _Field, value: Plain) -> object:
-    kind = field.scalar_type
+def _all_strings(values: list[Plain]) -> bool:
+    for value in values:
+        if type(value) is not str:
+            return False
+    return True
+
+
+def _scalar_reading(field: FieldDescriptor) -> Callable[[Plain], object]:
+    """A scalar's reading: a string, a bool, an enum's number (or name) or
+    a whole number in its type's range."""
+    kind = field.type
     if kind == FieldDescriptor.TYPE_STRING:
-        return _text(value)
+        return _text
     if kind == FieldDescriptor.TYPE_BOOL:
-        return _boolean(value)
-    if type(value) is str and field.enum_numbers is not None:
-        number = field.enum_numbers.get(value)
-        if number is None:
-            _unchecked("not a name of the enum")
-        return number
-    return _integer(value, *INT_RANGES[kind])
+        return _boolean
+    low, high = INT_RANGES[kind]
+    numbers = ({v.name: v.number for v in field.enum_type.values}
+               if field.enum_type is not None else None)
+
+    def number(value: Plain) -> object:
+        if type(value) is int and low <= value <= high:
+            return value
+        if type(value) is str and numbers is not None:
+            found = numbers.get(value)
+            if found is None:
+                _unchecked("not a name of the enum")
+            return found
+        return _integer(value, low, high)
+
+    return number

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, replace
 from functools import cached_property
 from itertools import chain
-from typing import Callable, NamedTuple, TypeVar
+from typing import Callable, NamedTuple, Sequence, TypeVar
 
 from kpng_py.api import localv1
 from kpng_py.brain.items import split_services
@@ -243,7 +243,7 @@ def _kubernetes_hints(file: str) -> dict[str, str]:
     return dict.fromkeys(_KUBERNETES_KEYS, hint)
 
 
-def _unique(values: list[Doc], read: Callable[[Doc], T], key: Callable[[T], str],
+def _unique(values: Sequence[Doc], read: Callable[[Doc], T], key: Callable[[T], str],
             what: str) -> tuple[T, ...]:
     """Read each value; two with the same key are an error naming both."""
     first_by_key: dict[str, Doc] = {}
