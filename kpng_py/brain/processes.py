@@ -3,10 +3,10 @@
 Reading a service of a state file is Python's work (the checks, and the
 protobuf messages built from what the parser read: about 15 us an endpoint),
 so one process reads a 10 000 x 10 file in about 3.5 s whatever the style.
-Two fifths of its services go to a second process, started for the read (a
-new interpreter running this module, not a fork of this process, which has
-threads; nothing of the program that started it is run again) and ended by
-it: this process reads the rest meanwhile and takes the second's values
+Nearly half of its services (45 %) go to a second process, started for the
+read (a new interpreter running this module, not a fork of this process,
+which has threads; nothing of the program that started it is run again) and
+ended by it: this process reads the rest meanwhile and takes the second's values
 back, pickled. docs/bench.md ("The brain's reader") has the figures;
 a second process pays only for a big file, hence `min_share`.
 
@@ -48,8 +48,9 @@ Out = TypeVar("Out")
 # interpreter importing protobuf and the parsers: about 0.2 s of a CPU).
 MIN_SHARE = 2_000
 # The part of the inputs the second process reads: less than half, as it
-# starts later and sends its values back (docs/bench.md, "The brain's reader").
-SECOND_SHARE = 0.4
+# starts later and pickles its values back, which this process takes in a
+# third of that time (docs/bench.md, "The brain's reader").
+SECOND_SHARE = 0.45
 # The cgroup v2 limit of this process's CPU time ("max" or "QUOTA PERIOD"),
 # as a container sees it.
 _CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
@@ -118,12 +119,16 @@ class _SecondProcess:
     share failed)."""
 
     def __init__(self, read: Callable[[In], Out], share: list[In]) -> None:
-        """Started; OSError if it could not be."""
+        """Started; OSError if it could not be (no file of its own left open)."""
         self._input: IO[bytes] = tempfile.TemporaryFile(prefix="kpng-py-share-")
-        self._output: IO[bytes] = tempfile.TemporaryFile(prefix="kpng-py-share-")
         # The same modules as this process: its import path, not the new
         # interpreter's own (a checkout run from its directory).
         environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
+        try:
+            self._output: IO[bytes] = tempfile.TemporaryFile(prefix="kpng-py-share-")
+        except OSError:
+            self._input.close()
+            raise
         try:
             pickle.dump((read, share), self._input, protocol=pickle.HIGHEST_PROTOCOL)
             self._input.seek(0)

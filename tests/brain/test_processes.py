@@ -84,7 +84,7 @@ def test_a_second_process_that_dies_is_read_around(caplog):
     assert values == list(range(6))
     [warning] = caplog.records
     assert "reading them here" in warning.getMessage()
-    assert record_fields(warning)["services"] == 2  # two fifths of 6, rounded
+    assert record_fields(warning)["services"] == 3  # 45 % of 6, rounded
 
 
 def test_the_second_process_is_ended_when_this_ones_share_fails():
