@@ -22,12 +22,19 @@ look the same), checked by reading: each piece must read alone as one
 complete value, and as a JSON value's extent does not depend on what
 follows it, the array holds exactly those values. A piece cut inside an
 entry fails to read, and the file is then read whole, by the strict reader.
+
+In either layout the services' key is a real one only if the text before it
+parses alone (closed with `}` in JSON): else it is inside a quoted scalar
+(a node's name may hold `services:` and entries) or a comment, and the file
+is read whole.
 """
 
 from __future__ import annotations
 
 import json
 import re
+
+import yaml
 
 # A top-level `services:` line (searched for after a newline: ten times
 # faster than `^` in multi-line mode over a big file).
@@ -39,8 +46,11 @@ _YAML_FIRST_ITEM = re.compile(r"(?:[ \t]*(?:#[^\n]*)?\n)*( *)- ")
 _JSON_DOCUMENT = re.compile(r"\s*\{")
 # The services array's opening, before its first entry.
 _JSON_SERVICES = re.compile(r'"services"\s*:\s*\[\s*(?=\{\s*"(?:service|endpoints)"\s*:)')
-# The end of one entry, one comma, the start of the next (group 1).
-_JSON_BETWEEN = re.compile(r'\}\s*,\s*(\{)\s*"(?:service|endpoints)"\s*:')
+# The end of one entry, one comma, the start of the next (group 1), with
+# only YAML's blanks and line breaks between (not what else `\s` takes: no
+# reader reads this text, and libyaml takes no other white space there).
+_JSON_BETWEEN = re.compile(
+    r'\}[ \t\r\n]*,[ \t\r\n]*(\{)[ \t\r\n]*"(?:service|endpoints)"[ \t\r\n]*:')
 _JSON_ARRAY_END = re.compile(r"\s*\]")
 _JSON_DECODER = json.JSONDecoder()
 
@@ -62,7 +72,7 @@ def _split_yaml(text: str) -> tuple[str, list[str]]:
     sequence of one entry, as in place."""
     found = _YAML_SERVICES.search(text)
     first = found and _YAML_FIRST_ITEM.match(text, found.end())
-    if not first:
+    if not first or not _parses(text[:found.start()]):
         return text, []
     indent = first[1]
     start = first.end() - len(indent) - 2
@@ -77,7 +87,7 @@ def _split_yaml(text: str) -> tuple[str, list[str]]:
 def _split_json(text: str) -> tuple[str, list[str]]:
     """The `"services"` array's entries, by their layout."""
     found = _JSON_SERVICES.search(text)
-    if found is None:
+    if found is None or not _parses(text[:found.start()] + "}"):
         return text, []
     starts, ends = [found.end()], []
     for between in _JSON_BETWEEN.finditer(text, found.end()):
@@ -92,3 +102,15 @@ def _split_json(text: str) -> tuple[str, list[str]]:
     ends.append(end)
     return (text[:found.end()] + text[end:],
             [f"[{text[start:stop]}]" for start, stop in zip(starts, ends)])
+
+
+def _parses(text: str) -> bool:
+    """Whether libyaml parses the text (its syntax only, in C). The text
+    before the services' key parses (closed with `}` in a JSON document)
+    only if the key is not inside a quoted scalar, a comment or another
+    flow collection: a real key, not text that looks like one."""
+    try:
+        yaml.CSafeLoader(text).raw_parse()
+    except yaml.YAMLError:
+        return False
+    return True

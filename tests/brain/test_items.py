@@ -85,3 +85,29 @@ def test_a_line_as_indented_as_the_items_but_no_item_ends_them() -> None:
     text = "services:\n  - service: {name: a}\n  name: b\n"
     assert split_services(text) == ("services:\n  name: b\n", ["  - service: {name: a}\n"])
     assert _read_fast(text) is None
+
+
+@pytest.mark.parametrize("text", [
+    'nodes: [{name: "x\nservices:\n- service: {namespace: b, name: a}\n"}]\n',
+    '{"nodes": [{"name": \'x "services": [{"service": {"namespace": "b", "name": "a"}}]\'}]}',
+], ids=["yaml-items", "json"])
+def test_a_services_key_inside_a_quoted_scalar_is_no_key(text) -> None:
+    """A node's name that holds what looks like the services' key and an
+    entry: the text before it does not parse alone (an open quoted scalar),
+    so no items; read whole, one node and no service."""
+    assert split_services(text) == (text, [])
+    assert _read_fast(text) == read_strict(text, "state.yaml")
+    assert _read_fast(text).services == ()
+
+
+@pytest.mark.parametrize("space", ["\x0c", "\xa0", "\u3000"])
+def test_json_entries_apart_by_other_white_space_are_not_items(space) -> None:
+    """White space that libyaml does not skip between two entries (no
+    reader reads the text between items): not YAML, the strict reader's
+    error."""
+    entries = [json.dumps(entry) for entry in DOCUMENT["services"]]
+    text = '{"services": [' + f"{space}, ".join(entries) + "]}"
+    assert split_services(text) == (text, [])
+    assert _read_fast(text) is None
+    with pytest.raises(StateFileError, match="not valid YAML"):
+        read_strict(text, "state.json")
