@@ -36,7 +36,7 @@ import yaml
 from bench.e2e_sync import NODE, SETTLED_SECONDS, state_file_document
 from bench.scenario import Scenario
 
-STYLES = ("block", "flow", "json", "json-line")
+STYLES = ("block", "flow", "flow-inline", "json", "json-line")
 # This checkout: the tree the bench package is in.
 HERE = Path(__file__).resolve().parent.parent
 # The brain's log line about the second process that read half the services.
@@ -46,14 +46,15 @@ SECOND_PROCESS_PEAK = re.compile(r"second process read its share.* peak_rss_mib=
 def state_file_in_style(scenario: Scenario, style: str) -> str:
     """The scenario's state file: block style (what `make bench` writes),
     flow style inside (collections of scalars inline, as
-    docs/examples/state.yaml), JSON (one space of indent a level) or JSON on
-    one line."""
+    docs/examples/state.yaml), flow style throughout (`flow-inline`: one
+    flow mapping, wrapped at 80 columns), JSON (one space of indent a level)
+    or JSON on one line."""
     document = state_file_document(scenario)
     if style.startswith("json"):
         return json.dumps(document, indent=1 if style == "json" else None) + "\n"
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    return yaml.dump(document, Dumper=dumper, sort_keys=False,
-                     default_flow_style=None if style == "flow" else False)
+    flow_style = {"block": False, "flow": None, "flow-inline": True}[style]
+    return yaml.dump(document, Dumper=dumper, sort_keys=False, default_flow_style=flow_style)
 
 
 def brain_start(checkout: Path, state: Path, timeout: float) -> dict:

@@ -142,11 +142,12 @@ def parse_state(data: bytes, file: str) -> ClusterState:
 
 class StateReader:
     """Reads the versions of one state file. The services of a file that
-    writes them as items (items.py: YAML's `- ` under `services:`, JSON's
-    `"services"` array's entries) are read item by item, and an item whose
-    text is the same as in the last version read is not read again: a
-    one-endpoint edit of a big file reads one service. The items to read of
-    a big file are read by two processes (processes.py)."""
+    writes them as items (items.py: YAML's `- ` under `services:`, the
+    entries of a flow sequence under a top-level `services:` in YAML, flow
+    style throughout included, or `"services"` in JSON) are read item by
+    item, and an item whose text is the same as in the last version read is
+    not read again: a one-endpoint edit of a big file reads one service. The
+    items to read of a big file are read by two processes (processes.py)."""
 
     def __init__(self, file: str, processes: ReadProcesses | None = None) -> None:
         self._file = file

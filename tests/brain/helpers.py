@@ -66,6 +66,19 @@ def state(*services: dict, nodes: list[dict] | None = None) -> dict:
     return {"nodes": nodes or [], "services": list(services)}
 
 
+def flow_entry(value: dict) -> str:
+    """A mapping in YAML's flow style, on one line."""
+    return yaml.safe_dump(value, default_flow_style=True, width=1 << 20).strip()
+
+
+def flow_sequences(document: dict) -> str:
+    """A state file whose top-level keys hold flow sequences, one entry a
+    line (`services: [{...},` then `  {...}]`), as written by hand: flow
+    style throughout, yaml.dump makes the document one flow mapping."""
+    return "".join(f"{key}: [" + ",\n  ".join(map(flow_entry, values)) + "]\n"
+                   for key, values in document.items())
+
+
 def _ipset(ips: tuple[str, ...]) -> dict:
     return {"v4": [ip for ip in ips if ":" not in ip], "v6": [ip for ip in ips if ":" in ip]}
 

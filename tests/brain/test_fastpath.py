@@ -14,7 +14,19 @@ import yaml
 
 from kpng_py.brain.processes import ReadProcesses
 from kpng_py.brain.statefile import StateFileError, StateReader, parse_state, read_strict
-from tests.brain.helpers import DNS, NODES, UDP, W1, W2, endpoint, port, service, state, web
+from tests.brain.helpers import (
+    DNS,
+    NODES,
+    UDP,
+    W1,
+    W2,
+    endpoint,
+    flow_sequences,
+    port,
+    service,
+    state,
+    web,
+)
 
 # Scalars YAML 1.1 reads in many ways: as strings, numbers of other bases,
 # floats, timestamps, nulls, booleans, collections, aliases, tags, or not at all.
@@ -47,7 +59,9 @@ class IndentedDumper(yaml.SafeDumper):
 def _documents() -> list[str]:
     """Valid files covering every field: block style (yaml.dump's default,
     and with indented sequences), flow style inside (collections of scalars
-    inline, as in docs/examples/state.yaml), JSON (indented and compact)."""
+    inline, as in docs/examples/state.yaml), flow style throughout (one flow
+    mapping, or a flow sequence under each top-level key), JSON (indented
+    and compact)."""
     full = service(
         "cart", ("10.96.0.20", "fd00:96::20"),
         [port("https", number=443, nodeport=30443, targetport=8443),
@@ -66,8 +80,10 @@ def _documents() -> list[str]:
     return [text for d in documents for sort in (True, False) for text in (
         yaml.safe_dump(d, sort_keys=sort),
         yaml.safe_dump(d, sort_keys=sort, default_flow_style=None),
+        yaml.safe_dump(d, sort_keys=sort, default_flow_style=True),
         yaml.dump(d, Dumper=IndentedDumper, sort_keys=sort),
-        json.dumps(d, indent=2, sort_keys=sort), json.dumps(d, sort_keys=sort))]
+        json.dumps(d, indent=2, sort_keys=sort), json.dumps(d, sort_keys=sort))
+    ] + [flow_sequences(d) for d in documents]
 
 
 def _mutations(text: str, rng: random.Random) -> str:
@@ -157,9 +173,11 @@ def test_services_as_column_0_items_and_in_place_are_not_read_fast() -> None:
 
 
 # The styles of a generated file: block, flow inside, JSON, block with
-# indented sequences.
+# indented sequences, flow throughout (one flow mapping; a flow sequence a
+# top-level key).
 DUMPS = [yaml.safe_dump, lambda d: yaml.safe_dump(d, default_flow_style=None),
-         lambda d: json.dumps(d, indent=2), lambda d: yaml.dump(d, Dumper=IndentedDumper)]
+         lambda d: json.dumps(d, indent=2), lambda d: yaml.dump(d, Dumper=IndentedDumper),
+         lambda d: yaml.safe_dump(d, default_flow_style=True), flow_sequences]
 
 
 def _big_state(services: int) -> dict:
@@ -187,9 +205,9 @@ def test_a_bad_big_file_gets_the_strict_readers_error(dump) -> None:
 
 @pytest.mark.parametrize("dump", DUMPS)
 def test_an_edit_reads_only_the_services_edited(dump) -> None:
-    """Services written as items (block style, flow style inside, indented
-    JSON: items.py) are read item by item: an unchanged item is not read
-    again."""
+    """Services written as items (block style, flow style inside or
+    throughout, indented JSON: items.py) are read item by item: an
+    unchanged item is not read again."""
     reader = StateReader("state.yaml")
     text = dump(_big_state(50))
     before = reader.read(text.encode())
