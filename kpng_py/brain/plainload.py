@@ -98,6 +98,8 @@ def plain_document(text: str, data: bytes | None = None) -> Plain:
                              duplicate_key_policy=yaml_rs.DuplicateKeyPolicy.Error)
     except yaml_rs.YAMLDecodeError as err:
         raise Unchecked(str(err)) from err
+    except TypeError as err:  # a key that is a mapping or holds a list: no dict key
+        raise Unchecked(f"a key Python cannot hold ({err})") from err
 
 
 def _mapping(pairs: list[tuple[str, Plain]]) -> dict[str, Plain]:

@@ -35,6 +35,7 @@ def test_json_and_yaml_read_into_plain_values(text: str) -> None:
     "a: [1\n",
     "a: 1\na: 2\n",
     '{"a": 1, "a": 2}',
+    "a: {{x: [1]}: 2}\n",  # a key Python cannot hold: no dict key
 ])
 def test_what_yaml_1_1_may_read_otherwise_is_declined(text: str) -> None:
     with pytest.raises(Unchecked):
@@ -63,4 +64,16 @@ def test_aliases_past_the_strict_budget_are_refused_whatever_yaml_rs_allows() ->
             + "".join(f"  - {{podname: p{i}, endpoint: {{ips: *ips}}}}\n" for i in range(1, 200)))
     assert StateReader("state.yaml").read_plain(text) is None
     with pytest.raises(StateFileError, match=r"the alias \*ips takes the document past"):
+        parse_state(text.encode(), "state.yaml")
+
+
+@pytest.mark.parametrize("text", [
+    "services:\n- service: {name: a, namespace: b}\n  endpoints: [{{x: [1]}: 2}]\n",
+    "services: [{service: {name: a}, endpoints: [{{x: [1]}: 2}]}]\n",
+    "services:\n- {? {a: [1]} : 1}\n",
+])
+def test_a_key_that_is_a_collection_gets_the_strict_error(text: str) -> None:
+    """yaml-rs cannot give a mapping as a dict key: the strict reader
+    names it (it is no key of the format)."""
+    with pytest.raises(StateFileError, match="unknown key a non-scalar key"):
         parse_state(text.encode(), "state.yaml")
