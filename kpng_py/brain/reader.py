@@ -105,8 +105,11 @@ class Value:
     def fail(self, problem: str) -> NoReturn:
         raise StateFileError(f"{self.place}: {problem}")
 
-    def _member(self, node: yaml.Node, key: str) -> Value:
-        path = f"{self.place.path}.{key}" if self.place.path else key
+    def _member(self, node: yaml.Node, key: str | None) -> Value:
+        """The member under `key`; None (a key that is no scalar, which has
+        no name to give): the mapping's own path, at the key's line."""
+        path = (self.place.path if key is None else
+                f"{self.place.path}.{key}" if self.place.path else key)
         return Value(node, Place(self.place.file, path, node.start_mark.line + 1),
                      self.constructor)
 
@@ -138,7 +141,7 @@ class Value:
             if key not in allowed:
                 shown = repr(key) if key is not None else "a non-scalar key"
                 hint = (hints or {}).get(key or "", f"expected one of: {', '.join(allowed)}")
-                self._member(key_node, str(key)).fail(f"unknown key {shown}; {hint}")
+                self._member(key_node, key).fail(f"unknown key {shown}; {hint}")
             if key in members:
                 self._member(key_node, key).fail(
                     f"repeats the key {key!r} (first on line {members[key].place.line})")
