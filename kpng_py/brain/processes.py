@@ -1,13 +1,13 @@
 """A big state file's services read by two processes at once.
 
 Reading a service of a state file is Python's work (the checks, and the
-protobuf messages built from what the parser read: about 15 us an endpoint),
-so one process reads a 10 000 x 10 file in about 3.5 s whatever the style.
-Nearly half of its services (45 %) go to a second process, started for the
-read (a new interpreter running this module, not a fork of this process,
-which has threads; nothing of the program that started it is run again) and
-ended by it: this process reads the rest meanwhile and takes the second's values
-back, pickled. docs/bench.md ("The brain's reader") has the figures;
+protobuf messages built from what the parser read: about 11 us an endpoint),
+so one process reads a 10 000 x 10 file in about 2.4 s of CPU whatever the
+style. Nearly half of its services (45 %) go to a second process, started
+for the read (a new interpreter running this module, not a fork of this
+process, which has threads; nothing of the program that started it is run
+again) and ended by it: this process reads the rest meanwhile and takes the
+second's values back, pickled. docs/bench.md ("The brain's reader") has the figures;
 a second process pays only for a big file, hence `min_share`.
 
 A share is a list of what the function reading it takes (a file's item
