@@ -1,6 +1,6 @@
 """The property machine of the map programmer, on any pair of maps: the real
 pinned ones (test_map_properties.py, root and BPF) or the dict fakes
-(test_programmer_fake.py, anywhere).
+(tests/ebpf/programmer/test_service_programmer.py, anywhere).
 
 Hypothesis drives generated streams (services over both families, TCP and UDP
 ports, affinity, ExternalIPs, load-balancer IPs and node ports, endpoints
@@ -54,8 +54,8 @@ from tests.support.state import apply_synced
 # in "ci": enough for owners to come, go and be taken over; 200 examples
 # against the kernel's maps (about 15 s alone, three times that in the loaded
 # suite, whose budget is 20 minutes): the same machine runs on the dict fakes
-# too (test_programmer_fake.py), and the fakes are checked against the
-# kernel's maps op for op (test_fake_maps.py); "long" for more.
+# too (tests/ebpf/programmer/test_service_programmer.py), and the fakes are
+# checked against the kernel's maps op for op (test_fake_maps.py); "long" for more.
 _PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
 PROFILES = {
     "ci": settings(max_examples=200, stateful_step_count=30, deadline=None, phases=_PHASES,

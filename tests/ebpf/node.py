@@ -72,7 +72,8 @@ class Node:
             "--max-error-delay", "1", *LOOPBACK_PROBES, "to-ebpf",
             "--cgroup", str(self.lab.group.path), "--bpffs-dir", str(self.lab.bpffs_dir),
             # It runs in the test's own network namespace (the machine's):
-            # no nftables table there (tests/ebpf/test_netfilter*.py test it).
+            # no nftables table there (tests/ebpf/netfilter/ and
+            # tests/kernel/ebpf/netfilter/ test it).
             "--no-nodeport-netfilter", *sizes, *flags)
         if syncs:
             backend.wait_for_log("sync applied", syncs, seconds=START_SECONDS)

@@ -1,6 +1,6 @@
 """Which objects a change set adds and deletes in the netfilter table, and in
 which order (pure: no kernel, no libnftables). The kernel tests
-(test_netfilter.py) show the same commands work."""
+(tests/kernel/ebpf/netfilter/test_table.py) show the same commands work."""
 
 from __future__ import annotations
 

@@ -47,6 +47,8 @@ from lab.nodeport_lab import (
 from tests.streams import build
 from tests.support.kernel import require_root
 
+pytestmark = pytest.mark.kernel
+
 NODE_PORT = 30080
 FAMILIES = (4, 6)
 # Long enough for an answer in a loaded lab; what a dropped packet waits.
