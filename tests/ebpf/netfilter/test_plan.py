@@ -1,28 +1,22 @@
-"""Which objects a change set adds and deletes in the netfilter table, and in
-which order (pure: no kernel, no libnftables). The kernel tests
+"""Which objects a service port needs in the netfilter table, and what a
+client from outside gets from them (pure: no kernel, no libnftables; the
+order of the commands is test_txn.py's). The kernel tests
 (tests/kernel/ebpf/netfilter/test_table.py) show the same commands work."""
 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import json
-from typing import Sequence
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.ebpf.netfilter.conntrack import StaleFlows, stale_udp_flows
 from backends.ebpf.netfilter.plan import (
     NO_ENDPOINT_NODEPORTS,
     NO_ENDPOINT_SERVICES,
     Chain,
-    NodePortMatch,
     PortObjects,
-    port_objects,
-    skeleton,
 )
-from backends.ebpf.netfilter.txn import Transaction, full_table
 from kpng_py.dataplane.print_backend import service_port_json
 from kpng_py.model import (
     Endpoint,
@@ -33,71 +27,7 @@ from kpng_py.model import (
     ServicePortName,
     sorted_endpoints,
 )
-
-ip = ipaddress.ip_address
-
-
-def web(*endpoints: Endpoint, **fields) -> ServicePort:
-    return ServicePort(ServicePortName("ns", "web", "http", Protocol.TCP), "LoadBalancer",
-                       (ip("10.96.0.1"),), 80, node_port=30080,
-                       node_port_families=(IPFamily.V4,), endpoints=Endpoints.of(endpoints),
-                       **fields)
-
-
-def ep(last: int, local: bool = True, external: bool = True) -> Endpoint:
-    return Endpoint(ip(f"10.244.0.{last}"), 8080, local=local, external=external)
-
-
-def objects(port: ServicePort, bad: list[str] | None = None) -> PortObjects:
-    return port_objects(port, (bad if bad is not None else []).append)
-
-
-def change(old: ServicePort | None, new: ServicePort | None) -> list[dict]:
-    txn = Transaction()
-    txn.change(objects(old) if old else PortObjects(), objects(new) if new else PortObjects())
-    return [json.loads(command) for command in txn.commands()]
-
-
-def summary(commands: Sequence[dict | str]) -> list[tuple[str, str, str]]:
-    """(verb, kind, name) of each command; a rule's name is its chain."""
-    out = []
-    for command in commands:
-        if isinstance(command, str):
-            command = json.loads(command)
-        (verb, body), = command.items()
-        (kind, spec), = body.items()
-        out.append((verb, kind, spec.get("name") or spec.get("chain", "")))
-    return out
-
-
-SVC = "svc4-ns/web/http/tcp"
-
-
-def test_an_unchanged_port_makes_an_empty_transaction() -> None:
-    port = web(ep(2))
-    assert change(port, port) == []
-    assert not Transaction()
-
-
-def test_a_new_endpoint_adds_its_chain_and_refills_the_service_chain_only() -> None:
-    commands = summary(change(web(ep(2)), web(ep(2), ep(3))))
-    new_chain = "ep4-ns/web/http/tcp/10.244.0.3/8080"
-    # The new chain exists (empty) before the service chain refers to it; no
-    # map element changes: the frontends still go to the same service chain.
-    assert commands == [
-        ("add", "chain", new_chain),
-        ("flush", "chain", SVC), ("add", "rule", SVC), ("add", "rule", SVC),
-        ("add", "rule", new_chain), ("add", "rule", new_chain),
-    ]
-
-
-def test_a_removed_port_deletes_elements_then_flushes_then_deletes_chains() -> None:
-    commands = summary(change(web(ep(2)), None))
-    verbs = [(verb, kind) for verb, kind, _ in commands]
-    assert verbs == [("delete", "element"), ("flush", "chain"), ("flush", "chain"),
-                     ("delete", "chain"), ("delete", "chain")]
-    assert {name for _, kind, name in commands if kind == "chain"} == {
-        SVC, "ep4-ns/web/http/tcp/10.244.0.2/8080"}
+from tests.ebpf.netfilter.helpers import SVC, change, ep, ip, objects, web
 
 
 def test_losing_the_last_endpoint_moves_the_frontends_to_reject() -> None:
@@ -136,15 +66,6 @@ def test_source_ranges_make_a_firewall_for_lb_ips_only_and_bad_ones_are_reported
     assert "10.0.0.0" in fw.rules[0] and "drop" in fw.rules[-1]
 
 
-def test_a_changed_affinity_timeout_is_a_new_set_and_the_old_one_goes_last() -> None:
-    commands = summary(change(web(ep(2), affinity_timeout_seconds=10),
-                              web(ep(2), affinity_timeout_seconds=20)))
-    old_set = "aff4-10s-ns/web/http/tcp/10.244.0.2/8080"
-    new_set = "aff4-20s-ns/web/http/tcp/10.244.0.2/8080"
-    assert commands[0] == ("add", "set", new_set)
-    assert commands[-1] == ("delete", "set", old_set)
-
-
 def test_dual_stack_ports_get_one_chain_per_family_with_its_own_endpoints() -> None:
     port = dataclasses.replace(web(ep(2), Endpoint(ip("fd00::2"), 8080, local=True)),
                                cluster_ips=(ip("10.96.0.1"), ip("fd96::1")),
@@ -158,16 +79,6 @@ def test_a_clusterip_only_port_owns_nothing() -> None:
     assert not objects(dataclasses.replace(web(ep(2)), node_port_families=()))
 
 
-def test_the_full_table_replaces_the_old_one_in_the_same_transaction() -> None:
-    maps, sets, chains = skeleton(NodePortMatch.only([ip("192.0.2.1")]))
-    commands = summary(full_table(maps, sets, chains, [objects(web(ep(2)))]).commands())
-    assert commands[:3] == [("add", "table", "kpng-py"), ("delete", "table", "kpng-py"),
-                            ("add", "table", "kpng-py")]
-    assert ("add", "set", "nodeport-ips4") in commands
-    assert ("add", "chain", SVC) in commands
-    assert not any(verb in ("flush", "delete") for verb, _, _ in commands[3:])
-
-
 def test_a_name_that_is_no_dns_label_gets_a_hashed_chain_name() -> None:
     hostile = ServicePort(ServicePortName("ns", 'we b"; flush ruleset', "http", Protocol.TCP),
                           "NodePort", (ip("10.96.0.1"),), 80, node_port=30080,
@@ -177,24 +88,6 @@ def test_a_name_that_is_no_dns_label_gets_a_hashed_chain_name() -> None:
     assert all(" " not in n and '"' not in n for n in names)
     other = dataclasses.replace(hostile, name=dataclasses.replace(hostile.name, port="dns"))
     assert objects(other).chains[0].name != names[0]
-
-
-def udp(*endpoints: Endpoint) -> ServicePort:
-    return dataclasses.replace(web(*endpoints, external_ips=(ip("192.0.2.7"),)),
-                               name=ServicePortName("ns", "dns", "", Protocol.UDP))
-
-
-def test_stale_udp_flows_are_those_of_endpoints_that_went_and_untranslated_ones_at_first() -> None:
-    endpoint = (ip("10.244.0.2"), 8080)
-    frontends = frozenset({(ip("192.0.2.7"), 80)})
-    assert stale_udp_flows(udp(ep(2), ep(3)), udp(ep(3))) == [
-        StaleFlows(IPFamily.V4, endpoint, 30080, frontends)]
-    assert stale_udp_flows(udp(ep(2)), None) == [
-        StaleFlows(IPFamily.V4, endpoint, 30080, frontends)]
-    assert stale_udp_flows(None, udp(ep(2))) == stale_udp_flows(udp(), udp(ep(2))) == [
-        StaleFlows(IPFamily.V4, None, 30080, frontends)]
-    assert stale_udp_flows(udp(ep(2)), udp(ep(2), ep(3))) == []
-    assert stale_udp_flows(web(ep(2)), None) == []  # TCP has no such flows
 
 
 # -- the table holds what `to-print` shows for clients from outside ----------
