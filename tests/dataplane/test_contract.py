@@ -6,23 +6,12 @@ from __future__ import annotations
 from typing import Mapping
 
 from kpng_py.dataplane.contract import Backend, backend_not_programmed, backend_stages
-from kpng_py.model import ServicePortChanges
+from tests.dataplane.test_applier import OldBackend
 
 
-class Minimal:
-    """A backend of another package, written before apply_stages and not_programmed."""
+class Reporting(OldBackend):
+    """A backend with both methods, returning what it was given."""
 
-    def setup(self) -> None:
-        pass
-
-    def apply(self, changes: ServicePortChanges) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class Reporting(Minimal):
     def __init__(self, stages: Mapping[str, object], missing: Mapping[str, int]) -> None:
         self._stages, self._missing = stages, missing
 
@@ -50,5 +39,5 @@ def test_what_is_not_programmed_is_a_copy_by_reason() -> None:
 
 
 def test_a_backend_without_the_methods_reports_nothing() -> None:
-    backend = as_backend(Minimal())
+    backend = as_backend(OldBackend())
     assert (backend_stages(backend), backend_not_programmed(backend)) == ({}, {})
