@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import logging
 
@@ -12,7 +11,7 @@ from kpng_py.api import localv1 as L
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Protocol, ServicePort, ServicePortChanges, ServicePortName
 from kpng_py.state.decode import DecodedEndpoint, EndpointTail
-from kpng_py.state.limits import Limits, add_limit_flags, limits_from_args
+from kpng_py.state.limits import Limits
 from kpng_py.state.skips import SkipReason, Skips
 from kpng_py.state.tracker import NodeState, resolve_endpoint_port
 from tests.streams.build import (
@@ -450,22 +449,6 @@ def test_room_made_under_the_node_limit_lets_a_refused_service_in() -> None:
                                 set_endpoint("default", "bee", "b1", pod("10.244.0.9")), sync()])
     assert names(new for _, new in grow.updated) == ["default/bee:http", "default/zed:http"]
     assert skipped(metrics, "limit") == 1
-
-
-def test_limit_flags() -> None:
-    parser = argparse.ArgumentParser()
-    add_limit_flags(parser)
-    assert limits_from_args(parser.parse_args([])) == Limits()
-    assert limits_from_args(parser.parse_args(
-        ["--max-service-ports", "5", "--max-service-endpoints", "6", "--max-endpoints", "7"])
-    ) == Limits(max_service_ports=5, max_service_endpoints=6, max_endpoints=7)
-    for bad in ("0", "-1", "x", "1.5", ""):
-        with pytest.raises(SystemExit):
-            parser.parse_args(["--max-endpoints", bad])
-    help_text = parser.format_help()
-    for flag, default in (("--max-service-ports", 1000), ("--max-service-endpoints", 100000),
-                          ("--max-endpoints", 2000000)):
-        assert flag in help_text and f"(default: {default})" in " ".join(help_text.split())
 
 
 def test_the_hostile_frontends_scenario_is_counted_by_reason() -> None:

@@ -1,0 +1,7 @@
+"""Fixtures of the server's tests: the brain's state file and a brain serving it."""
+
+from __future__ import annotations
+
+from tests.brain.conftest import socket_dir, start_brain, state_file
+
+__all__ = ["socket_dir", "start_brain", "state_file"]
