@@ -25,7 +25,7 @@ from kpng_py.model import ServicePortChanges
 from kpng_py.state.skips import Skips
 
 NOT_A_PROGRAM = -1
-REPOSITORY = Path(__file__).resolve().parents[2]
+REPOSITORY = Path(__file__).resolve().parents[3]
 
 
 def test_apply_before_setup_names_the_backend_and_the_fix() -> None:
