@@ -1,44 +1,23 @@
-"""Errors of the eBPF backend outside the programmer: real checks (not
-asserts, which python -O strips), naming the object and the fix, and "needs
-root" only when permission was refused. No root needed: nothing is loaded or
-attached (the link requests fail on a program fd that is no program)."""
+"""Errors of the datapath loader (backends/ebpf/datapath/loader.py): real
+checks, naming the object and the fix, and "needs root" only when
+permission was refused. No root needed: nothing is loaded or attached (the
+link requests fail on a program fd that is no program). The path checks,
+which need bpffs and cgroup2, are in tests/kernel/ebpf/datapath/test_loader.py."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from backends.ebpf.backend import BackendNotReadyError, EbpfBackend
 from backends.ebpf.datapath import loader
 from backends.ebpf.datapath.build import BuildError
 from backends.ebpf.datapath.loader import HOOKS, LINKS_DIR, Datapath, DatapathConfig
 from backends.ebpf.datapath.ownership import DatapathLock
-from backends.ebpf.maps import libbpf
 from kpng_py.dataplane.contract import BackendSetupError
-from kpng_py.metrics.metrics import Metrics
-from kpng_py.model import ServicePortChanges
-from kpng_py.state.skips import Skips
 
 NOT_A_PROGRAM = -1
-REPOSITORY = Path(__file__).resolve().parents[3]
-
-
-def test_apply_before_setup_names_the_backend_and_the_fix() -> None:
-    """A check of its own (an assert would raise AssertionError, or under -O
-    an AttributeError half-way through)."""
-    metrics = Metrics()
-    backend = EbpfBackend(DatapathConfig(Path("/nonexistent/bpffs"), Path("/nonexistent/cgroup")),
-                          metrics, Skips(metrics))
-    with pytest.raises(BackendNotReadyError, match=r"cgroup /nonexistent/cgroup .*call setup\(\)"):
-        backend.apply(ServicePortChanges(full=True))
-    backend.close()
-    with pytest.raises(BackendNotReadyError):
-        backend.apply(ServicePortChanges(full=True))
 
 
 @pytest.fixture
@@ -71,35 +50,6 @@ def test_a_failed_attach_names_the_hook_the_cgroup_and_the_pin(unattached: Datap
     needs_root = failed.value.errno in (1, 13)  # EPERM, EACCES: run without privileges
     assert ("needs root" in str(failed.value)) == needs_root
     assert list((config.bpffs_dir / LINKS_DIR).iterdir()) == []
-
-
-def test_info_of_a_non_bpf_fd_names_the_object(tmp_path: Path) -> None:
-    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        with pytest.raises(OSError, match="read LinkInfo of the link pinned at /x:"):
-            libbpf.obj_info(fd, libbpf.LinkInfo, "the link pinned at /x")
-    finally:
-        os.close(fd)
-
-
-def without_capabilities(*command: str) -> subprocess.CompletedProcess:
-    """Runs a command with no capabilities (as root: dropped by setpriv)."""
-    drop: list[str] = []
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("needs setpriv (util-linux) to drop root's capabilities")
-        drop = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
-    return subprocess.run([*drop, *command], capture_output=True, text=True, timeout=120,
-                          cwd=REPOSITORY)
-
-
-def test_listing_links_without_the_capability_is_an_error_not_an_empty_list() -> None:
-    """`ebpf cleanup --cgroup` would otherwise find no link and say so."""
-    ran = without_capabilities(sys.executable, "-c", "from backends.ebpf.maps import libbpf\n"
-                               "try:\n    list(libbpf.link_ids())\n"
-                               "except PermissionError as refused:\n    print(refused)\n")
-    assert ran.stdout.strip() == ("[Errno 1] list the BPF links of the machine: Operation not "
-                                  "permitted"), ran.stderr
 
 
 def test_a_failed_load_is_not_blamed_on_root() -> None:
