@@ -42,12 +42,15 @@ def _service_filter(text: str) -> str:
     return text
 
 
+_BRACKETED = re.compile(r"\[(?P<address>[^]]*)\](:(?P<port>.*))?")
+
+
 def _vip_filter(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int | None]:
     """IP, IP:PORT, IPV6 or [IPV6]:PORT."""
     address, port = text, None
     if text.startswith("["):
-        address, _, rest = text[1:].partition("]")
-        port = rest.removeprefix(":") if rest.startswith(":") else rest or None
+        bracketed = _BRACKETED.fullmatch(text)
+        address, port = (bracketed["address"], bracketed["port"]) if bracketed else ("", None)
     elif text.count(":") == 1:
         address, port = text.split(":")
     try:

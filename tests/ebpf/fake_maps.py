@@ -1,7 +1,7 @@
 """A BPF hash map as a dict, for running the programmer without root or BPF.
 
 It keeps what backends/ebpf/maps/access.py promises, as the kernel does it
-(tests/kernel/ebpf/test_fake_maps.py runs the same operations on real maps and on
+(tests/kernel/ebpf/maps/test_access.py runs the same operations on real maps and on
 this and compares): keys and values are copied as bytes, a batch update
 writes in order and stops with MapFullError (E2BIG) at the first new key
 that finds the map full (replacing a key needs no room), a batch delete

@@ -2,7 +2,7 @@
 /*
  * Keys and values of every map the socket load balancer uses: the one place
  * their layout is defined. backends/ebpf/maps/layout.py mirrors each struct with
- * ctypes, and tests/ebpf/test_layout.py compiles this header with the host's
+ * ctypes, and tests/ebpf/maps/test_layout.py compiles this header with the host's
  * gcc and compares sizes and offsets with the mirrors.
  *
  * Names: a frontend is what a client dials (VIP, port, protocol), with its

@@ -1,6 +1,6 @@
 """ctypes mirrors of bpf/lb_maps.h, and the specification of every map.
 
-This is the only Python definition of the map layouts; tests/ebpf/test_layout.py
+This is the only Python definition of the map layouts; tests/ebpf/maps/test_layout.py
 checks every size and offset against the C header compiled by gcc.
 """
 

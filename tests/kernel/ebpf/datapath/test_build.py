@@ -29,7 +29,7 @@ from tests.support.kernel import require_root_bpf
 pytestmark = pytest.mark.kernel
 
 BUILT = "eBPF programs built in a child process"
-REPOSITORY = Path(__file__).resolve().parents[3]
+REPOSITORY = Path(__file__).resolve().parents[4]
 
 # Sets up the backend (a fresh build), then reports what its process maps
 # and which children it has left.

@@ -1,6 +1,6 @@
 """`kpng-py ebpf dump` prints what the pinned maps hold, text and JSON, byte
-for byte as reviewed in tests/kernel/ebpf/dump/ (recorded before the reading of the
-maps moved to backends/ebpf/maps/contents.py). The state is written entry by
+for byte as reviewed in tests/kernel/ebpf/tools/dump/ (recorded before the
+reading of the maps moved to backends/ebpf/maps/contents.py). The state is written entry by
 entry, bypassing the programmer, so that it holds what a crash or a
 neighbour can leave: a missing slot, a slot naming a missing endpoint or
 another service's, slots above a master's count or without a master, an
@@ -11,7 +11,7 @@ node-port addresses, the service port names of some ids, and counters:
 added up over the CPUs, of a frontend used twice, of one that only
 rejected, of an id no frontend has, and of an endpoint (not shown: the
 programs are loaded, not attached, so none counts per endpoint and the dump
-says n/a; tests/ebpf/test_dump_views.py shows the counted form). A filter
+says n/a; tests/ebpf/tools/test_dump.py shows the counted form). A filter
 that matches nothing exits 1 and says so."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The datapath reader (backends/ebpf/maps/contents.py) on the state of
-test_dump.py, in fake maps: what the programmer adopts from it and what
+tests/kernel/ebpf/tools/test_dump.py, in fake maps: what the programmer adopts from it and what
 it deletes as strays (no root)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from kpng_py.model import Endpoint, Endpoints, Frontend, IPAddress, Protocol, Se
 from kpng_py.state.skips import Skips
 from tests.ebpf.fake_maps import FakeMap
 from tests.ebpf.helpers import held
-from tests.kernel.ebpf.test_dump import ENDPOINTS, SERVICES, SIZES, write_state
+from tests.kernel.ebpf.tools.test_dump import ENDPOINTS, SERVICES, SIZES, write_state
 
 CAPACITY = Capacity(SIZES[maps.SERVICES.pin], SIZES[maps.ENDPOINTS.pin])
 

@@ -3,7 +3,8 @@ the kernel's for every operation the programmer uses: the same generated
 sequences of batch writes and deletes, with keys that come back, keys that
 are missing and writes that find the map full, go to a real pinned map and to
 a fake of its size, and after each step both raised the same (MapFullError
-or nothing) and hold the same entries."""
+or nothing) and hold the same entries. And each of the two keeps what
+backends/ebpf/maps/access.py promises of a full map."""
 
 from __future__ import annotations
 
@@ -114,3 +115,24 @@ def test_the_fake_maps_do_what_the_kernel_maps_do(datapath: Datapath, pin: str) 
             assert len(contents(fake)) == len(fake) <= SIZE
 
     run()
+
+
+@pytest.mark.parametrize("kind", ["kernel", "fake"])
+def test_a_full_map_takes_replacements_and_stops_at_the_first_new_key(
+        datapath: Datapath, kind: str) -> None:
+    """What backends/ebpf/maps/access.py promises, on each of its two
+    implementations: updating a held key needs no room, a batch write stops
+    with MapFullError at the first new key without room (the entries before
+    it written, none after), and a batch delete skips keys not held."""
+    bpf_map: MapAccess[int, maps.EndpointValue] = (
+        datapath.maps[maps.ENDPOINTS.pin] if kind == "kernel"
+        else FakeMap(ct.c_uint32, maps.EndpointValue, SIZE, maps.ENDPOINTS.pin))
+    bpf_map.delete_many([key for key, _ in bpf_map.items()])
+    held = list(range(1, SIZE + 1))
+    bpf_map.put_many(held, [endpoint_value(key) for key in held])
+    with pytest.raises(MapFullError):
+        bpf_map.put_many([1, SIZE + 1, 2], [endpoint_value(n) for n in (101, 102, 103)])
+    frontend_ids = {key: value.frontend_id for key, value in bpf_map.items()}
+    assert frontend_ids == {**{key: key for key in held}, 1: 101}
+    bpf_map.delete_many([SIZE + 1, 3, SIZE + 2])
+    assert sorted(key for key, _ in bpf_map.items()) == [key for key in held if key != 3]

@@ -1,9 +1,9 @@
 """--bpffs-dir and --cgroup: resolved once (symlinks, "..", relative paths),
 checked as resolved, and only the resolved path used afterwards; a bpffs
 mount root refused; errors that are not about permissions not blamed on
-root. The real bpffs and cgroup2 mounts, with directories of the test's own;
-the mount-root cases run on a private bpffs instance in a mount namespace
-of their own, so /sys/fs/bpf (1777) is never touched."""
+root (backends/ebpf/datapath/loader.py). The real bpffs and cgroup2 mounts,
+with directories of the test's own; /sys/fs/bpf itself is only checked,
+never changed. The command line's checks: tests/kernel/ebpf/test_cli.py."""
 
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ from lab.socket_lab import unique_bpffs_dir
 from tests.ebpf.helpers import loaded
 from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
 from tests.support.kernel import require_root_bpf
-from tests.support.process import KPNG_PY, LOOPBACK_PROBES
 
 pytestmark = pytest.mark.kernel
 
@@ -123,50 +122,6 @@ def test_only_a_refused_permission_is_said_to_need_root() -> None:
             Datapath.load(DatapathConfig(inside_a_pin, group.path, TEST_MAP_SIZES))
     assert "File exists" in str(refused.value)
     assert "needs root" not in str(refused.value)
-
-
-def in_private_bpffs(script: str, mount: Path) -> subprocess.CompletedProcess:
-    """Runs a shell script in a mount namespace of its own, with a fresh bpffs
-    instance (mode 1777, like /sys/fs/bpf) at $MNT, and the command at $KPNG_PY."""
-    mount.mkdir()
-    return subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
-         f'mount -t bpf -o mode=1777 bpf "$MNT" && {script}'],
-        env={"MNT": str(mount), "KPNG_PY": KPNG_PY, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-        capture_output=True, text=True, timeout=120)
-
-
-@pytest.mark.parametrize("command", [
-    "local --api unix:///nonexistent {probes} to-ebpf --bpffs-dir $MNT --cgroup {cgroup}",
-    "ebpf cleanup --bpffs-dir $MNT",
-    "ebpf dump --bpffs-dir $MNT/x/..",
-])
-def test_the_cli_refuses_a_bpffs_root_and_leaves_its_mode_alone(
-        tmp_path: Path, command: str) -> None:
-    with cgroup() as group:
-        args = command.format(probes=" ".join(LOOPBACK_PROBES), cgroup=group.path)
-        # timeout: a backend that accepted the path would watch the brain forever.
-        result = in_private_bpffs(
-            f'timeout -s KILL 60 "$KPNG_PY" {args}; echo "rc=$?"; stat -c %a "$MNT"',
-            tmp_path / "mnt")
-    rc, mode = result.stdout.splitlines()[-2:]
-    assert (rc, mode) == ("rc=2", "1777"), result.stderr
-    (error,) = [line for line in result.stderr.splitlines() if "kpng-py: error:" in line]
-    assert "is the root of a bpf filesystem" in error and "Traceback" not in result.stderr
-
-
-def test_the_cli_checks_the_paths_of_dump_and_cleanup(tmp_path: Path) -> None:
-    outside = escaping(BPFFS, tmp_path)
-    with cgroup() as group:
-        for args in (["ebpf", "dump", "--bpffs-dir", str(outside)],
-                     ["ebpf", "cleanup", "--bpffs-dir", str(outside)],
-                     ["ebpf", "cleanup", "--bpffs-dir", str(unique_bpffs_dir()),
-                      "--cgroup", str(group.path / ".." / ".." / "..")]):
-            result = subprocess.run([KPNG_PY, *args], capture_output=True, text=True,
-                                    timeout=60)
-            assert result.returncode == 2, (args, result.stderr)
-            (error,) = [line for line in result.stderr.splitlines() if "kpng-py: error:" in line]
-            assert "(that is " in error and " is not " in error, error
 
 
 def test_the_root_of_a_hybrid_cgroup_layout_stands_for_its_cgroup_v2_hierarchy(

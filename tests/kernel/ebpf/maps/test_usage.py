@@ -1,5 +1,5 @@
 """The LRU maps' entry counts on /metrics, on real maps (the cache itself:
-tests/ebpf/test_usage.py)."""
+tests/ebpf/maps/test_usage.py)."""
 
 from __future__ import annotations
 
