@@ -55,7 +55,8 @@ from tests.support.state import apply_synced
 # against the kernel's maps (about 15 s alone, three times that in the loaded
 # suite, whose budget is 20 minutes): the same machine runs on the dict fakes
 # too (tests/ebpf/programmer/test_service_programmer.py), and the fakes are
-# checked against the kernel's maps op for op (test_fake_maps.py); "long" for more.
+# checked against the kernel's maps op for op
+# (tests/kernel/ebpf/maps/test_access.py); "long" for more.
 _PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
 PROFILES = {
     "ci": settings(max_examples=200, stateful_step_count=30, deadline=None, phases=_PHASES,

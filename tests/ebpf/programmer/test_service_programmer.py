@@ -1,5 +1,6 @@
 """The map programmer on dict fakes of its maps (tests/ebpf/fake_maps.py,
-checked against the kernel's by test_fake_maps.py): no root, no BPF.
+checked against the kernel's by tests/kernel/ebpf/maps/test_access.py): no
+root, no BPF.
 
 The property machine of map_machine.py (maps == `to-print`, ownership,
 restarts adopting the maps), with writes that fail part-way; and on maps

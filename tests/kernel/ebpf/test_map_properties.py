@@ -2,9 +2,9 @@
 shows for the same stream, and no map entry outlives its service.
 
 The machine of tests/ebpf/map_machine.py on real maps (a dedicated bpffs
-directory; no program is attached); test_programmer_fake.py runs it on the
-dict fakes. Profiles: "ci" (about 15 s alone) and "long"
-(HYPOTHESIS_PROFILE=long).
+directory; no program is attached);
+tests/ebpf/programmer/test_service_programmer.py runs it on the dict fakes.
+Profiles: "ci" (about 15 s alone) and "long" (HYPOTHESIS_PROFILE=long).
 """
 
 from __future__ import annotations
