@@ -2,7 +2,8 @@
 present, non-negative, and nested as measured (the state model and the backend
 within the whole apply; the eBPF backend's planning and map writes within its
 apply). Durations are never compared with a threshold: only with each other,
-and with a sleep that happened in between (a lower bound)."""
+and with a sleep that happened in between (a lower bound). The eBPF
+backend's, which needs BPF: tests/kernel/bench/test_sync_stages.py."""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ from typing import Iterator
 
 import pytest
 
-from backends.ebpf.backend import EbpfBackend
-from backends.ebpf.datapath.loader import DatapathConfig, cleanup
 from kpng_py.api import localv1 as L
 from kpng_py.cmd.runner import ApplierSink
 from kpng_py.dataplane.applier import ChangeSetApplier
@@ -28,15 +27,11 @@ from kpng_py.metrics.metrics import Metrics
 from kpng_py.runtime.logs import record_fields
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
-from lab.cgroups import cgroup
-from lab.socket_lab import unique_bpffs_dir
 from tests.streams.build import endpoint, port, reset, service, set_endpoint, set_service, sync
-from tests.support.kernel import require_root_bpf
 
 # Rounding: each field is rounded to 0.01 ms on its own.
 ROUNDING_MS = 0.02
 STAGES = ("duration_ms", "receive_ms", "state_ms", "backend_ms")
-SMALL_MAPS = {"services": 1024, "backends": 1024, "reverse_nat": 1024, "affinity": 256}
 
 
 def full_state(services: int = 20) -> list[L.OpItem]:
@@ -122,39 +117,3 @@ def test_a_stream_error_ends_the_change_set_being_received(
     sink.on_stream_error("cut", [reset()])
     sink.on_changeset(full_state())  # a replayed stream told no start
     assert sync_lines(caplog)[0]["receive_ms"] == 0
-
-
-@pytest.fixture
-def ebpf_backend() -> Iterator[EbpfBackend]:
-    require_root_bpf()
-    with cgroup() as group:
-        bpffs_dir = unique_bpffs_dir()
-        try:
-            backend = EbpfBackend(DatapathConfig(bpffs_dir, group.path, SMALL_MAPS), Metrics(),
-                                  Skips(Metrics()))
-            backend.setup()
-            try:
-                yield backend
-            finally:
-                backend.close()
-        finally:
-            cleanup(bpffs_dir, group.path)
-
-
-def test_the_ebpf_backend_adds_its_planning_and_map_writes_within_its_apply(
-        new_sink, ebpf_backend: EbpfBackend, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="kpng_py.dataplane.applier")
-    assert not any(ebpf_backend.apply_stages().values())  # nothing applied yet
-    sink = new_sink(ebpf_backend)
-    sink.on_changeset_started()
-    sink.on_changeset(full_state())
-    sink.on_changeset_started()
-    sink.on_changeset(one_endpoint_added())
-
-    lines = sync_lines(caplog)
-    assert [line["full"] for line in lines] == [True, False]
-    for line in lines:
-        check_nesting(line)
-        assert line["plan_ms"] >= 0 and line["write_ms"] >= 0, line
-        assert line["plan_ms"] + line["write_ms"] <= line["backend_ms"] + ROUNDING_MS, line
-    assert set(ebpf_backend.apply_stages()) == {"plan_ms", "write_ms"}
