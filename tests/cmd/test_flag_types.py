@@ -37,7 +37,7 @@ def test_a_size_is_bytes_or_kib_mib_gib(text: str, size: int) -> None:
     assert byte_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["0", "0k", "", "M", "-4", "4T", "1.5m"])
+@pytest.mark.parametrize("text", ["0", "0k", "", "M", "-4", "4T", "1.5m", "\uff14k", "\u0664"])
 def test_what_is_no_positive_size_is_refused_with_an_example(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError,
                        match=r"is not a size in bytes \(e\.g\. 4194304 or 4M\)$"):
