@@ -27,11 +27,11 @@ def positive_duration(text: str) -> float:
 
 
 def byte_size(text: str) -> int:
-    """A size in bytes, more than 0: a number, or one with k, m or g (KiB, MiB,
-    GiB)."""
+    """A size in bytes, more than 0: a number in ASCII digits, or one with k,
+    m or g (KiB, MiB, GiB)."""
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     scale = units.get(text[-1:].lower(), 1)
     digits = text[:-1] if text[-1:].lower() in units else text
-    if not digits.isdecimal() or int(digits) == 0:
+    if not (digits.isascii() and digits.isdecimal()) or int(digits) == 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes (e.g. 4194304 or 4M)")
     return int(digits) * scale

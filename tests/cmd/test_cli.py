@@ -74,46 +74,6 @@ def test_bad_flags_are_named(capsys: pytest.CaptureFixture, argv: list[str], mes
     assert message in out
 
 
-def test_a_parse_error_is_one_line_in_every_command(capsys: pytest.CaptureFixture) -> None:
-    """As the README says: one `kpng-py: error: ...` line (and the --help to
-    read), exit code 2, no usage; for the top level and every command, sink
-    and tool."""
-    for command in all_commands():
-        code, out = run(capsys, *command, "--no-such-flag")
-        error, hint = out.splitlines()
-        assert code == 2 and error.startswith("kpng-py: error: "), (command, out)
-        assert hint == f"run `{' '.join(('kpng-py',) + command)} --help` for the flags", out
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["local", "--api", "x:1", "to-ebpf", "--cgroupp", "/x"],
-     "unrecognized arguments: --cgroupp /x; did you mean --cgroup?"),
-    (["file", "-i", "s.yaml", "to-local", "to-ebpf", "--bpfs-dir=/x"],
-     "unrecognized arguments: --bpfs-dir=/x; did you mean --bpffs-dir?"),
-    # Before the sink, a misspelt flag's value is not taken for the sink.
-    (["local", "--api", "x:1", "--eror-delay", "1", "to-print"],
-     "unrecognized arguments: --eror-delay; did you mean --error-delay?"),
-    (["lcoal"], "invalid choice: 'lcoal' (choose from 'local', "),
-    (["lcoal"], "; did you mean 'local'?"),
-    (["local", "--api", "x:1", "to-ebpff"], "; did you mean 'to-ebpf'?"),
-    (["ebpf", "dupm"], "; did you mean 'dump'?"),
-    (["--log-format", "jsn", "version"], "; did you mean 'json'?"),
-    (["file", "-i", "s.yaml", "to-local", "to-print", "--node-name", "a"],
-     "--node-name is a flag of `kpng-py file to-local`: give it before to-print"),
-    (["local", "to-print", "--api", "x:1"],
-     "--api is a flag of `kpng-py local`: give it before to-print"),
-])
-def test_a_misspelt_or_misplaced_flag_or_command_gets_the_right_one(
-        capsys: pytest.CaptureFixture, argv: list[str], message: str) -> None:
-    code, out = run(capsys, *argv)
-    assert code == 2 and message in out.splitlines()[0], out
-
-
-def test_a_far_off_word_gets_no_suggestion(capsys: pytest.CaptureFixture) -> None:
-    code, out = run(capsys, "version", "--bogus")
-    assert code == 2 and out.splitlines()[0] == "kpng-py: error: unrecognized arguments: --bogus"
-
-
 def test_a_file_that_is_not_a_recording(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     bad = tmp_path / "state.yaml"
     bad.write_text("services: []\n")

@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 
 from tests.brain.kube.objects import api_node, api_service, api_slice
-from tests.brain.test_cli import NO_PROBES
+from tests.cmd.test_file import NO_PROBES
 from tests.support.fake_apiserver import FakeApiServer
 from tests.support.process import Processes, wait_until
 

@@ -1,0 +1,6 @@
+"""Fixtures of the commands' tests: `kpng-py file` runs against the brain's
+state file and brain (tests/brain/conftest.py)."""
+
+from tests.brain.conftest import socket_dir, start_brain, state_file
+
+__all__ = ["socket_dir", "start_brain", "state_file"]
