@@ -1,7 +1,8 @@
 """The direction of imports between the product's packages: the flow of
 docs/architecture.md ("Packages"), held by the code. A package imports only
 the packages below it: the state never imports the transport that brought
-its ops, no backend imports a command or a brain, and so on."""
+its ops, no backend imports a command or a brain, and so on. And the tests
+mirror the code: each module's test is found by its name and folders."""
 
 from __future__ import annotations
 
@@ -92,3 +93,39 @@ def test_the_rule_catches_a_wrong_import(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("from kpng_py.watch.client import WatchClient\nimport kpng_py.serve.server\n")
     assert {_part(module) for module in _imports(source)} == {"watch", "serve"}
+
+
+# -- the tests mirror the code -------------------------------------------------
+
+
+def _product_modules() -> list[Path]:
+    """The modules of kpng_py/ and backends/, but for package files and the
+    generated protobuf code."""
+    return sorted(path for top in ("kpng_py", "backends") for path in (ROOT / top).rglob("*.py")
+                  if path.name != "__init__.py" and not path.name.endswith("_pb2.py"))
+
+
+def mirrored_tests(module: Path) -> tuple[Path, Path]:
+    """Where a module's test is: test_<its name>.py under tests/, or under
+    tests/kernel/ if it needs the kernel, in the module's own folders below
+    kpng_py/ or backends/ (kpng_py/state/decode.py: tests/state/test_decode.py;
+    backends/ebpf/netfilter/plan.py: tests/ebpf/netfilter/test_plan.py)."""
+    folders = Path(*module.relative_to(ROOT).parts[1:-1])
+    name = f"test_{module.stem}.py"
+    return ROOT / "tests" / folders / name, ROOT / "tests" / "kernel" / folders / name
+
+
+@pytest.mark.parametrize("module", _product_modules(),
+                         ids=lambda module: str(module.relative_to(ROOT)))
+def test_a_module_has_a_test_of_its_name_in_its_folders(module: Path) -> None:
+    unit, kernel = mirrored_tests(module)
+    assert unit.exists() or kernel.exists(), (
+        f"{module.relative_to(ROOT)}: its tests belong in {unit.relative_to(ROOT)} "
+        f"(or {kernel.relative_to(ROOT)} if they need the kernel)")
+
+
+def test_the_mirror_rule_maps_each_tree_to_its_folders() -> None:
+    assert mirrored_tests(ROOT / "kpng_py/transport.py")[0] == ROOT / "tests/test_transport.py"
+    assert mirrored_tests(ROOT / "backends/ebpf/netfilter/plan.py") == (
+        ROOT / "tests/ebpf/netfilter/test_plan.py",
+        ROOT / "tests/kernel/ebpf/netfilter/test_plan.py")
