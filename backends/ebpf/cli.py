@@ -58,7 +58,8 @@ def _vip_filter(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Addres
         number = int(port) if port is not None else None
     except ValueError:
         number, ip = -1, None
-    if ip is None or (number is not None and not 0 < number < 65536):
+    bracketed_v4 = text.startswith("[") and ip is not None and ip.version == 4
+    if ip is None or bracketed_v4 or (number is not None and not 0 < number < 65536):
         raise argparse.ArgumentTypeError(f"{text!r} is not IP, IP:PORT or [IPV6]:PORT "
                                          "(e.g. 10.96.0.10:80)")
     return ip, number

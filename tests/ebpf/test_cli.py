@@ -69,7 +69,7 @@ def test_a_vip_filter_is_an_address_and_maybe_a_port(
 
 @pytest.mark.parametrize("given", ["10.96.0.10:0", "10.96.0.10:65536", "10.96.0.10:http",
                                    "[fd00::10]:", "[fd00::10]53", "[fd00::10", "web",
-                                   "10.96.0.10:80:1"])
+                                   "10.96.0.10:80:1", "[10.96.0.10]:80"])
 def test_a_bad_vip_filter_is_refused(capsys: pytest.CaptureFixture[str], given: str) -> None:
     assert refusal(capsys, "dump", "--vip", given).endswith(
         f"argument --vip: {given!r} is not IP, IP:PORT or [IPV6]:PORT (e.g. 10.96.0.10:80)")
