@@ -9,14 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
 from kpng_py.cmd.cli import build_parser
 from kpng_py.cmd.version import record
-from tests.cmd.test_version import checkout_build
+from tests.support.deploy import (
+    DEPLOY,
+    ROOT,
+    backend_args,
+    cleanup_args,
+    daemonset_containers,
+    manifests,
+)
+from tests.support.version import checkout_build
 
-ROOT = Path(__file__).resolve().parent.parent
-DEPLOY = ROOT / "deploy"
 BIN = Path(sys.executable).parent
 
 
@@ -25,21 +29,12 @@ MANIFESTS = ("kpng-py.yaml", "kpng-py-kube.yaml", "kpng-py-cleanup.yaml")
 IMAGE_PLACEHOLDER = "kpng-py:TAG"
 
 
-def manifests(name: str = "kpng-py.yaml") -> list[dict]:
-    return [doc for doc in yaml.safe_load_all((DEPLOY / name).read_text()) if doc]
-
-
 def test_manifests_validate_strictly_against_kubernetes_schemas() -> None:
     for version in ("1.28.0", "1.31.0"):
         result = subprocess.run(
             [BIN / "kubernetes-validate", "--strict", "--quiet", "-k", version,
              *(DEPLOY / name for name in MANIFESTS)], capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
-
-
-def daemonset_containers(name: str = "kpng-py.yaml") -> dict[str, dict]:
-    (ds,) = [m for m in manifests(name) if m["kind"] == "DaemonSet"]
-    return {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
 
 
 def test_split_layout_shares_the_brain_socket() -> None:
@@ -178,18 +173,6 @@ def test_the_brain_gets_kpngs_protobuf_setting_and_kpng_py_a_memory_limit() -> N
 def flag_values(args: list[str], *flags: str) -> dict[str, str]:
     return {flag: arg.split("=", 1)[1] for arg in args for flag in flags
             if arg.startswith(flag + "=")}
-
-
-def backend_args(name: str = "kpng-py.yaml") -> list[str]:
-    """The kpng-py container's flags after `to-ebpf`."""
-    args = daemonset_containers(name)["kpng-py"]["args"]
-    return args[args.index("to-ebpf") + 1:]
-
-
-def cleanup_args() -> list[str]:
-    (ds,) = manifests("kpng-py-cleanup.yaml")
-    (init,) = ds["spec"]["template"]["spec"]["initContainers"]
-    return init["args"]
 
 
 def test_the_uninstall_cleans_where_the_install_puts_its_datapath() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.test_deploy import DEPLOY, ROOT, daemonset_containers
+from tests.support.deploy import DEPLOY, ROOT, daemonset_containers
 
 DOCS = ROOT / "docs"
 BENCH = DOCS / "bench.md"

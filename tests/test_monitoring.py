@@ -16,7 +16,7 @@ import yaml
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.metrics.service_counters import ServiceCountersCollector
 from kpng_py.state.skips import SkipReason
-from tests.test_deploy import ROOT, daemonset_containers, manifests
+from tests.support.deploy import ROOT, daemonset_containers, manifests
 
 MONITORING = ROOT / "deploy" / "monitoring"
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),

@@ -129,3 +129,56 @@ def test_the_mirror_rule_maps_each_tree_to_its_folders() -> None:
     assert mirrored_tests(ROOT / "backends/ebpf/netfilter/plan.py") == (
         ROOT / "tests/ebpf/netfilter/test_plan.py",
         ROOT / "tests/kernel/ebpf/netfilter/test_plan.py")
+
+
+# -- a test imports no other test ----------------------------------------------
+
+
+def _tests_imported(path: Path, root: Path = ROOT) -> set[str]:
+    """The `tests.` modules a module below `root` imports, relative imports
+    resolved; `from M import N` counts as importing M and M.N (N may be a
+    module)."""
+    package = path.relative_to(root).parent.parts
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else ()
+            module = ".".join((*base, *([node.module] if node.module else [])))
+            names |= {module} | {f"{module}.{alias.name}" for alias in node.names}
+    return {name for name in names if name.startswith("tests.")}
+
+
+def _is_a_test_or_conftest(module: str, root: Path = ROOT) -> bool:
+    path = root.joinpath(*module.split(".")).with_suffix(".py")
+    return path.is_file() and (path.stem.startswith("test_") or path.stem == "conftest")
+
+
+def modules_importing_tests(root: Path = ROOT) -> dict[str, list[str]]:
+    """Each module below root/tests that imports a test_*.py or a conftest.py,
+    with those it imports."""
+    wrong = {str(path.relative_to(root)): sorted(
+        module for module in _tests_imported(path, root) if _is_a_test_or_conftest(module, root))
+        for path in sorted((root / "tests").rglob("*.py"))}
+    return {path: modules for path, modules in wrong.items() if modules}
+
+
+def test_no_module_of_the_tests_imports_a_test_or_a_conftest() -> None:
+    """What tests share (helpers, constants, fixtures) lives in tests/support/;
+    a conftest.py takes its fixtures from there too."""
+    assert modules_importing_tests() == {}
+
+
+def test_the_rule_catches_a_test_imported_absolutely_or_relatively(tmp_path: Path) -> None:
+    folder = tmp_path / "tests" / "a"
+    folder.mkdir(parents=True)
+    for name in ("conftest.py", "test_one.py", "helpers.py"):
+        (folder / name).write_text("X = 1\n")
+    (folder / "test_two.py").write_text(
+        "from .test_one import X\nfrom . import conftest, helpers\nimport tests.a.helpers\n")
+    (tmp_path / "tests" / "test_three.py").write_text(
+        "from tests.a.conftest import X\nfrom .a import test_one\nfrom .a.helpers import X\n")
+    assert modules_importing_tests(tmp_path) == {
+        "tests/a/test_two.py": ["tests.a.conftest", "tests.a.test_one"],
+        "tests/test_three.py": ["tests.a.conftest", "tests.a.test_one"]}

@@ -1,6 +1,6 @@
 """Fixtures of the commands' tests: `kpng-py file` runs against the brain's
-state file and brain (tests/brain/conftest.py)."""
+state file and brain (tests/support/brain.py)."""
 
-from tests.brain.conftest import socket_dir, start_brain, state_file
+from tests.support.brain import socket_dir, start_brain, state_file
 
 __all__ = ["socket_dir", "start_brain", "state_file"]

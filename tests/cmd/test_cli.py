@@ -13,6 +13,7 @@ import pytest
 import shtab
 
 from kpng_py.cmd.cli import COMPLETION_SHELLS, build_parser, main
+from tests.support.cli import all_commands, run
 
 
 @pytest.fixture(autouse=True)
@@ -24,24 +25,6 @@ def _restore_logging():
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
-
-
-def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
-
-
-def all_commands(parser=None, prefix=()):
-    parser = parser or build_parser()
-    yield prefix
-    for action in parser._actions:  # argparse has no public walk of subcommands
-        if hasattr(action, "choices") and isinstance(action.choices, dict):
-            for name, sub in action.choices.items():
-                yield from all_commands(sub, prefix + (name,))
 
 
 def test_help_on_every_command(capsys: pytest.CaptureFixture) -> None:

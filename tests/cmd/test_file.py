@@ -22,11 +22,7 @@ from tests.brain.helpers import (
     wait_until,
     web,
 )
-from tests.support.process import Processes
-
-# Backends run without /healthz and /metrics servers: parallel runs would
-# compete for their fixed default ports.
-NO_PROBES = ("--healthz-bind-address", "", "--metrics-bind-address", "")
+from tests.support.process import NO_PROBES, Processes
 
 WEB = web(W1, W2)
 

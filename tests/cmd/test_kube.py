@@ -9,9 +9,8 @@ from typing import Iterator
 import pytest
 
 from tests.brain.kube.objects import api_node, api_service, api_slice
-from tests.cmd.test_file import NO_PROBES
 from tests.support.fake_apiserver import FakeApiServer
-from tests.support.process import Processes, wait_until
+from tests.support.process import NO_PROBES, Processes, wait_until
 
 
 @pytest.fixture

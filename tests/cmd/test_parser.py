@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from kpng_py.cmd.parser import Parser
-from tests.cmd.test_cli import all_commands, run
+from tests.support.cli import all_commands, run
 
 
 def test_a_parse_error_is_one_line_in_every_command(capsys: pytest.CaptureFixture) -> None:

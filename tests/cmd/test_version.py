@@ -24,6 +24,7 @@ from kpng_py.cmd.version import (
     running,
     tree_build,
 )
+from tests.support.version import checkout_build
 
 ROOT = SOURCE_DIR
 # What Docker takes as a tag.
@@ -35,13 +36,6 @@ _GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
                           check=True, env={**os.environ, **_GIT_ENV}).stdout.strip()
-
-
-def checkout_build(directory: Path) -> Build:
-    """The build of a checkout's top folder (tree_build gives None elsewhere)."""
-    build = tree_build(directory)
-    assert build is not None, f"{directory} is no checkout's top folder"
-    return build
 
 
 def commit(repo: Path, name: str, text: str) -> str:

@@ -28,6 +28,7 @@ from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from lab.procs import wait_until
 from tests.streams.build import endpoint, port, reset, service, set_endpoint, set_service, sync
+from tests.support.dataplane import OldBackend
 
 WAIT = 30.0  # liveness bound: generous, the machine is shared
 FAST = (0.01, 0.04)  # retry delays: first, cap
@@ -443,20 +444,6 @@ def test_what_is_not_programmed_stays_in_view_by_reason() -> None:
     assert _gauge(metrics, "kpng_py_service_ports") == 2
     for reason in ("capacity", "frontend-conflict"):  # still exported, at 0
         assert _gauge(metrics, "kpng_py_service_ports_not_programmed", reason=reason) == 0
-
-
-class OldBackend:
-    """A backend of another package, older than the contract's apply_stages
-    and not_programmed: setup, apply and close only."""
-
-    def setup(self) -> None:
-        pass
-
-    def apply(self, changes: ServicePortChanges) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def test_a_backend_older_than_apply_stages_and_not_programmed_still_applies(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from kpng_py.dataplane.contract import Backend, backend_not_programmed, backend_stages
-from tests.dataplane.test_applier import OldBackend
+from tests.support.dataplane import OldBackend
 
 
 class Reporting(OldBackend):

@@ -46,9 +46,9 @@ from kpng_py.model import ServicePort, ServicePortChanges
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from tests.ebpf.helpers import programmed_frontends
-from tests.state.test_tracker_properties import KEYS, SERVICES, StreamMachine
 from tests.streams.build import endpoint, port, service, sync
 from tests.support.state import apply_synced
+from tests.support.stream_machine import KEYS, SERVICES, StreamMachine
 
 # No "explain" phase: its tracing makes a failing run take minutes. 30 steps
 # in "ci": enough for owners to come, go and be taken over; 200 examples

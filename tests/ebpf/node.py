@@ -16,7 +16,7 @@ from backends.ebpf.maps.layout import SIZED_SPECS
 from backends.ebpf.tools.dump import read_dump
 from lab.socket_lab import Lab, backend_ip, target
 from tests.brain.helpers import TCP, UDP, StateFile, endpoint, port, service, state
-from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
+from tests.support.ebpf import TEST_MAP_SIZES
 from tests.support.process import LOOPBACK_PROBES, START_SECONDS, Process, Processes
 
 NODE_NAME = "node-a"

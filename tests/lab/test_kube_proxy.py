@@ -4,28 +4,17 @@ kernel's tools accept them."""
 
 from __future__ import annotations
 
-import ipaddress
 import re
 
 from bench.scenario import Scenario
-from kpng_py.model import Endpoint, Endpoints, IPFamily, Protocol, ServicePort, ServicePortName
+from kpng_py.model import IPFamily, ServicePort
 from lab.kube_proxy import KubeServicePort
 from lab.kube_proxy import iptables as ipt
 from lab.kube_proxy import nftables as nft
 from lab.kube_proxy.iptables import IptablesProxier
 from lab.kube_proxy.nftables import NftablesProxier
 from lab.kube_proxy.node import cleanup_input
-
-CLUSTER_CIDR = "10.244.0.0/16"
-
-
-def _port(name: str, vip: str, *endpoints: str, port_name: str = "p80") -> ServicePort:
-    eps = Endpoints.of(Endpoint(ipaddress.ip_address(e.rsplit(":", 1)[0].strip("[]")),
-                                int(e.rsplit(":", 1)[1]))
-                       for e in endpoints)
-    return ServicePort(name=ServicePortName("ns1", name, port_name, Protocol.TCP),
-                       type="ClusterIP", cluster_ips=(ipaddress.ip_address(vip),), port=80,
-                       target_port=80, endpoints=eps)
+from tests.support.kube_proxy import CLUSTER_CIDR, SVC1, V6, cluster_ip_port
 
 
 def _ipv4(port: ServicePort) -> KubeServicePort:
@@ -35,9 +24,8 @@ def _ipv4(port: ServicePort) -> KubeServicePort:
     return view
 
 
-SVC1 = _port("svc1", "172.30.0.41", "10.180.0.1:80", "10.180.0.2:80", "10.180.0.3:80")
-SVC2 = _port("svc2", "172.30.0.42", "10.180.0.4:80")
-EMPTY = _port("svc3", "172.30.0.43")
+SVC2 = cluster_ip_port("svc2", "172.30.0.42", "10.180.0.4:80")
+EMPTY = cluster_ip_port("svc3", "172.30.0.43")
 
 
 def test_chain_names_are_kube_proxys():
@@ -144,9 +132,6 @@ def test_nftables_partial_sync_touches_the_changed_service_only():
                       *(nft.endpoint_chain(new, ep) for ep in new.endpoints)}
     assert f"flush chain ip kube-proxy {gone}" in text.splitlines()
     assert f"add rule ip kube-proxy {gone}" not in text
-
-
-V6 = _port("svc6", "fd00:10:96::41", "[fd00:10:244::1]:80", "[fd00:10:244::2]:80")
 
 
 def test_the_ipv6_proxier_writes_ip6tables_rules():

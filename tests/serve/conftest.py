@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from tests.brain.conftest import socket_dir, start_brain, state_file
+from tests.support.brain import socket_dir, start_brain, state_file
 
 __all__ = ["socket_dir", "start_brain", "state_file"]

@@ -28,8 +28,8 @@ from tests.brain.helpers import NODES, endpoint, op_kinds, port, service, state
 from tests.streams.build import reset, set_service
 from tests.streams.build import service as service_message
 from tests.support.grpcio_server import RawWatch
+from tests.support.tls import make_ca, make_leaf
 from tests.support.watch import ScriptedSource, changeset
-from tests.watch.test_client import make_ca, make_leaf
 
 STREAMS = Path(__file__).parent.parent / "streams"
 

@@ -1,1 +1,3 @@
-"""Helpers for tests that need the kernel: namespaces, cgroups, servers."""
+"""What the tests share: helpers, constants and fixtures, one module a topic
+(namespaces, cgroups and servers for the kernel tests among them). No test
+module imports another test module or a conftest.py: it imports from here."""

@@ -26,6 +26,9 @@ START_SECONDS = 60.0
 # port is read from the log), so parallel runs never compete for one.
 LOOPBACK_PROBES = ("--healthz-bind-address", "127.0.0.1:0",
                    "--metrics-bind-address", "127.0.0.1:0")
+# Backends run without /healthz and /metrics servers: parallel runs would
+# compete for their fixed default ports.
+NO_PROBES = ("--healthz-bind-address", "", "--metrics-bind-address", "")
 _METRICS_ADDRESS = re.compile(r"serving /metrics address=(\S+)")
 
 

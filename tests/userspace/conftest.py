@@ -21,6 +21,7 @@ from backends.userspace.listener import Listener
 from backends.userspace.picker import FrontendPickers, PortAffinity
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Endpoint
+from tests.support.userspace import Started
 
 
 @pytest.fixture
@@ -35,9 +36,6 @@ def ctx(metrics: Metrics) -> Iterator[ProxyContext]:
     yield ProxyContext(loop, config, ProxyStats(metrics), Housekeeping(loop, 1.0),
                        NodeAddresses(config.nodeport_addresses))
     loop.close()
-
-
-Started = tuple[Listener, Tally, int]
 
 
 def _free_port(kind: socket.SocketKind) -> int:
@@ -66,8 +64,3 @@ def start_listener(ctx: ProxyContext) -> Iterator[Callable[..., Started]]:
     yield start
     for listener in started:
         listener.close()
-
-
-def sample(metrics: Metrics, name: str, **labels: str) -> float:
-    """A sample of the proxy's metrics (0 if absent)."""
-    return metrics.registry.get_sample_value(name, labels) or 0

@@ -14,7 +14,7 @@ from kpng_py.metrics.metrics import Metrics
 from kpng_py.metrics.service_counters import ServiceCounts
 from kpng_py.model import Endpoint, IPAddress, IPFamily
 from kpng_py.node.nodeport_addresses import LocalAddressSet, NodePortAddresses
-from tests.userspace.conftest import sample
+from tests.support.userspace import sample
 
 
 def _ip(text: str) -> IPAddress:

@@ -15,7 +15,7 @@ from backends.userspace.context import ProxyContext
 from backends.userspace.udp import UdpListener
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Endpoint
-from tests.userspace.conftest import Started, sample
+from tests.support.userspace import Started, sample
 
 LOOPBACK = ipaddress.ip_address("127.0.0.1")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from kpng_py.transport import TLSFiles
 from kpng_py.watch.client import ClientConfig, WatchClient
 from lab.localv1_servers import H2Brain, framed
 from tests.streams.build import reset, service, set_service, sync
+from tests.support.tls import make_ca, make_leaf
 from tests.support.watch import (
     RecordingSink,
     ScriptedSource,
@@ -375,28 +375,6 @@ def test_ops_before_a_status_and_reset_read_at_once_are_a_cut_short_change_set(
     assert sink.errors == ["UNAVAILABLE: brain crashed"] and [len(p) for p in sink.partials] == [2]
     assert metrics.registry.get_sample_value(
         "kpng_py_skipped_total", {"reason": "incomplete-changeset"}) == 1
-
-
-def openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
-def make_ca(directory: Path, name: str) -> tuple[Path, Path]:
-    key, cert = directory / f"{name}.key", directory / f"{name}.crt"
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-            f"/CN={name}", "-keyout", str(key), "-out", str(cert))
-    return key, cert
-
-
-def make_leaf(directory: Path, name: str, ca: tuple[Path, Path]) -> TLSFiles:
-    key, csr, cert = (directory / f"{name}.{ext}" for ext in ("key", "csr", "crt"))
-    ext = directory / f"{name}.ext"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-            "-keyout", str(key), "-out", str(csr))
-    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca[1]), "-CAkey", str(ca[0]),
-            "-CAcreateserial", "-days", "1", "-extfile", str(ext), "-out", str(cert))
-    return TLSFiles(key, cert, ca[1])
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ from kpng_py.brain.statefile import ClusterState, parse_state
 from kpng_py.brain.view import node_view
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.state.skips import Skips
-from tests.brain.kube.test_watcher import Following, _kubectl_list
 from tests.support.fake_apiserver import PATHS, FakeApiServer
+from tests.support.kube_watcher import Following, kubectl_list
 from tests.support.process import wait_until
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "kube"
@@ -38,7 +38,7 @@ def recorded_events(resource: str) -> list[dict]:
 
 
 def _converted(fake: FakeApiServer) -> ClusterState:
-    return parse_state(dump(convert(_kubectl_list(fake))).encode(), "converted.yaml")
+    return parse_state(dump(convert(kubectl_list(fake))).encode(), "converted.yaml")
 
 
 @pytest.fixture

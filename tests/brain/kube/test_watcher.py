@@ -4,64 +4,19 @@ changes coalesced, relists on 410 Gone, bookmarks, outages, bad input."""
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Iterator
 
 import pytest
-import yaml
 
 from kpng_py.api import localv1
 from kpng_py.brain.convert import convert, dump
-from kpng_py.brain.kube.access import ApiServerAccess
-from kpng_py.brain.kube.client import ApiServerClient
-from kpng_py.brain.kube.reflector import Timing
-from kpng_py.brain.kube.watcher import ApiServerReport, KubeWatcher
-from kpng_py.brain.settings import Coalesce
-from kpng_py.brain.source import StateSnapshots
 from kpng_py.brain.statefile import parse_state
-from kpng_py.brain.view import NodeView, node_view
-from kpng_py.healthcheck.proxier_health import SyncHealth
-from kpng_py.metrics.metrics import Metrics
+from kpng_py.brain.view import node_view
 from kpng_py.runtime.logs import record_fields
 from tests.brain.kube.objects import api_node, api_service, api_slice
 from tests.support.fake_apiserver import FakeApiServer
+from tests.support.kube_watcher import Following, kubectl_list
 from tests.support.process import wait_until
-
-# Small pages (lists take several), watches the server ends after a second,
-# short delays.
-FAST = Timing(page=2, watch_seconds=(1, 1), error_delay=0.05, max_error_delay=0.2)
-
-
-class Following:
-    """A KubeWatcher following the fake server, its metrics and health."""
-
-    def __init__(self, fake: FakeApiServer, coalesce: Coalesce = Coalesce(0.05, 0.5)) -> None:
-        self.metrics = Metrics()
-        self.health = SyncHealth(timeout=0.2)
-        report = ApiServerReport(self.metrics)
-        report.attach(self.health, serving=True)
-        self.watcher = KubeWatcher(ApiServerClient(ApiServerAccess(fake.url)), self.metrics,
-                                   report, coalesce, FAST)
-        self.watcher.start()
-        snapshots = self.watcher.wait_synced(threading.Event())
-        assert snapshots is not None
-        self.snapshots: StateSnapshots = snapshots
-
-    def view(self, node: str = "node-a") -> NodeView:
-        return self.snapshots.current_view(node)[1]
-
-    def endpoints(self, service: str, node: str = "node-a") -> list[str]:
-        """The IPs of the service's endpoints in the node's view."""
-        return sorted(ip for (kind, path), value in self.view(node).items()
-                      if kind == localv1.EndpointsSet and path.startswith(service + "/")
-                      for ip in localv1.Endpoint.FromString(value).IPs.V4)
-
-    def skipped(self, reason: str) -> float:
-        return self.metrics.registry.get_sample_value(
-            "kpng_py_skipped_total", {"reason": reason}) or 0
-
-    def connected(self) -> float | None:
-        return self.metrics.registry.get_sample_value("kpng_py_api_server_connected")
 
 
 @pytest.fixture
@@ -82,16 +37,9 @@ def following(fake: FakeApiServer) -> Iterator[Following]:
     brain.watcher.stop()
 
 
-def _kubectl_list(fake: FakeApiServer) -> str:
-    kinds = {"services": "Service", "endpointslices": "EndpointSlice", "nodes": "Node"}
-    items = [{"kind": kinds[resource], **obj} for resource, objects in fake.objects.items()
-             for obj in objects.values()]
-    return yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items})
-
-
 def test_the_state_is_the_file_brains_for_the_same_objects_converted(
         fake: FakeApiServer, following: Following) -> None:
-    converted = parse_state(dump(convert(_kubectl_list(fake))).encode(), "converted.yaml")
+    converted = parse_state(dump(convert(kubectl_list(fake))).encode(), "converted.yaml")
     for node in ("node-a", "node-b"):
         assert following.view(node) == node_view(converted, node)
     assert following.endpoints("default/web") == ["10.244.0.5", "10.244.1.7"]

@@ -16,7 +16,7 @@ from backends.ebpf.datapath.privileges import (
     required,
 )
 from kpng_py.dataplane.contract import BackendSetupError
-from tests.test_deploy import daemonset_containers
+from tests.support.deploy import daemonset_containers
 
 ROOT_CAPS = 0x000001FFFFFFFFFF
 

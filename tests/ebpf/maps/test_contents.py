@@ -21,21 +21,10 @@ from backends.ebpf.programmer.service_programmer import Capacity, ServiceProgram
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Endpoint, Endpoints, Frontend, IPAddress, Protocol, ServicePortChanges
 from kpng_py.state.skips import Skips
-from tests.ebpf.fake_maps import FakeMap
 from tests.ebpf.helpers import held
-from tests.kernel.ebpf.tools.test_dump import ENDPOINTS, SERVICES, SIZES, write_state
+from tests.support.ebpf_maps import ENDPOINTS, SERVICES, SIZES, fake_maps
 
 CAPACITY = Capacity(SIZES[maps.SERVICES.pin], SIZES[maps.ENDPOINTS.pin])
-
-
-def fake_maps() -> tuple[FakeMap[maps.ServiceKey, maps.ServiceValue],
-                        FakeMap[int, maps.EndpointValue]]:
-    services = FakeMap(maps.SERVICES.key, maps.SERVICES.value, SIZES[maps.SERVICES.pin],
-                       maps.SERVICES.pin)
-    endpoints = FakeMap(maps.ENDPOINTS.key, maps.ENDPOINTS.value, SIZES[maps.ENDPOINTS.pin],
-                        maps.ENDPOINTS.pin)
-    write_state(services, endpoints)
-    return services, endpoints
 
 
 def frontend(vip: str, port: int, protocol: Protocol) -> KeyedFrontend:

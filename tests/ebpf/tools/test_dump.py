@@ -1,6 +1,7 @@
-"""`kpng-py ebpf dump`'s views of the state of tests/kernel/ebpf/tools/test_dump.py
-in fake maps (no root): connections per endpoint unknown unless counted, and
-filters that match nothing. That file prints the same from the kernel's maps."""
+"""`kpng-py ebpf dump`'s views of the state of tests/support/ebpf_maps.py in
+fake maps (no root): connections per endpoint unknown unless counted, and
+filters that match nothing. tests/kernel/ebpf/tools/test_dump.py prints the
+same from the kernel's maps."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from backends.ebpf.maps.contents import read_contents
 from backends.ebpf.tools.dump import ByIds, dump_json, format_text, matching, services_of
 from kpng_py.dataplane.contract import NothingMatched
-from tests.ebpf.maps.test_contents import fake_maps
+from tests.support.ebpf_maps import fake_maps
 
 BPFFS_DIR = "/sys/fs/bpf/kpng-py-test"
 NAMES = {7: "default/web:http", 14: "default/web"}  # as test_dump.write_names

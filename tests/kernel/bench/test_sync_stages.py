@@ -15,20 +15,18 @@ from kpng_py.metrics.metrics import Metrics
 from kpng_py.state.skips import Skips
 from lab.cgroups import cgroup
 from lab.socket_lab import unique_bpffs_dir
-from tests.bench.test_sync_stages import (
+from tests.support.kernel import require_root_bpf
+from tests.support.sync_stages import (
     ROUNDING_MS,
     check_nesting,
     full_state,
-    new_sink,
     one_endpoint_added,
     sync_lines,
 )
-from tests.support.kernel import require_root_bpf
 
 pytestmark = pytest.mark.kernel
 
 SMALL_MAPS = {"services": 1024, "backends": 1024, "reverse_nat": 1024, "affinity": 256}
-__all__ = ["new_sink"]  # a fixture, used by name
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 from lab.cgroups import cgroup
 from lab.names import BPFFS_ROOT as BPFFS
 from lab.socket_lab import unique_bpffs_dir
-from tests.kernel.ebpf.datapath.test_loader import escaping
+from tests.support.ebpf import escaping
 from tests.support.kernel import require_root_bpf
 from tests.support.process import KPNG_PY, LOOPBACK_PROBES
 

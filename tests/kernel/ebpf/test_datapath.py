@@ -20,6 +20,7 @@ from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from lab.socket_lab import BACKEND_COUNT, Agent, backend_ip, target
 from tests.ebpf.helpers import added, brain_ops, removed, service_port, updated
+from tests.support.ebpf import served_by, vips
 from tests.support.state import apply_synced
 
 pytestmark = pytest.mark.kernel
@@ -31,18 +32,8 @@ DIALS = [pytest.param(4, "10.96.{}", 4, id="ipv4"),
          pytest.param(6, "::ffff:10.96.{}", 4, id="v4-mapped")]
 
 
-def vips(net: str) -> list[str]:
-    """The dual-stack ClusterIPs of a test: 10.96.<net> and fd00:96::<net>."""
-    return [f"10.96.{net}", f"fd00:96::{net.replace('.', ':')}"]
-
-
 def dialed(template: str, net: str) -> str:
     return template.format(net if "10.96" in template else net.replace(".", ":"))
-
-
-def served_by(endpoints: list[int], family: int, port: int = 8080) -> set[str]:
-    return {str(backend_ip(i, family)) + f":{port}" if family == 4
-            else f"[{backend_ip(i, family)}]:{port}" for i in endpoints}
 
 
 @pytest.mark.parametrize("family, template, endpoint_family", DIALS)

@@ -20,7 +20,7 @@ from kpng_py.model import ServicePortChanges
 from kpng_py.state.skips import Skips
 from lab.socket_lab import Agent, Lab
 from tests.ebpf.helpers import added, follower_in, service_port, updated
-from tests.kernel.ebpf.conftest import datapath_config
+from tests.support.ebpf import datapath_config
 
 pytestmark = pytest.mark.kernel
 

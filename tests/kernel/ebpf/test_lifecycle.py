@@ -29,8 +29,8 @@ from kpng_py.state.skips import Skips
 from lab.cgroups import cgroup
 from lab.socket_lab import Agent, Lab, backend_ip, target
 from tests.ebpf.helpers import added, brain_ops, follower_in, service_port
-from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
-from tests.test_deploy import backend_args, cleanup_args
+from tests.support.deploy import backend_args, cleanup_args
+from tests.support.ebpf import TEST_MAP_SIZES
 
 pytestmark = pytest.mark.kernel
 

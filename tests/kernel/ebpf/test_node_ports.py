@@ -31,8 +31,7 @@ from kpng_py.runtime.logs import record_fields
 from kpng_py.state.skips import Skips
 from lab.socket_lab import Agent, Lab, unique_bpffs_dir
 from tests.ebpf.helpers import added, follower_in, removed, service_port, updated
-from tests.kernel.ebpf.conftest import datapath_config
-from tests.kernel.ebpf.test_datapath import served_by, vips
+from tests.support.ebpf import datapath_config, served_by, vips
 from tests.support.process import wait_until
 
 pytestmark = pytest.mark.kernel

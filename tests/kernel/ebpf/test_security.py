@@ -19,7 +19,7 @@ from kpng_py.dataplane.contract import BackendSetupError
 from lab.cgroups import cgroup
 from lab.socket_lab import Lab, unique_bpffs_dir
 from tests.ebpf.helpers import loaded
-from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
+from tests.support.ebpf import TEST_MAP_SIZES
 from tests.support.kernel import require_root_bpf
 from tests.support.process import KPNG_PY, LOOPBACK_PROBES
 

@@ -18,8 +18,8 @@ from lab.kube_proxy.iptables import IptablesProxier
 from lab.kube_proxy.nftables import NftablesProxier
 from lab.kube_proxy.node import KubeProxyRules
 from lab.netns import netns
-from tests.lab.test_kube_proxy import CLUSTER_CIDR, SVC1, V6
 from tests.support.kernel import require_root_bpf
+from tests.support.kube_proxy import CLUSTER_CIDR, SVC1, V6
 
 
 def _load(ns, command: tuple[str, ...], text: str) -> subprocess.CompletedProcess:

@@ -23,7 +23,7 @@ from kpng_py.runtime.logs import record_fields
 from lab.cgroups import cgroup
 from lab.socket_lab import unique_bpffs_dir
 from tests.ebpf.helpers import loaded
-from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
+from tests.support.ebpf import TEST_MAP_SIZES
 from tests.support.kernel import require_root_bpf
 
 pytestmark = pytest.mark.kernel

@@ -31,7 +31,7 @@ from lab.names import BPFFS_ROOT as BPFFS
 from lab.names import CGROUP2_ROOT, unique_name
 from lab.socket_lab import unique_bpffs_dir
 from tests.ebpf.helpers import loaded
-from tests.kernel.ebpf.conftest import TEST_MAP_SIZES
+from tests.support.ebpf import TEST_MAP_SIZES, escaping
 from tests.support.kernel import require_root_bpf
 
 pytestmark = pytest.mark.kernel
@@ -40,11 +40,6 @@ pytestmark = pytest.mark.kernel
 @pytest.fixture(autouse=True)
 def _root() -> None:
     require_root_bpf()
-
-
-def escaping(base: Path, target: Path) -> Path:
-    """A path that starts under `base` and climbs out of it to `target`."""
-    return base / "sub" / Path(*[".."] * (len(base.parts) + 1)) / target.relative_to("/")
 
 
 def test_dot_dot_out_of_bpffs_is_refused(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from kpng_py.metrics.metrics import Metrics
 from kpng_py.state.skips import Skips
 from lab.socket_lab import Lab, unique_bpffs_dir
 from tests.ebpf.helpers import added, follower_in, service_port
-from tests.kernel.ebpf.conftest import datapath_config
+from tests.support.ebpf import datapath_config
 from tests.support.process import KPNG_PY, wait_until
 
 pytestmark = pytest.mark.kernel
