@@ -182,3 +182,18 @@ def test_the_rule_catches_a_test_imported_absolutely_or_relatively(tmp_path: Pat
     assert modules_importing_tests(tmp_path) == {
         "tests/a/test_two.py": ["tests.a.conftest", "tests.a.test_one"],
         "tests/test_three.py": ["tests.a.conftest", "tests.a.test_one"]}
+
+
+# The one shared module outside tests/support/: the generator of the recorded
+# streams beside it (docs/recording-format.md), whose builders the tests use.
+STREAMS_BUILDER = "tests/streams/build.py"
+
+
+def test_what_tests_share_is_in_tests_support() -> None:
+    """A module of the tests that is neither a test, a conftest.py nor a
+    package is shared code: it lives in tests/support/."""
+    shared = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("*.py")
+                    if not path.stem.startswith("test_")
+                    and path.name not in ("conftest.py", "__init__.py")
+                    and path.parent.relative_to(ROOT).parts[:2] != ("tests", "support"))
+    assert shared == [STREAMS_BUILDER]

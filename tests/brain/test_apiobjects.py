@@ -22,7 +22,7 @@ from kpng_py.brain.apiobjects import (
     with_endpoints,
 )
 from kpng_py.brain.statefile import Node
-from tests.brain.kube.objects import api_node, api_service, api_slice
+from tests.support.kube_objects import api_node, api_service, api_slice
 
 
 def _service(obj: dict[str, Any]) -> localv1.Service:

@@ -14,7 +14,7 @@ import yaml
 
 from kpng_py.brain.processes import ReadProcesses
 from kpng_py.brain.statefile import StateFileError, StateReader, parse_state, read_strict
-from tests.brain.helpers import (
+from tests.support.state_files import (
     DNS,
     NODES,
     UDP,

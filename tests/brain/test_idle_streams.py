@@ -17,7 +17,8 @@ import grpc
 import pytest
 
 from kpng_py.api import WATCH_METHOD, localv1
-from tests.brain.helpers import (
+from tests.support.process import Processes
+from tests.support.state_files import (
     DNS,
     W1,
     W2,
@@ -28,7 +29,6 @@ from tests.brain.helpers import (
     state,
     web,
 )
-from tests.support.process import Processes
 
 START = state(web(W1, W2), DNS)
 NO_PROBES = ("--healthz-bind-address", "", "--metrics-bind-address", "")

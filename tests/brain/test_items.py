@@ -18,7 +18,7 @@ from kpng_py.brain.statefile import (
     parse_state,
     read_strict,
 )
-from tests.brain.helpers import DNS, NODES, W1, W2, flow_entry, flow_sequences, state, web
+from tests.support.state_files import DNS, NODES, W1, W2, flow_entry, flow_sequences, state, web
 
 DOCUMENT = state(web(W1, W2), DNS, nodes=NODES)
 # Its two entries and its nodes in flow style, one line each.

@@ -23,7 +23,7 @@ from kpng_py.brain.statefile import ClusterState, StateReader, parse_state
 from kpng_py.brain.view import node_view
 from kpng_py.runtime.logs import record_fields
 from kpng_py.serve.server import Reply
-from tests.brain.helpers import endpoint, op_kinds, port, service, state
+from tests.support.state_files import endpoint, op_kinds, port, service, state
 
 
 def _state(*services: dict, nodes: list[dict] | None = None) -> ClusterState:

@@ -19,7 +19,7 @@ from kpng_py.brain.statefile import (
     parse_state,
     read_strict,
 )
-from tests.brain.helpers import endpoint, port, service, state
+from tests.support.state_files import endpoint, port, service, state
 
 # The example of docs/spec/state-file.md.
 SPEC_EXAMPLE = """\

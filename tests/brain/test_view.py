@@ -9,7 +9,7 @@ import yaml
 from kpng_py.api import localv1
 from kpng_py.brain.statefile import ClusterState, parse_state
 from kpng_py.brain.view import NodeChoice, endpoint_for_node, node_view
-from tests.brain.helpers import endpoint, port, service, state
+from tests.support.state_files import endpoint, port, service, state
 
 
 def _state(document: dict) -> ClusterState:

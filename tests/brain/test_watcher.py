@@ -18,7 +18,7 @@ from kpng_py.api import localv1
 from kpng_py.brain.statefile import StateFileError
 from kpng_py.brain.view import NodeView
 from kpng_py.brain.watcher import Settle, StateFileWatcher
-from tests.brain.helpers import (
+from tests.support.state_files import (
     WAIT_SECONDS,
     StateFile,
     endpoint,

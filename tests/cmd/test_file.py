@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.brain.helpers import (
+from tests.support.process import NO_PROBES, Processes
+from tests.support.state_files import (
     DNS,
     W1,
     W2,
@@ -22,7 +23,6 @@ from tests.brain.helpers import (
     wait_until,
     web,
 )
-from tests.support.process import NO_PROBES, Processes
 
 WEB = web(W1, W2)
 

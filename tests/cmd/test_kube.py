@@ -8,8 +8,8 @@ from typing import Iterator
 
 import pytest
 
-from tests.brain.kube.objects import api_node, api_service, api_slice
 from tests.support.fake_apiserver import FakeApiServer
+from tests.support.kube_objects import api_node, api_service, api_slice
 from tests.support.process import NO_PROBES, Processes, wait_until
 
 

@@ -20,7 +20,7 @@ from kpng_py.healthcheck.proxier_health import Observability
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.runtime.aio import ThreadsafeEvent
 from kpng_py.watch.client import WatchClient
-from tests.brain.helpers import WAIT_SECONDS, StateFile, endpoint, port, service, state
+from tests.support.state_files import WAIT_SECONDS, StateFile, endpoint, port, service, state
 
 NO_PROBES = Observability(healthz=None, metrics=None)  # no /healthz or /metrics server
 

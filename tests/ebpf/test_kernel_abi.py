@@ -19,7 +19,13 @@ from backends.ebpf.datapath.loader import HOOKS, AttachType
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps import libbpf
 from kpng_py.node import netns
-from tests.ebpf.c_layout import Check, assert_matches_c, constants, ctypes_members, packed_members
+from tests.support.c_layout import (
+    Check,
+    assert_matches_c,
+    constants,
+    ctypes_members,
+    packed_members,
+)
 
 BPF_HEADERS = ["<linux/bpf.h>"]
 DIAG_HEADERS = ["<sys/socket.h>", "<netinet/tcp.h>", "<linux/netlink.h>", "<linux/sock_diag.h>",

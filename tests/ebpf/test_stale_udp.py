@@ -15,7 +15,7 @@ import pytest
 from backends.ebpf.maps.contents import HostPort
 from backends.ebpf.maps.layout import RevNatKey, RevNatValue
 from backends.ebpf.stale_udp import NETLINK_SOCK_DIAG, StaleUdpTerminator
-from tests.ebpf.fake_maps import FakeMap
+from tests.support.fake_maps import FakeMap
 
 REMOVED = [(7, HostPort(ipaddress.ip_address("10.1.0.1"), 53))]
 

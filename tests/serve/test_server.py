@@ -22,7 +22,9 @@ from kpng_py.api import WATCH_METHOD, localv1
 from kpng_py.brain.source import BrainSource
 from kpng_py.serve.server import LocalApiServer, Reply, _WatchStreams
 from kpng_py.transport import AddressError, ListenAddress
-from tests.brain.helpers import (
+from tests.streams.build import reset, set_raw, sync
+from tests.support.grpcio_server import RawWatch
+from tests.support.state_files import (
     DNS,
     NODES,
     W1,
@@ -38,8 +40,6 @@ from tests.brain.helpers import (
     wait_until,
     web,
 )
-from tests.streams.build import reset, set_raw, sync
-from tests.support.grpcio_server import RawWatch
 from tests.support.watch import ScriptedSource, changeset
 
 START = state(web(W1, W2), DNS, nodes=NODES)

@@ -24,10 +24,10 @@ from kpng_py.serve.replay import ReplaySource
 from kpng_py.serve.server import ChangeSetSource, LocalApiServer, Reply
 from kpng_py.transport import ListenAddress, TLSFiles
 from lab.localv1_servers import GrpcioBrain, grpcio_channel_credentials
-from tests.brain.helpers import NODES, endpoint, op_kinds, port, service, state
 from tests.streams.build import reset, set_service
 from tests.streams.build import service as service_message
 from tests.support.grpcio_server import RawWatch
+from tests.support.state_files import NODES, endpoint, op_kinds, port, service, state
 from tests.support.tls import make_ca, make_leaf
 from tests.support.watch import ScriptedSource, changeset
 

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.brain.helpers import Brain, StateFile
+from tests.support.state_files import Brain, StateFile
 
 
 @pytest.fixture

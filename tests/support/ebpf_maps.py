@@ -9,7 +9,7 @@ import ipaddress
 
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps.access import MapAccess
-from tests.ebpf.fake_maps import FakeMap
+from tests.support.fake_maps import FakeMap
 
 SIZES = {"services": 64, "backends": 32, "reverse_nat": 16, "affinity": 8, "node_addresses": 4,
          "counters": 8, "backend_counters": 8, "service_names": 8}

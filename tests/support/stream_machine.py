@@ -5,7 +5,7 @@ syncs, restarts, and reconnects that miss deletes. At each Sync the change
 sets it applied incrementally are checked against a from-scratch reference
 (the oldest claim owns a frontend). Its test is
 tests/state/test_tracker_properties.py; the eBPF map machine
-(tests/ebpf/map_machine.py) runs the same streams into the maps. Profiles
+(tests/support/map_machine.py) runs the same streams into the maps. Profiles
 `ci` and `long` (HYPOTHESIS_PROFILE)."""
 
 from __future__ import annotations

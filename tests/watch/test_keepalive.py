@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.brain.helpers import StateFile, endpoint, state, web
 from tests.support.process import LOOPBACK_PROBES, Processes
+from tests.support.state_files import StateFile, endpoint, state, web
 
 KEEPALIVE_TIME, KEEPALIVE_TIMEOUT = 1.0, 2.0
 # Generous: the machine is two shared cores.

@@ -2,7 +2,7 @@
 nothing more: lookup, batched writes and deletes, and reading every entry.
 
 `libbpf.BpfMap` is the real one (batched bpf() syscalls on a pinned map);
-tests/ebpf/fake_maps.py has a dict with the same semantics, so the
+tests/support/fake_maps.py has a dict with the same semantics, so the
 programmer runs on any machine, without root or BPF.
 
 The `*_packed` operations take and give entries as the kernel does: keys

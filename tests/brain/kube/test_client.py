@@ -14,8 +14,8 @@ import pytest
 
 from kpng_py.brain.kube.access import ApiServerAccess
 from kpng_py.brain.kube.client import ApiServerClient, ApiServerError, Expired
-from tests.brain.kube.objects import api_service
 from tests.support.fake_apiserver import PATHS, FakeApiServer
+from tests.support.kube_objects import api_service
 
 SERVICES = PATHS["services"]
 

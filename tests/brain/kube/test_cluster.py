@@ -9,7 +9,7 @@ from kpng_py.brain.kube import cluster
 from kpng_py.brain.kube.cluster import ClusterBuilder
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.state.skips import Skips
-from tests.brain.kube.objects import api_service, api_slice
+from tests.support.kube_objects import api_service, api_slice
 
 
 def _versioned(obj: dict, version: str) -> dict:

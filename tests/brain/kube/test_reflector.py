@@ -13,8 +13,8 @@ import pytest
 from kpng_py.brain.kube.access import ApiServerAccess
 from kpng_py.brain.kube.client import ApiServerClient
 from kpng_py.brain.kube.reflector import NODES, SERVICES, Reflector, Resource, Timing
-from tests.brain.kube.objects import api_node, api_service
 from tests.support.fake_apiserver import FakeApiServer
+from tests.support.kube_objects import api_node, api_service
 from tests.support.process import wait_until
 
 FAST = Timing(page=2, watch_seconds=(1, 1), error_delay=0.05, max_error_delay=0.2)

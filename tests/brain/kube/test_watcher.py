@@ -13,8 +13,8 @@ from kpng_py.brain.convert import convert, dump
 from kpng_py.brain.statefile import parse_state
 from kpng_py.brain.view import node_view
 from kpng_py.runtime.logs import record_fields
-from tests.brain.kube.objects import api_node, api_service, api_slice
 from tests.support.fake_apiserver import FakeApiServer
+from tests.support.kube_objects import api_node, api_service, api_slice
 from tests.support.kube_watcher import Following, kubectl_list
 from tests.support.process import wait_until
 

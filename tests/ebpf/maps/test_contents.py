@@ -21,7 +21,7 @@ from backends.ebpf.programmer.service_programmer import Capacity, ServiceProgram
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Endpoint, Endpoints, Frontend, IPAddress, Protocol, ServicePortChanges
 from kpng_py.state.skips import Skips
-from tests.ebpf.helpers import held
+from tests.support.ebpf_datapath import held
 from tests.support.ebpf_maps import ENDPOINTS, SERVICES, SIZES, fake_maps
 
 CAPACITY = Capacity(SIZES[maps.SERVICES.pin], SIZES[maps.ENDPOINTS.pin])

@@ -12,7 +12,7 @@ import pytest
 from backends.ebpf.maps import id_maps
 from backends.ebpf.maps import layout as maps
 from kpng_py.model import Protocol, ServicePortName
-from tests.ebpf.fake_maps import FakeMap
+from tests.support.fake_maps import FakeMap
 
 
 def counters_holding(*ids: int) -> FakeMap[int, maps.EndpointCounters]:

@@ -12,7 +12,7 @@ import pytest
 
 from backends.ebpf.datapath.loader import BPF_SOURCE_DIR
 from backends.ebpf.maps import layout as maps
-from tests.ebpf.c_layout import assert_matches_c, constants, ctypes_members
+from tests.support.c_layout import assert_matches_c, constants, ctypes_members
 
 # BCC's names of the map types, and the C types of the scalar keys.
 BCC_MAP_TYPES = {'"hash"': maps.BPF_MAP_TYPE_HASH, '"lru_hash"': maps.BPF_MAP_TYPE_LRU_HASH,

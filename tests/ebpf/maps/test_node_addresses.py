@@ -17,7 +17,7 @@ from backends.ebpf.maps.access import MapFullError
 from backends.ebpf.maps.node_addresses import NodeAddressMap
 from kpng_py.model import IPAddress
 from kpng_py.runtime.logs import record_fields
-from tests.ebpf.fake_maps import FakeMap
+from tests.support.fake_maps import FakeMap
 
 NODE = ipaddress.ip_address("192.168.1.10")
 SECOND = ipaddress.ip_address("10.0.0.10")

@@ -19,7 +19,7 @@ from backends.ebpf.netfilter import conntrack
 from backends.ebpf.netfilter.conntrack import ConntrackCleaner, StaleFlows, stale_udp_flows
 from kpng_py.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from kpng_py.runtime.logs import record_fields
-from tests.ebpf.netfilter.helpers import ep, ip, web
+from tests.support.netfilter import ep, ip, web
 
 
 def udp(*endpoints: Endpoint) -> ServicePort:

@@ -27,7 +27,7 @@ from kpng_py.model import (
     ServicePortName,
     sorted_endpoints,
 )
-from tests.ebpf.netfilter.helpers import SVC, change, ep, ip, objects, web
+from tests.support.netfilter import SVC, change, ep, ip, objects, web
 
 
 def test_losing_the_last_endpoint_moves_the_frontends_to_reject() -> None:

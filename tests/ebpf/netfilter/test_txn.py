@@ -8,7 +8,7 @@ from typing import Sequence
 
 from backends.ebpf.netfilter.plan import NodePortMatch, skeleton
 from backends.ebpf.netfilter.txn import Transaction, full_table
-from tests.ebpf.netfilter.helpers import SVC, change, ep, ip, objects, web
+from tests.support.netfilter import SVC, change, ep, ip, objects, web
 
 
 def summary(commands: Sequence[dict | str]) -> list[tuple[str, str, str]]:

@@ -8,7 +8,7 @@ from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps.contents import KeyedFrontend
 from backends.ebpf.programmer.frontends import frontends_of, keyed_frontends
 from lab.socket_lab import backend_ip
-from tests.ebpf.helpers import service_port
+from tests.support.ebpf_datapath import service_port
 
 
 def servers(family: int, *numbers: int) -> tuple[bytes, ...]:

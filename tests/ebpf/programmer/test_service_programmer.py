@@ -1,4 +1,4 @@
-"""The map programmer on dict fakes of its maps (tests/ebpf/fake_maps.py,
+"""The map programmer on dict fakes of its maps (tests/support/fake_maps.py,
 checked against the kernel's by tests/kernel/ebpf/maps/test_access.py): no
 root, no BPF.
 
@@ -34,9 +34,9 @@ from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Frontend, Protocol, ServicePort, ServicePortChanges
 from kpng_py.state.skips import Skips
 from lab.socket_lab import backend_ip
-from tests.ebpf.fake_maps import FakeMap
-from tests.ebpf.helpers import added, held, removed, service_port, updated
-from tests.ebpf.map_machine import PROFILES, MapMachine, MapPair
+from tests.support.ebpf_datapath import added, held, removed, service_port, updated
+from tests.support.fake_maps import FakeMap
+from tests.support.map_machine import PROFILES, MapMachine, MapPair
 
 # The streams, not the maps, cost the time of an example: the kernel
 # machine's profiles (200 examples in "ci", about 15 s per test).

@@ -14,8 +14,8 @@ from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges
 from kpng_py.state.skips import Skips
 from lab.socket_lab import Agent, Lab, lab
-from tests.ebpf.helpers import follower_in
 from tests.support.ebpf import datapath_config
+from tests.support.ebpf_datapath import follower_in
 from tests.support.kernel import require_root_bpf
 
 

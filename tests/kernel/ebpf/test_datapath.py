@@ -19,8 +19,8 @@ from kpng_py.model import ServicePort
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from lab.socket_lab import BACKEND_COUNT, Agent, backend_ip, target
-from tests.ebpf.helpers import added, brain_ops, removed, service_port, updated
 from tests.support.ebpf import served_by, vips
+from tests.support.ebpf_datapath import added, brain_ops, removed, service_port, updated
 from tests.support.state import apply_synced
 
 pytestmark = pytest.mark.kernel

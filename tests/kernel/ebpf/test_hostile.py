@@ -27,10 +27,10 @@ from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
 from lab.cgroups import cgroup
 from lab.socket_lab import Agent, Lab, backend_ip, target, unique_bpffs_dir
-from tests.ebpf.helpers import datapath_of, follower_in, programmed_frontends
 from tests.streams.build import delete, endpoint, port, reset, service, set_endpoint, set_service
 from tests.streams.build import sync as sync_op
 from tests.support.ebpf import TEST_MAP_SIZES
+from tests.support.ebpf_datapath import datapath_of, follower_in, programmed_frontends
 from tests.support.state import apply_synced
 
 pytestmark = pytest.mark.kernel

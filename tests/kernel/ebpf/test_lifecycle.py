@@ -28,9 +28,9 @@ from kpng_py.serve.recording import RecordingWriter
 from kpng_py.state.skips import Skips
 from lab.cgroups import cgroup
 from lab.socket_lab import Agent, Lab, backend_ip, target
-from tests.ebpf.helpers import added, brain_ops, follower_in, service_port
 from tests.support.deploy import backend_args, cleanup_args
 from tests.support.ebpf import TEST_MAP_SIZES
+from tests.support.ebpf_datapath import added, brain_ops, follower_in, service_port
 
 pytestmark = pytest.mark.kernel
 

@@ -1,7 +1,7 @@
 """Property: whatever the brain sends, the BPF maps hold exactly what `to-print`
 shows for the same stream, and no map entry outlives its service.
 
-The machine of tests/ebpf/map_machine.py on real maps (a dedicated bpffs
+The machine of tests/support/map_machine.py on real maps (a dedicated bpffs
 directory; no program is attached);
 tests/ebpf/programmer/test_service_programmer.py runs it on the dict fakes.
 Profiles: "ci" (about 15 s alone) and "long" (HYPOTHESIS_PROFILE=long).
@@ -18,8 +18,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from backends.ebpf.datapath.loader import Datapath
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.programmer.service_programmer import Capacity
-from tests.ebpf.helpers import loaded
-from tests.ebpf.map_machine import PROFILES, MapMachine, MapPair
+from tests.support.ebpf_datapath import loaded
+from tests.support.map_machine import PROFILES, MapMachine, MapPair
 
 pytestmark = pytest.mark.kernel
 

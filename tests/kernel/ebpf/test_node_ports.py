@@ -30,8 +30,8 @@ from kpng_py.node.nodeport_addresses import NodePortAddresses
 from kpng_py.runtime.logs import record_fields
 from kpng_py.state.skips import Skips
 from lab.socket_lab import Agent, Lab, unique_bpffs_dir
-from tests.ebpf.helpers import added, follower_in, removed, service_port, updated
 from tests.support.ebpf import datapath_config, served_by, vips
+from tests.support.ebpf_datapath import added, follower_in, removed, service_port, updated
 from tests.support.process import wait_until
 
 pytestmark = pytest.mark.kernel

@@ -18,9 +18,9 @@ from backends.ebpf.datapath.loader import pinned_links
 from backends.ebpf.maps import layout as maps
 from kpng_py.runtime.backoff import JITTER
 from lab.socket_lab import Agent, Lab, backend_ip, target
-from tests.brain.helpers import TCP
-from tests.ebpf.node import TARGETS, WEB_VIPS, lab_service, node, web_and_dns
+from tests.support.ebpf_node import TARGETS, WEB_VIPS, lab_service, node, web_and_dns
 from tests.support.process import KPNG_PY, START_SECONDS, Process
+from tests.support.state_files import TCP
 
 pytestmark = pytest.mark.kernel
 

@@ -18,8 +18,8 @@ from backends.ebpf.maps.layout import MAP_SPECS
 from kpng_py.dataplane.contract import BackendSetupError
 from lab.cgroups import cgroup
 from lab.socket_lab import Lab, unique_bpffs_dir
-from tests.ebpf.helpers import loaded
 from tests.support.ebpf import TEST_MAP_SIZES
+from tests.support.ebpf_datapath import loaded
 from tests.support.kernel import require_root_bpf
 from tests.support.process import KPNG_PY, LOOPBACK_PROBES
 

@@ -24,10 +24,10 @@ import pytest
 from backends.ebpf.maps import layout as maps
 from kpng_py.brain.watcher import Settle
 from lab.socket_lab import Agent, Lab
-from tests.brain.helpers import TCP
-from tests.ebpf.helpers import programmed_frontends
-from tests.ebpf.node import TARGETS, lab_service, node, web_and_dns
+from tests.support.ebpf_datapath import programmed_frontends
+from tests.support.ebpf_node import TARGETS, lab_service, node, web_and_dns
 from tests.support.process import wait_until
+from tests.support.state_files import TCP
 
 pytestmark = pytest.mark.kernel
 

@@ -22,8 +22,8 @@ from kpng_py.dataplane.contract import BackendSetupError
 from kpng_py.runtime.logs import record_fields
 from lab.cgroups import cgroup
 from lab.socket_lab import unique_bpffs_dir
-from tests.ebpf.helpers import loaded
 from tests.support.ebpf import TEST_MAP_SIZES
+from tests.support.ebpf_datapath import loaded
 from tests.support.kernel import require_root_bpf
 
 pytestmark = pytest.mark.kernel

@@ -30,8 +30,8 @@ from lab.cgroups import cgroup
 from lab.names import BPFFS_ROOT as BPFFS
 from lab.names import CGROUP2_ROOT, unique_name
 from lab.socket_lab import unique_bpffs_dir
-from tests.ebpf.helpers import loaded
 from tests.support.ebpf import TEST_MAP_SIZES, escaping
+from tests.support.ebpf_datapath import loaded
 from tests.support.kernel import require_root_bpf
 
 pytestmark = pytest.mark.kernel

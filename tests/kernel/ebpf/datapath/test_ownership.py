@@ -23,8 +23,8 @@ from kpng_py.healthcheck.proxier_health import SyncHealth
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.state.skips import Skips
 from lab.socket_lab import Lab, unique_bpffs_dir
-from tests.ebpf.helpers import added, follower_in, service_port
 from tests.support.ebpf import datapath_config
+from tests.support.ebpf_datapath import added, follower_in, service_port
 from tests.support.process import KPNG_PY, wait_until
 
 pytestmark = pytest.mark.kernel

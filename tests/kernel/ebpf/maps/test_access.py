@@ -1,4 +1,4 @@
-"""The fake maps of the programmer tests (tests/ebpf/fake_maps.py) behave as
+"""The fake maps of the programmer tests (tests/support/fake_maps.py) behave as
 the kernel's for every operation the programmer uses: the same generated
 sequences of batch writes and deletes, with keys that come back, keys that
 are missing and writes that find the map full, go to a real pinned map and to
@@ -20,8 +20,8 @@ from backends.ebpf.datapath.loader import Datapath
 from backends.ebpf.maps import layout as maps
 from backends.ebpf.maps.access import MapAccess, MapFullError
 from backends.ebpf.maps.libbpf import BpfMap
-from tests.ebpf.fake_maps import FakeMap
-from tests.ebpf.helpers import loaded
+from tests.support.ebpf_datapath import loaded
+from tests.support.fake_maps import FakeMap
 
 pytestmark = pytest.mark.kernel
 

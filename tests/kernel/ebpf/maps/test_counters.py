@@ -19,8 +19,8 @@ from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePortChanges
 from kpng_py.state.skips import Skips
 from lab.socket_lab import Agent, Lab
-from tests.ebpf.helpers import added, follower_in, removed, service_port
 from tests.support.ebpf import datapath_config
+from tests.support.ebpf_datapath import added, follower_in, removed, service_port
 
 pytestmark = pytest.mark.kernel
 

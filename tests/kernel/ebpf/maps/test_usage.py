@@ -8,7 +8,7 @@ import pytest
 from backends.ebpf.backend import EbpfBackend
 from backends.ebpf.maps import layout as maps
 from kpng_py.metrics.metrics import Metrics
-from tests.ebpf.helpers import datapath_of, loaded
+from tests.support.ebpf_datapath import datapath_of, loaded
 
 
 @pytest.mark.kernel

@@ -20,7 +20,7 @@ from backends.ebpf.programmer.service_programmer import FrontendClaimedTwice
 from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import Frontend, Protocol, ServicePortChanges, format_host_port
 from lab.socket_lab import backend_ip
-from tests.ebpf.helpers import added, loaded, programmer, removed, service_port, updated
+from tests.support.ebpf_datapath import added, loaded, programmer, removed, service_port, updated
 
 pytestmark = pytest.mark.kernel
 

@@ -30,7 +30,7 @@ from backends.ebpf.maps.access import MapAccess
 from backends.ebpf.tools.dump import dump_json, format_text, read_dump
 from kpng_py.model import Protocol, ServicePortName
 from lab.procs import kpng_py_command
-from tests.ebpf.helpers import loaded
+from tests.support.ebpf_datapath import loaded
 from tests.support.ebpf_maps import SIZES, write_state
 
 pytestmark = pytest.mark.kernel

@@ -19,7 +19,7 @@ from backends.ebpf.maps import layout as maps
 from backends.ebpf.tools.trace import TraceSession, Translation
 from lab.procs import kpng_py_command, wait_until
 from lab.socket_lab import Agent, Lab, backend_ip
-from tests.ebpf.helpers import added, held, service_port
+from tests.support.ebpf_datapath import added, held, service_port
 
 pytestmark = pytest.mark.kernel
 

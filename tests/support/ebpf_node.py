@@ -15,9 +15,9 @@ from backends.ebpf.datapath.loader import cleanup
 from backends.ebpf.maps.layout import SIZED_SPECS
 from backends.ebpf.tools.dump import read_dump
 from lab.socket_lab import Lab, backend_ip, target
-from tests.brain.helpers import TCP, UDP, StateFile, endpoint, port, service, state
 from tests.support.ebpf import TEST_MAP_SIZES
 from tests.support.process import LOOPBACK_PROBES, START_SECONDS, Process, Processes
+from tests.support.state_files import TCP, UDP, StateFile, endpoint, port, service, state
 
 NODE_NAME = "node-a"
 WEB_VIPS = ("10.96.30.1", "fd00:96::30:1")

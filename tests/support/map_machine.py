@@ -45,8 +45,8 @@ from kpng_py.metrics.metrics import Metrics
 from kpng_py.model import ServicePort, ServicePortChanges
 from kpng_py.state.skips import Skips
 from kpng_py.state.tracker import NodeState
-from tests.ebpf.helpers import programmed_frontends
 from tests.streams.build import endpoint, port, service, sync
+from tests.support.ebpf_datapath import programmed_frontends
 from tests.support.state import apply_synced
 from tests.support.stream_machine import KEYS, SERVICES, StreamMachine
 
