@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import re
 
-import yaml
+from kpng_py.brain.plainload import libyaml_parses
 
 # What libyaml skips between two tokens in a flow collection: blanks, line
 # breaks and comments. A comment runs to the end of its line, never less,
@@ -93,13 +93,16 @@ def split_services(text: str) -> tuple[str, list[str]]:
     """The document without its services' items, and those items' texts; a
     document without such items is its own skeleton (not copied: it may be
     big), and no items."""
+    # The services' key is a real one, not text inside a quoted scalar, a
+    # comment or another flow collection, only if the text before it parses
+    # (closed with `}` in a flow document).
     if _FLOW_DOCUMENT.match(text):
         found = _FLOW_SERVICES.search(text)
-        if found is None or not _parses(text[:found.start("key")] + "}"):
+        if found is None or not libyaml_parses(text[:found.start("key")] + "}"):
             return text, []
         return _split_flow(text, found.start("open"), _FLOW_END)
     found = _YAML_SERVICES.search(text)
-    if found is None or not _parses(text[:found.start()]):
+    if found is None or not libyaml_parses(text[:found.start()]):
         return text, []
     if found["open"]:
         return _split_flow(text, found.start("open"), _YAML_END)
@@ -141,15 +144,3 @@ def _split_flow(text: str, opening: int, last_end: re.Pattern[str]) -> tuple[str
     ends.append(last.start() + 1)
     return (text[:opening + 1] + text[last.end() - 1:],
             [f"[{text[start:end]}]" for start, end in zip(starts, ends)])
-
-
-def _parses(text: str) -> bool:
-    """Whether libyaml parses the text (its syntax only, in C). The text
-    before the services' key parses (closed with `}` in a flow document)
-    only if the key is not inside a quoted scalar, a comment or another
-    flow collection: a real key, not text that looks like one."""
-    try:
-        yaml.CSafeLoader(text).raw_parse()
-    except yaml.YAMLError:
-        return False
-    return True

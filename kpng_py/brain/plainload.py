@@ -84,10 +84,8 @@ def plain_document(text: str, data: bytes | None = None) -> Plain:
     doubt = _unvouched(text)
     if doubt is not None:
         raise Unchecked(doubt)
-    try:
-        yaml.CSafeLoader(text if data is None else data).raw_parse()  # as the strict reader's
-    except yaml.YAMLError as err:
-        raise Unchecked("not valid YAML to libyaml") from err
+    if not libyaml_parses(text if data is None else data):
+        raise Unchecked("not valid YAML to libyaml")
     if _JSON_START.match(text):
         try:
             return json.loads(text, object_pairs_hook=_mapping)
@@ -100,6 +98,16 @@ def plain_document(text: str, data: bytes | None = None) -> Plain:
         raise Unchecked(str(err)) from err
     except TypeError as err:  # a key that is a mapping or holds a list: no dict key
         raise Unchecked(f"a key Python cannot hold ({err})") from err
+
+
+def libyaml_parses(text: str | bytes) -> bool:
+    """Whether libyaml, the strict reader's parser, parses the text: its
+    syntax only, checked in C without building anything."""
+    try:
+        yaml.CSafeLoader(text).raw_parse()
+    except yaml.YAMLError:
+        return False
+    return True
 
 
 def _mapping(pairs: list[tuple[str, Plain]]) -> dict[str, Plain]:
