@@ -7,13 +7,13 @@ from __future__ import annotations
 import gc
 import logging
 import os
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from kpng_py.runtime.logs import HANDLER_NAME
 from lab.names import BPFFS_ROOT, RunNames
+from tests.support.kernel import KERNEL_TESTS
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -67,9 +67,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if os.environ.get("CI") == "true" and report.skipped:
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, which must run every test: {report.longrepr}"
-
-
-KERNEL_TESTS = Path(__file__).resolve().parent / "kernel"
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
 from lab.names import CGROUP2_ROOT
 
 # Where the tests that need root, BPF or namespaces live (tests/conftest.py
-# holds the `kernel` mark to it).
-KERNEL_TESTS = "tests/kernel/"
+# holds the `kernel` mark to it), and the folder pytest names tests from.
+ROOT = Path(__file__).resolve().parents[2]
+KERNEL_TESTS = ROOT / "tests" / "kernel"
 
 
 def require_root() -> None:
@@ -40,6 +42,8 @@ def _in_a_kernel_test() -> None:
     """A test outside tests/kernel/ that asks for the kernel fails, naming
     where it belongs: it would run unmarked among the unit tests."""
     current = os.environ.get("PYTEST_CURRENT_TEST", "")
-    if current and not current.startswith(KERNEL_TESTS):
-        pytest.fail(f"{current.split('::')[0]} needs the kernel: move the test to "
-                    f"{KERNEL_TESTS} (the same folders) and mark it `kernel`", pytrace=False)
+    test_file = current.split("::")[0]
+    if test_file and not (ROOT / test_file).is_relative_to(KERNEL_TESTS):
+        pytest.fail(f"{test_file} needs the kernel: move the test to "
+                    f"{KERNEL_TESTS.relative_to(ROOT)}/ (the same folders) and mark it "
+                    "`kernel`", pytrace=False)
